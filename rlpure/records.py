@@ -1,0 +1,432 @@
+"""Immutable records for what flows through RL: observations, actions, transitions, groups.
+
+Conventions:
+- Token sequences are stored as read-only numpy arrays (`int32` token ids, `float32` logprobs),
+  not Python lists: the sampler already returns arrays, and packing arrays into a padded batch
+  is a handful of `memcpy`s where a list of ints costs one Python object per token
+  (see `benchmarks/bench_assembly.py` for the measured difference).
+- Records are `msgspec.Struct(frozen=True, kw_only=True)`; sequence fields are tuples. Arrays
+  are copied on construction and marked read-only, so a record never changes after it is built.
+- Field names follow tinker-cookbook's `rl/types.py` so cookbook-style code ports by renaming
+  imports. `Trajectory.transitions`, `TrajectoryGroup.trajectories_G` and friends are tuples.
+- Validation happens in `__post_init__`, which msgspec also runs when decoding. These records are
+  host-side only (they never travel through `jit`), so the STYLE rule against validating in
+  `__post_init__` (JAX rebuilding records) does not apply; the padded batch record, which does
+  travel through `jit`, is checked with `check_*` functions instead.
+- Errors name the record and the field: `TokensWithLogprobs.logprobs: length 3 != tokens length 4`.
+
+Serialisation: `encode_msgpack` / `decode_msgpack` and `encode_json` / `decode_json` round-trip
+any record (or tuple of records) exactly. msgpack stores arrays as raw little-endian bytes;
+JSON stores them as lists (float32 values survive the float64 text form exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import numpy as np
+from msgspec.structs import force_setattr
+
+__all__ = [
+    "PARSE_ERROR_MASKED_METRIC_KEY",
+    "Logs",
+    "Metrics",
+    "ModelInput",
+    "RolloutError",
+    "StepResult",
+    "StopCondition",
+    "TokensWithLogprobs",
+    "Trajectory",
+    "TrajectoryGroup",
+    "Transition",
+    "decode_json",
+    "decode_msgpack",
+    "encode_json",
+    "encode_msgpack",
+]
+
+PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
+"""Transition metric that, when >= 1, excludes the transition's action tokens from training."""
+
+Metrics = dict[str, float | int]
+Logs = dict[str, str | int | float]
+StopCondition = tuple[str, ...] | tuple[int, ...]
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarray:
+    """Copies `values` into a read-only 1-D array of `dtype`, refusing lossy conversions."""
+    if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1:
+        out = values.copy()
+    else:
+        try:
+            arr = np.asarray(values)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{record}.{field}: cannot read as an array: {err}") from None
+        if arr.ndim != 1:
+            raise ValueError(f"{record}.{field}: expected a 1-D sequence, got shape {arr.shape}")
+        if arr.size == 0:
+            arr = arr.astype(dtype)
+        if dtype is np.int32:
+            if arr.dtype.kind == "b" or arr.dtype.kind not in "iu":
+                raise TypeError(
+                    f"{record}.{field}: token ids must be integers, got dtype {arr.dtype}"
+                )
+            if arr.size and int(arr.max()) > _INT32_MAX:
+                raise ValueError(f"{record}.{field}: token id {int(arr.max())} exceeds int32")
+        elif arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
+            raise TypeError(f"{record}.{field}: expected real numbers, got dtype {arr.dtype}")
+        out = arr.astype(dtype, copy=True)
+    if dtype is np.int32 and out.size and int(out.min()) < 0:
+        bad = int(np.argmax(out < 0))
+        raise ValueError(f"{record}.{field}: negative token id {int(out[bad])} at position {bad}")
+    if dtype is np.float32 and not np.all(np.isfinite(out)):
+        bad = int(np.argmax(~np.isfinite(out)))
+        raise ValueError(f"{record}.{field}: non-finite value {out[bad]} at position {bad}")
+    out.flags.writeable = False
+    return out
+
+
+def _finite_float(value: Any, record: str, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{record}.{field}: expected a real number, got {type(value).__name__}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"{record}.{field}: non-finite value {out}")
+    return out
+
+
+def _tuple_of(values: Any, kind: type, record: str, field: str) -> tuple:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{record}.{field}: expected a sequence of {kind.__name__}")
+    out = tuple(values)
+    for i, item in enumerate(out):
+        if not isinstance(item, kind):
+            raise TypeError(
+                f"{record}.{field}[{i}]: expected {kind.__name__}, got {type(item).__name__}"
+            )
+    return out
+
+
+def _plain_metrics(values: Any, record: str, field: str) -> dict:
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{record}.{field}: expected a mapping, got {type(values).__name__}")
+    out = {}
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{record}.{field}: key {key!r} is not a string")
+        if isinstance(value, (np.integer, np.floating)):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"{record}.{field}[{key!r}]: expected int or float, got {type(value).__name__}"
+            )
+        out[key] = value
+    return out
+
+
+class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A token sequence fed to the model (tinker's `ModelInput`, text chunks only).
+
+    Attributes:
+        tokens: int32 `[T]` token ids, read-only.
+    """
+
+    tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "tokens", _frozen_array(self.tokens, np.int32, "ModelInput", "tokens"))
+
+    @classmethod
+    def from_ints(cls, tokens: Sequence[int] | np.ndarray) -> ModelInput:
+        """Builds a model input from token ids.
+
+        Examples:
+            >>> ModelInput.from_ints([1, 2, 3]).length
+            3
+        """
+        return cls(tokens=tokens)
+
+    @classmethod
+    def empty(cls) -> ModelInput:
+        return cls(tokens=np.zeros(0, np.int32))
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def to_ints(self) -> list[int]:
+        return self.tokens.tolist()
+
+    def append(self, tokens: Sequence[int] | np.ndarray) -> ModelInput:
+        """Returns a new model input with `tokens` appended."""
+        return ModelInput(tokens=np.concatenate([self.tokens, np.asarray(tokens, np.int32)]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ModelInput) and np.array_equal(self.tokens, other.tokens)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A sampled action: its tokens, their sampling logprobs and why sampling stopped.
+
+    Attributes:
+        tokens: int32 `[T]` sampled token ids.
+        logprobs: float32 `[T]` sampling logprob of each token (finite), or None when the
+            sampler did not return them (then `trajectory_to_data` refuses the action).
+        stop_reason: tinker's stop reason, `"stop"` (stop sequence / EOS) or `"length"`.
+        sequence_id: optional sampler-side identifier of the sequence.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None = None
+    stop_reason: Literal["stop", "length"] = "stop"
+    sequence_id: str | None = None
+
+    def __post_init__(self) -> None:
+        tokens = _frozen_array(self.tokens, np.int32, "TokensWithLogprobs", "tokens")
+        force_setattr(self, "tokens", tokens)
+        if self.logprobs is not None:
+            logprobs = _frozen_array(self.logprobs, np.float32, "TokensWithLogprobs", "logprobs")
+            if logprobs.shape != tokens.shape:
+                raise ValueError(
+                    f"TokensWithLogprobs.logprobs: length {logprobs.shape[0]} != "
+                    f"tokens length {tokens.shape[0]}"
+                )
+            force_setattr(self, "logprobs", logprobs)
+        if self.stop_reason not in ("stop", "length"):
+            raise ValueError(
+                f"TokensWithLogprobs.stop_reason: expected 'stop' or 'length', "
+                f"got {self.stop_reason!r}"
+            )
+
+    @property
+    def maybe_logprobs(self) -> np.ndarray | None:
+        """The cookbook's name for `logprobs`."""
+        return self.logprobs
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TokensWithLogprobs)
+            and np.array_equal(self.tokens, other.tokens)
+            and (
+                (self.logprobs is None and other.logprobs is None)
+                or (
+                    self.logprobs is not None
+                    and other.logprobs is not None
+                    and np.array_equal(self.logprobs, other.logprobs)
+                )
+            )
+            and self.stop_reason == other.stop_reason
+            and self.sequence_id == other.sequence_id
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Transition(msgspec.Struct, frozen=True, kw_only=True):
+    """One observation → action → reward step of an episode.
+
+    Attributes:
+        ob: what the policy saw before acting.
+        ac: what it sampled.
+        reward: immediate reward for this step (finite).
+        episode_done: whether this step ended the episode.
+        metrics: numbers averaged into the training logs (e.g. `format`, `correct`,
+            `parse_error_masked`).
+        logs: free-form diagnostics, not aggregated.
+    """
+
+    ob: ModelInput
+    ac: TokensWithLogprobs
+    reward: float
+    episode_done: bool
+    metrics: Metrics = msgspec.field(default_factory=dict)
+    logs: Logs = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ob, ModelInput):
+            raise TypeError(f"Transition.ob: expected ModelInput, got {type(self.ob).__name__}")
+        if not isinstance(self.ac, TokensWithLogprobs):
+            raise TypeError(
+                f"Transition.ac: expected TokensWithLogprobs, got {type(self.ac).__name__}"
+            )
+        force_setattr(self, "reward", _finite_float(self.reward, "Transition", "reward"))
+        if not isinstance(self.episode_done, (bool, np.bool_)):
+            raise TypeError("Transition.episode_done: expected bool")
+        force_setattr(self, "episode_done", bool(self.episode_done))
+        force_setattr(self, "metrics", _plain_metrics(self.metrics, "Transition", "metrics"))
+        if not isinstance(self.logs, Mapping):
+            raise TypeError("Transition.logs: expected a mapping")
+        force_setattr(self, "logs", dict(self.logs))
+
+
+class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole episode: its transitions, the observation after the last one, and why it ended."""
+
+    transitions: tuple[Transition, ...]
+    final_ob: ModelInput = msgspec.field(default_factory=ModelInput.empty)
+    stop_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        force_setattr(
+            self,
+            "transitions",
+            _tuple_of(self.transitions, Transition, "Trajectory", "transitions"),
+        )
+        if not isinstance(self.final_ob, ModelInput):
+            raise TypeError(
+                f"Trajectory.final_ob: expected ModelInput, got {type(self.final_ob).__name__}"
+            )
+
+    def total_step_reward(self) -> float:
+        """Sum of the per-step rewards, left to right in float64 (as the cookbook sums)."""
+        return sum(t.reward for t in self.transitions)
+
+
+class RolloutError(msgspec.Struct, frozen=True, kw_only=True):
+    """A rollout failure captured as data (exception class name and message)."""
+
+    error_type: str
+    error_message: str
+
+
+class TrajectoryGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """The trajectories of one group (same problem), with group-level rewards and metrics.
+
+    Attributes:
+        trajectories_G: one trajectory per env of the group.
+        final_rewards_G: group-level reward of each trajectory (from `compute_group_rewards`).
+        metrics_G: group-level metrics of each trajectory.
+        rollout_errors: failures captured under tolerant rollout strategies.
+    """
+
+    trajectories_G: tuple[Trajectory, ...]
+    final_rewards_G: tuple[float, ...]
+    metrics_G: tuple[Metrics, ...]
+    rollout_errors: tuple[RolloutError, ...] = ()
+
+    def __post_init__(self) -> None:
+        trajs = _tuple_of(self.trajectories_G, Trajectory, "TrajectoryGroup", "trajectories_G")
+        if isinstance(self.final_rewards_G, np.ndarray):
+            final_rewards = self.final_rewards_G.tolist()
+        else:
+            final_rewards = self.final_rewards_G
+        rewards = tuple(
+            _finite_float(r, "TrajectoryGroup", f"final_rewards_G[{i}]")
+            for i, r in enumerate(_tuple_of(final_rewards, object, "TrajectoryGroup", "final_rewards_G"))
+        )
+        metrics = tuple(
+            _plain_metrics(m, "TrajectoryGroup", f"metrics_G[{i}]")
+            for i, m in enumerate(_tuple_of(self.metrics_G, Mapping, "TrajectoryGroup", "metrics_G"))
+        )
+        if not len(trajs) == len(rewards) == len(metrics):
+            raise ValueError(
+                f"TrajectoryGroup: trajectories_G has {len(trajs)} items, final_rewards_G "
+                f"{len(rewards)}, metrics_G {len(metrics)}; they must be equal"
+            )
+        errors = _tuple_of(self.rollout_errors, RolloutError, "TrajectoryGroup", "rollout_errors")
+        force_setattr(self, "trajectories_G", trajs)
+        force_setattr(self, "final_rewards_G", rewards)
+        force_setattr(self, "metrics_G", metrics)
+        force_setattr(self, "rollout_errors", errors)
+
+    def get_total_rewards(self) -> list[float]:
+        """Sum of step rewards plus the final group reward, per trajectory (cookbook semantics)."""
+        return [
+            traj.total_step_reward() + final
+            for traj, final in zip(self.trajectories_G, self.final_rewards_G, strict=True)
+        ]
+
+
+class StepResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Env.step` returns."""
+
+    reward: float
+    episode_done: bool
+    next_observation: ModelInput
+    next_stop_condition: StopCondition = ()
+    metrics: Metrics = msgspec.field(default_factory=dict)
+    logs: Logs = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "reward", _finite_float(self.reward, "StepResult", "reward"))
+        if not isinstance(self.next_observation, ModelInput):
+            raise TypeError(
+                "StepResult.next_observation: expected ModelInput, "
+                f"got {type(self.next_observation).__name__}"
+            )
+        force_setattr(self, "next_stop_condition", tuple(self.next_stop_condition))
+        force_setattr(self, "metrics", _plain_metrics(self.metrics, "StepResult", "metrics"))
+
+
+# --- serialisation ---------------------------------------------------------------------------
+
+
+def _msgpack_enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return {"dtype": obj.dtype.str, "data": obj.tobytes()}
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _json_enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_ALLOWED_WIRE_DTYPES = {"<i4", "<f4", "<i8", "<f8"}
+
+
+def _dec_hook(kind: type, obj: Any) -> Any:
+    if kind is np.ndarray:
+        if isinstance(obj, dict):
+            dtype = obj.get("dtype")
+            data = obj.get("data")
+            if dtype not in _ALLOWED_WIRE_DTYPES or not isinstance(data, (bytes, memoryview)):
+                raise ValueError(f"array: unsupported wire form (dtype={dtype!r})")
+            if len(data) % np.dtype(dtype).itemsize:
+                raise ValueError(f"array: {len(data)} bytes is not a whole number of {dtype}")
+            return np.frombuffer(data, dtype=dtype)
+        if isinstance(obj, list):
+            try:
+                return np.asarray(obj)  # the record's __post_init__ checks the dtype and casts
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"array: {err}") from None
+        raise ValueError(f"array: expected a list or an encoded array, got {type(obj).__name__}")
+    raise NotImplementedError(f"cannot decode {kind}")
+
+
+_MSGPACK_ENCODER = msgspec.msgpack.Encoder(enc_hook=_msgpack_enc_hook)
+_JSON_ENCODER = msgspec.json.Encoder(enc_hook=_json_enc_hook)
+
+T = TypeVar("T")
+
+
+def encode_msgpack(obj: Any) -> bytes:
+    """Encodes a record (or a tuple/list of records) to msgpack bytes."""
+    return _MSGPACK_ENCODER.encode(obj)
+
+
+def decode_msgpack(data: bytes, kind: type[T]) -> T:
+    """Decodes msgpack `data` as `kind` (e.g. `tuple[TrajectoryGroup, ...]`), validating fully.
+
+    Raises:
+        msgspec.ValidationError: naming the path (`$.trajectories_G[0]...`) and the problem.
+    """
+    return msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook).decode(data)
+
+
+def encode_json(obj: Any) -> bytes:
+    """Encodes a record (or a tuple/list of records) to JSON bytes."""
+    return _JSON_ENCODER.encode(obj)
+
+
+def decode_json(data: bytes | str, kind: type[T]) -> T:
+    """Decodes JSON `data` as `kind`, validating fully (see `decode_msgpack`)."""
+    return msgspec.json.Decoder(kind, dec_hook=_dec_hook).decode(data)
