@@ -149,7 +149,7 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             >>> ModelInput.from_ints([1, 2, 3]).length
             3
         """
-        return cls(tokens=tokens)
+        return cls(tokens=np.asarray(tokens))
 
     @classmethod
     def empty(cls) -> ModelInput:
@@ -319,11 +319,15 @@ class TrajectoryGroup(msgspec.Struct, frozen=True, kw_only=True):
             final_rewards = self.final_rewards_G
         rewards = tuple(
             _finite_float(r, "TrajectoryGroup", f"final_rewards_G[{i}]")
-            for i, r in enumerate(_tuple_of(final_rewards, object, "TrajectoryGroup", "final_rewards_G"))
+            for i, r in enumerate(
+                _tuple_of(final_rewards, object, "TrajectoryGroup", "final_rewards_G")
+            )
         )
         metrics = tuple(
             _plain_metrics(m, "TrajectoryGroup", f"metrics_G[{i}]")
-            for i, m in enumerate(_tuple_of(self.metrics_G, Mapping, "TrajectoryGroup", "metrics_G"))
+            for i, m in enumerate(
+                _tuple_of(self.metrics_G, Mapping, "TrajectoryGroup", "metrics_G")
+            )
         )
         if not len(trajs) == len(rewards) == len(metrics):
             raise ValueError(

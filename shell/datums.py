@@ -1,0 +1,79 @@
+"""Padded `rlpure.DatumBatch` → `list[tinker.Datum]`, the form `forward_backward` consumes.
+
+Each datum is built from numpy views of the batch rows: no per-token Python object is made.
+`tinker.TensorData.from_numpy` keeps numpy arrays as they are. `model_input` is a pydantic
+`tinker.ModelInput`; building it from a list of ints costs one Python int per token plus
+pydantic's validation of that list, which together are most of the cookbook's assembly time
+(`benchmarks/bench_assembly.py`). The SDK's wire encoder reads chunk tokens with
+`np.asarray(tokens, dtype=np.int32).tobytes()`, so by default the text chunk holds the int32
+numpy row itself, built with pydantic's `model_construct`. The tokens come from
+`rlpure.assemble_batch`, which only holds validated non-negative int32 ids, so nothing is skipped
+that could fail. `tests/test_datums.py` checks that these datums serialise to the same request
+bytes as fully validated list-based datums, and that their tokens pass the SDK's validation.
+Pass `validated=True` for datums built entirely through the SDK's validating constructors
+(Python lists of ints), e.g. to hand to code that compares `chunk.tokens` with lists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tinker
+
+from rlpure.packing import DatumBatch, check_datum_batch
+
+__all__ = ["to_tinker_datums", "to_tinker_model_input"]
+
+
+def to_tinker_model_input(tokens: np.ndarray, *, validated: bool = False) -> tinker.ModelInput:
+    """A `tinker.ModelInput` holding one text chunk of `tokens` (1-D non-negative int32).
+
+    With `validated=False` the chunk holds the numpy array itself (see the module docstring);
+    with `validated=True` it is built by `tinker.ModelInput.from_ints` from a list of ints.
+    """
+    if validated:
+        return tinker.ModelInput.from_ints(tokens.tolist())
+    chunk = tinker.EncodedTextChunk.model_construct(tokens=tokens, type="encoded_text")
+    return tinker.ModelInput.model_construct(chunks=[chunk])
+
+
+def to_tinker_datums(
+    batch: DatumBatch, *, include_mask: bool = True, validated: bool = False
+) -> list[tinker.Datum]:
+    """Converts the real rows of a padded batch to `tinker.Datum`s, in batch order.
+
+    Args:
+        batch: a batch from `rlpure.assemble_batch` (numpy or jax arrays).
+        include_mask: add the `mask` array to `loss_fn_inputs`, as the cookbook's
+            `assemble_training_data` does. Tinker's built-in RL losses take only
+            `target_tokens`, `logprobs` and `advantages`, so pass False when sending.
+
+    Returns:
+        `batch.num_datums` datums; datum `d` has `model_input` = the input tokens, and
+        `loss_fn_inputs` `target_tokens` (int64), `logprobs`, `advantages` (float32) and
+        optionally `mask` (float32), each of length `batch.length_D[d]`.
+    """
+    check_datum_batch(batch)
+    n = batch.num_datums
+    input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[:n]
+    target_tokens = np.asarray(batch.target_tokens_D_T)[:n].astype(np.int64)
+    logprobs = np.asarray(batch.logprobs_D_T)[:n]
+    advantages = np.asarray(batch.advantages_D_T)[:n]
+    mask = np.asarray(batch.mask_D_T)[:n]
+    lengths = np.asarray(batch.length_D)[:n].tolist()
+    from_numpy = tinker.TensorData.from_numpy
+    datums = []
+    for d, length in enumerate(lengths):
+        inputs = {
+            "target_tokens": from_numpy(target_tokens[d, :length]),
+            "logprobs": from_numpy(logprobs[d, :length]),
+            "advantages": from_numpy(advantages[d, :length]),
+        }
+        if include_mask:
+            inputs["mask"] = from_numpy(mask[d, :length])
+        datums.append(
+            tinker.Datum(
+                model_input=to_tinker_model_input(input_tokens[d, :length], validated=validated),
+                loss_fn_inputs=inputs,
+            )
+        )
+    return datums

@@ -1,0 +1,121 @@
+"""Properties of `assemble_batch` and a differential test against the list-based reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlpure.packing import assemble_batch, check_datum_batch, datum_arrays
+from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, TrajectoryGroup
+from rlpure.reference import reference_assemble_training_data
+from rlpure.testing import batches
+
+ADVANTAGE = st.floats(-4.0, 4.0, allow_nan=False, width=32)
+
+
+def _advantages_for(
+    groups_P: tuple[TrajectoryGroup, ...], data: st.DataObject
+) -> list[list[float]]:
+    return [[data.draw(ADVANTAGE) for _ in group.trajectories_G] for group in groups_P]
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(prefix="mixed", masked_turns=True), st.data())
+def test_assemble_batch_equals_the_list_reference(groups_P, data):
+    advantages_P = _advantages_for(groups_P, data)
+    batch = assemble_batch(groups_P, advantages_P)
+    check_datum_batch(batch)
+    expected = reference_assemble_training_data(groups_P, advantages_P)
+    assert batch.num_datums == len(expected)
+    for d, ref in enumerate(expected):
+        got = datum_arrays(batch, d)
+        assert got["input_tokens"].tolist() == ref["model_input"]
+        assert got["target_tokens"].tolist() == ref["target_tokens"]
+        np.testing.assert_array_equal(got["logprobs"], np.asarray(ref["logprobs"], np.float32))
+        np.testing.assert_array_equal(got["advantages"], np.asarray(ref["advantages"], np.float32))
+        np.testing.assert_array_equal(got["mask"], np.asarray(ref["mask"], np.float32))
+        assert (batch.group_idx_D[d], batch.traj_idx_D[d]) == (ref["group_idx"], ref["traj_idx"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(prefix="mixed", masked_turns=True), st.data())
+def test_datum_invariants(groups_P, data):
+    advantages_P = _advantages_for(groups_P, data)
+    batch = assemble_batch(groups_P, advantages_P)
+    n, (d_pad, t_pad) = batch.num_datums, batch.shape
+    lengths = batch.length_D[:n]
+    # Mask sum = number of action tokens of unmasked transitions, excluding an action token
+    # that opens a datum (it has no input position to predict it from).
+    unmasked_action_tokens = sum(
+        t.ac.tokens.shape[0]
+        for g in groups_P
+        for traj in g.trajectories_G
+        for t in traj.transitions
+        if float(t.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) < 1.0
+    )
+    assert batch.mask_D_T.sum() <= unmasked_action_tokens
+    # Shifted views agree: input[i + 1] == target[i] inside each datum.
+    for d in range(n):
+        length = lengths[d]
+        np.testing.assert_array_equal(
+            batch.input_tokens_D_T[d, 1:length], batch.target_tokens_D_T[d, : length - 1]
+        )
+        adv_d = np.asarray(advantages_P[batch.group_idx_D[d]][batch.traj_idx_D[d]], np.float32)
+        mask_d = batch.mask_D_T[d, :length]
+        np.testing.assert_array_equal(batch.advantages_D_T[d, :length], mask_d * adv_d)
+        assert set(np.unique(mask_d).tolist()) <= {0.0, 1.0}
+    # Padding never leaks: everything beyond a datum's length and every padded row is zero.
+    cols = np.arange(t_pad)[None, :]
+    outside = cols >= batch.length_D[:, None]
+    for field in (
+        "input_tokens_D_T",
+        "target_tokens_D_T",
+        "logprobs_D_T",
+        "advantages_D_T",
+        "mask_D_T",
+    ):
+        assert not np.asarray(getattr(batch, field))[outside].any(), field
+    assert (batch.length_D[n:] == 0).all() and (batch.group_idx_D[n:] == -1).all()
+    assert d_pad >= n and t_pad >= (lengths.max() if n else 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(prefix="always", masked_turns=False, min_group_size=1))
+def test_prefix_trajectories_make_one_datum_each_with_exact_mask_count(groups_P):
+    advantages_P = [[1.0] * len(g.trajectories_G) for g in groups_P]
+    batch = assemble_batch(groups_P, advantages_P)
+    trajs = [traj for g in groups_P for traj in g.trajectories_G if traj.transitions]
+    assert batch.num_datums == len(trajs)
+    # Every datum opens with an observation of >= 2 tokens, so every action token is a target.
+    action_tokens = sum(t.ac.tokens.shape[0] for traj in trajs for t in traj.transitions)
+    assert batch.mask_D_T.sum() == action_tokens
+
+
+def test_jitted_consumer_does_not_retrace_within_a_bucket():
+    from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, Transition
+
+    traces = []
+
+    @jax.jit
+    def weighted_sum(batch):
+        traces.append(batch.shape)
+        return jnp.sum(batch.advantages_D_T * batch.logprobs_D_T * batch.mask_D_T)
+
+    def group(n_ac: int) -> TrajectoryGroup:
+        t = Transition(
+            ob=ModelInput.from_ints([1, 2, 3]),
+            ac=TokensWithLogprobs(tokens=[5] * n_ac, logprobs=[-1.0] * n_ac),
+            reward=1.0,
+            episode_done=True,
+        )
+        return TrajectoryGroup(
+            trajectories_G=(Trajectory(transitions=(t,)),), final_rewards_G=(0.0,), metrics_G=({},)
+        )
+
+    first = assemble_batch([group(100)], [[1.0]])
+    second = assemble_batch([group(107)], [[1.0]])
+    assert first.shape == second.shape  # 102 and 109 tokens share the 112 bucket
+    assert float(weighted_sum(first)) == -100.0
+    assert float(weighted_sum(second)) == -107.0
+    assert len(traces) == 1
