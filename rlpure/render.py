@@ -1,0 +1,368 @@
+"""Renderers: chat messages <-> token sequences for sampling, parsing and supervised training.
+
+Conventions:
+- A message is a `{"role": str, "content": str}` mapping (`Message`); content is plain text.
+- A tokenizer is any object with the Hugging Face-like surface of `TokenizerLike`:
+  `encode(text, add_special_tokens=False) -> list[int]`, `decode(ids) -> str`, and
+  `bos_token_id` / `eos_token_id` (int or None). The renderer only calls these; it holds no
+  other state, so rendering is a pure function of (tokenizer, messages).
+- Token layout of `role_colon` (the tinker-cookbook `RoleColonRenderer` format). Each piece is
+  encoded on its own and the token lists are concatenated — the prompt is NOT the encoding of
+  the joined string, which matters for merging tokenizers (BPE):
+
+      [bos_token_id if not None]
+      + for each message:  encode("{Role}:") + encode(" {content}\\n\\n")
+      + encode("Assistant:")                       # the generation header
+
+  giving the text `User: {q}\\n\\nAssistant:` for one user message. `Role` is the role with its
+  first letter upper-cased (`str.capitalize`). The model continues with `" {answer}\\n\\nUser:"`
+  and sampling stops at the stop sequence `"\\n\\nUser:"`.
+- Termination of a parsed response (`ParsedResponse.termination`):
+  `"stop_sequence"` — the text contains exactly one `"\\n\\nUser:"` and no trailing EOS;
+  `"eos"` — no stop sequence, the last token is EOS;
+  `"malformed"` — no stop sequence and no EOS (truncated by `max_tokens`), a stop sequence
+  followed by EOS, or several stop sequences (the model wrote the user's turn).
+- Supervised examples (`SupervisedExample`) weigh each token 0.0 or 1.0: headers, BOS and
+  untrained messages 0, the trained assistant outputs 1 — and for the last message also the
+  `"User:"` that completes its stop sequence, so the model learns to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol, TypedDict, runtime_checkable
+
+import msgspec
+import numpy as np
+from msgspec.structs import force_setattr
+
+from rlpure.records import ModelInput
+
+__all__ = [
+    "RENDERER_NAMES",
+    "Message",
+    "ParsedResponse",
+    "Renderer",
+    "RoleColonRenderer",
+    "SupervisedExample",
+    "Termination",
+    "TokenizerLike",
+    "get_renderer",
+]
+
+Termination = Literal["stop_sequence", "eos", "malformed"]
+TrainOn = Literal["last_assistant_message", "all_assistant_messages"]
+
+_TERMINATIONS: tuple[str, ...] = ("stop_sequence", "eos", "malformed")
+
+
+class Message(TypedDict):
+    """One chat message."""
+
+    role: str
+    content: str
+
+
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """The tokenizer surface a renderer uses (a subset of Hugging Face's)."""
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ParsedResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A sampled response read back as an assistant message.
+
+    Attributes:
+        content: the assistant's text, without the rendered leading space, the stop sequence
+            or the EOS token. Best effort when `termination` is `"malformed"`.
+        termination: how the response ended (see the module docstring).
+        role: always `"assistant"`.
+    """
+
+    content: str
+    termination: Termination
+    role: str = "assistant"
+
+    def __post_init__(self) -> None:
+        if self.termination not in _TERMINATIONS:
+            raise ValueError(
+                f"ParsedResponse.termination: expected one of {_TERMINATIONS}, "
+                f"got {self.termination!r}"
+            )
+
+    @property
+    def is_clean(self) -> bool:
+        """True for `"stop_sequence"` and `"eos"`: what lenient grading gates on."""
+        return self.termination != "malformed"
+
+    @property
+    def is_stop_sequence(self) -> bool:
+        """True only for `"stop_sequence"`: the strict format gate of `ProblemEnv`."""
+        return self.termination == "stop_sequence"
+
+    @property
+    def message(self) -> Message:
+        """The response as a chat message."""
+        return {"role": self.role, "content": self.content}
+
+
+class SupervisedExample(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """Tokens of a whole conversation with a per-token training weight.
+
+    Attributes:
+        model_input: the tokens, int32 `[T]`.
+        weights_T: float32 `[T]`, read-only; 1.0 on tokens the model is trained to produce,
+            0.0 elsewhere.
+    """
+
+    model_input: ModelInput
+    weights_T: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_input, ModelInput):
+            raise TypeError(
+                "SupervisedExample.model_input: expected ModelInput, "
+                f"got {type(self.model_input).__name__}"
+            )
+        weights = np.array(self.weights_T, dtype=np.float32, copy=True)
+        if weights.shape != (self.model_input.length,):
+            raise ValueError(
+                f"SupervisedExample.weights_T: shape {weights.shape} != tokens shape "
+                f"({self.model_input.length},)"
+            )
+        weights.flags.writeable = False
+        force_setattr(self, "weights_T", weights)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, SupervisedExample)
+            and self.model_input == other.model_input
+            and np.array_equal(self.weights_T, other.weights_T)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Renderer(Protocol):
+    """What the shell needs from a renderer (cookbook `Renderer`, text-only subset)."""
+
+    def build_generation_prompt(
+        self, messages: Sequence[Mapping[str, str]], *, role: str = "assistant"
+    ) -> ModelInput:
+        """The prompt that asks the model to write the next `role` message."""
+        ...
+
+    def get_stop_sequences(self) -> tuple[str, ...]:
+        """Strings that end a sampled message."""
+        ...
+
+    def parse_response(self, tokens: Sequence[int] | np.ndarray) -> ParsedResponse:
+        """Reads sampled tokens back as a message with its termination."""
+        ...
+
+    def build_supervised_example(
+        self, messages: Sequence[Mapping[str, str]], *, train_on: TrainOn = ...
+    ) -> SupervisedExample:
+        """Tokens and weights for supervised training on `messages`."""
+        ...
+
+
+_CONTENT_PREFIX = " "
+_CONTENT_SUFFIX = "\n\n"
+_STOP_SEQUENCE = "\n\nUser:"
+_STOP_OVERLAP = "User:"  # what the stop sequence adds after an assistant output's "\n\n"
+
+
+def _check_messages(messages: Sequence[Mapping[str, str]]) -> None:
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise TypeError(
+            f"messages: expected a sequence of message mappings, got {type(messages).__name__}"
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TypeError(f"messages[{i}]: expected a mapping, got {type(message).__name__}")
+        for key in ("role", "content"):
+            if key not in message:
+                raise ValueError(f"messages[{i}]: missing key {key!r}")
+            if not isinstance(message[key], str):
+                raise TypeError(
+                    f"messages[{i}][{key!r}]: expected str, got {type(message[key]).__name__}"
+                )
+        if not message["role"]:
+            raise ValueError(f"messages[{i}]['role']: empty role")
+
+
+class RoleColonRenderer:
+    """The `Role: content` format of DeepSeek R1-Zero (cookbook `role_colon`).
+
+    Examples:
+        >>> class Chars:  # one token per character, BOS = 0
+        ...     bos_token_id, eos_token_id = 0, 1
+        ...     def encode(self, text, add_special_tokens=False): return [ord(c) for c in text]
+        ...     def decode(self, ids): return "".join(chr(i) for i in ids)
+        >>> r = RoleColonRenderer(Chars())
+        >>> prompt = r.build_generation_prompt([{"role": "user", "content": "2+2?"}])
+        >>> prompt.to_ints()[0], Chars().decode(prompt.to_ints()[1:])
+        (0, 'User: 2+2?\\n\\nAssistant:')
+        >>> r.parse_response(Chars().encode(" 4\\n\\nUser:"))
+        ParsedResponse(content='4', termination='stop_sequence', role='assistant')
+    """
+
+    __slots__ = ("tokenizer",)
+
+    def __init__(self, tokenizer: TokenizerLike) -> None:
+        for attr in ("encode", "decode", "bos_token_id", "eos_token_id"):
+            if not hasattr(tokenizer, attr):
+                raise TypeError(
+                    f"RoleColonRenderer: tokenizer {type(tokenizer).__name__} has no {attr!r}"
+                )
+        self.tokenizer = tokenizer
+
+    def __repr__(self) -> str:
+        return f"RoleColonRenderer(tokenizer={type(self.tokenizer).__name__})"
+
+    # --- pieces -----------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _bos_tokens(self) -> list[int]:
+        bos = self.tokenizer.bos_token_id
+        return [] if bos is None else [int(bos)]
+
+    def _header_tokens(self, role: str) -> list[int]:
+        return self._encode(role.capitalize() + ":")
+
+    def _output_tokens(self, content: str) -> list[int]:
+        return self._encode(_CONTENT_PREFIX + content + _CONTENT_SUFFIX)
+
+    # --- protocol ---------------------------------------------------------------------------
+
+    def get_stop_sequences(self) -> tuple[str, ...]:
+        """`("\\n\\nUser:",)`."""
+        return (_STOP_SEQUENCE,)
+
+    def build_generation_prompt(
+        self, messages: Sequence[Mapping[str, str]], *, role: str = "assistant"
+    ) -> ModelInput:
+        """`[BOS] {Role}: {content}\\n\\n ... {Role}:` as tokens (layout in the module docstring).
+
+        Args:
+            messages: the conversation so far (may be empty).
+            role: the role whose message the model writes next.
+
+        Returns:
+            int32 `[T]` prompt tokens.
+
+        Raises:
+            TypeError, ValueError: naming the offending message index and key.
+        """
+        _check_messages(messages)
+        tokens = self._bos_tokens()
+        for message in messages:
+            tokens += self._header_tokens(message["role"])
+            tokens += self._output_tokens(message["content"])
+        tokens += self._header_tokens(role)
+        return ModelInput.from_ints(tokens)
+
+    def parse_response(self, tokens: Sequence[int] | np.ndarray) -> ParsedResponse:
+        """Reads sampled tokens back as the assistant's content and how they ended.
+
+        One trailing EOS token is removed, the rest decoded and split on `"\\n\\nUser:"`. The
+        content is the text before the first stop sequence with the rendered leading space
+        removed; without a stop sequence, a trailing `"\\n\\n"` (the rendered content suffix,
+        written before an EOS) is removed too.
+
+        Unlike the cookbook, `"\\n\\n"` is not stripped when a stop sequence was found: the
+        stop sequence already consumed the suffix, so `parse_response` inverts rendering
+        exactly, also for content ending in a blank line.
+
+        Args:
+            tokens: int `[T]` sampled token ids (stop sequence included, as the sampler
+                returns it).
+
+        Returns:
+            The parsed response (see the module docstring for the termination rules).
+        """
+        ids = [int(t) for t in np.asarray(tokens, dtype=np.int64).reshape(-1)]
+        eos = self.tokenizer.eos_token_id
+        ended_with_eos = eos is not None and bool(ids) and ids[-1] == int(eos)
+        if ended_with_eos:
+            ids = ids[:-1]
+        text = str(self.tokenizer.decode(ids))
+        pieces = text.split(_STOP_SEQUENCE)
+        content = pieces[0].removeprefix(_CONTENT_PREFIX)
+        termination: Termination
+        if len(pieces) == 1:
+            content = content.removesuffix(_CONTENT_SUFFIX)
+            termination = "eos" if ended_with_eos else "malformed"
+        elif len(pieces) == 2 and not ended_with_eos:
+            termination = "stop_sequence"
+        else:
+            termination = "malformed"
+        return ParsedResponse(content=content, termination=termination)
+
+    def build_supervised_example(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        train_on: TrainOn = "last_assistant_message",
+    ) -> SupervisedExample:
+        """Tokens of `messages` with weight 1 on the assistant outputs the model should learn.
+
+        The tokens are `build_generation_prompt(messages[:-1])` followed by the last message's
+        output `" {content}\\n\\n"` and, when it is an assistant message, `"User:"` (completing
+        the stop sequence). Headers and BOS get weight 0.
+
+        Args:
+            messages: a non-empty conversation.
+            train_on: `"last_assistant_message"` weighs only the last message, if it is the
+                assistant's; `"all_assistant_messages"` weighs every assistant output
+                (valid for `role_colon`, whose earlier turns render the same in every prefix).
+
+        Returns:
+            The tokens and float32 `[T]` weights.
+        """
+        _check_messages(messages)
+        if not messages:
+            raise ValueError("build_supervised_example: messages is empty")
+        if train_on not in ("last_assistant_message", "all_assistant_messages"):
+            raise ValueError(f"build_supervised_example: unknown train_on {train_on!r}")
+        tokens: list[int] = self._bos_tokens()
+        weights: list[float] = [0.0] * len(tokens)
+        last = len(messages) - 1
+        for i, message in enumerate(messages):
+            is_assistant = message["role"] == "assistant"
+            trained = is_assistant and (i == last or train_on == "all_assistant_messages")
+            header = self._header_tokens(message["role"])
+            output = self._output_tokens(message["content"])
+            if i == last and is_assistant:
+                output += self._encode(_STOP_OVERLAP)
+            tokens += header + output
+            weights += [0.0] * len(header) + [1.0 if trained else 0.0] * len(output)
+        return SupervisedExample(
+            model_input=ModelInput.from_ints(tokens), weights_T=np.asarray(weights, np.float32)
+        )
+
+
+RENDERER_NAMES: tuple[str, ...] = ("role_colon",)
+
+
+def get_renderer(name: str, tokenizer: TokenizerLike) -> Renderer:
+    """The renderer called `name` (one of `RENDERER_NAMES`) over `tokenizer`.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if name == "role_colon":
+        return RoleColonRenderer(tokenizer)
+    raise ValueError(f"get_renderer: unknown renderer {name!r}; known: {RENDERER_NAMES}")
