@@ -332,7 +332,10 @@ def _pack_segments(
         t_pad = bucket_size(length_max, minimum=min_tokens)
     else:
         d_pad, t_pad = max(num_datums, min_datums), max(length_max, min_tokens)
-    # Unshifted per-sequence arrays with one extra column; the shifted outputs are views.
+    # Unshifted per-sequence arrays with one extra column: the targets and per-token arrays are
+    # their column-shifted views, so each piece is written once. The inputs are one bulk copy
+    # of the token columns with each datum's last token cleared (measured faster than writing
+    # them piece by piece: benchmarks/bench_assembly.py).
     tokens = np.zeros((d_pad, t_pad + 1), np.int32)
     logprobs = np.zeros((d_pad, t_pad + 1), np.float32)
     advantages = np.zeros((d_pad, t_pad + 1), np.float32)
@@ -351,7 +354,6 @@ def _pack_segments(
     length_D = np.zeros(d_pad, np.int32)
     length_D[:num_datums] = [s[0] - 1 for s in segments]
     input_tokens = tokens[:, :t_pad].copy()
-    # Each datum's last token is a target only: clear it from the inputs' padding.
     lengths = length_D[:num_datums]
     inside = lengths < t_pad
     input_tokens[np.flatnonzero(inside), lengths[inside]] = 0
