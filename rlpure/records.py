@@ -53,7 +53,8 @@ PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
 
 Metrics = dict[str, float | int]
 Logs = dict[str, str | int | float]
-StopCondition = tuple[str, ...] | tuple[int, ...]
+StopCondition = tuple[str | int, ...]
+"""Stop strings or stop token ids (all of one kind), as the sampler's `stop` parameter."""
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -89,6 +90,10 @@ def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarr
         raise ValueError(f"{record}.{field}: non-finite value {out[bad]} at position {bad}")
     out.flags.writeable = False
     return out
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def _finite_float(value: Any, record: str, field: str) -> float:
@@ -365,7 +370,17 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
                 "StepResult.next_observation: expected ModelInput, "
                 f"got {type(self.next_observation).__name__}"
             )
-        force_setattr(self, "next_stop_condition", tuple(self.next_stop_condition))
+        stop = tuple(self.next_stop_condition)
+        if not (all(isinstance(s, str) for s in stop) or all(_is_token_id(s) for s in stop)):
+            raise TypeError(
+                "StepResult.next_stop_condition: expected all strings or all non-negative "
+                f"token ids, got {stop!r}"
+            )
+        force_setattr(
+            self,
+            "next_stop_condition",
+            tuple(int(s) if not isinstance(s, str) else s for s in stop),
+        )
         force_setattr(self, "metrics", _plain_metrics(self.metrics, "StepResult", "metrics"))
 
 

@@ -56,20 +56,21 @@ def to_tinker_datums(
     n = batch.num_datums
     input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[:n]
     target_tokens = np.asarray(batch.target_tokens_D_T)[:n].astype(np.int64)
-    logprobs = np.asarray(batch.logprobs_D_T)[:n]
-    advantages = np.asarray(batch.advantages_D_T)[:n]
-    mask = np.asarray(batch.mask_D_T)[:n]
+    logprobs = np.asarray(batch.logprobs_D_T, dtype=np.float32)[:n]
+    advantages = np.asarray(batch.advantages_D_T, dtype=np.float32)[:n]
+    mask = np.asarray(batch.mask_D_T, dtype=np.float32)[:n]
     lengths = np.asarray(batch.length_D)[:n].tolist()
-    from_numpy = tinker.TensorData.from_numpy
+    tensor = tinker.TensorData  # same object as TensorData.from_numpy, without re-deriving dtype
     datums = []
     for d, length in enumerate(lengths):
+        shape = [length]
         inputs = {
-            "target_tokens": from_numpy(target_tokens[d, :length]),
-            "logprobs": from_numpy(logprobs[d, :length]),
-            "advantages": from_numpy(advantages[d, :length]),
+            "target_tokens": tensor(data=target_tokens[d, :length], dtype="int64", shape=shape),
+            "logprobs": tensor(data=logprobs[d, :length], dtype="float32", shape=shape),
+            "advantages": tensor(data=advantages[d, :length], dtype="float32", shape=shape),
         }
         if include_mask:
-            inputs["mask"] = from_numpy(mask[d, :length])
+            inputs["mask"] = tensor(data=mask[d, :length], dtype="float32", shape=shape)
         datums.append(
             tinker.Datum(
                 model_input=to_tinker_model_input(input_tokens[d, :length], validated=validated),

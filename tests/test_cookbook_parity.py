@@ -1,0 +1,99 @@
+"""Parity with the real tinker-cookbook 0.6.1 (`rl/data_processing.py`).
+
+The project does not depend on the cookbook (it needs torch); this module is skipped unless
+`tinker_cookbook` is importable. To run it, make a throwaway venv:
+
+    python3 -m venv /tmp/cb && /tmp/cb/bin/pip install --no-deps tinker-cookbook==0.6.1
+    /tmp/cb/bin/pip install tinker==0.38.0 torch==2.13.0 chz pillow blobfile datasets \
+        jax msgspec optax returns pytest hypothesis rich matplotlib
+    /tmp/cb/bin/pip install --no-deps -e . && /tmp/cb/bin/pytest tests/test_cookbook_parity.py
+"""
+
+import numpy as np
+import pytest
+import tinker
+from hypothesis import given, settings
+
+from rlpure.advantages import compute_advantages
+from rlpure.packing import assemble_batch
+from rlpure.testing import batches
+from shell.datums import to_tinker_datums
+
+cookbook = pytest.importorskip("tinker_cookbook.rl.data_processing")
+cb_types = pytest.importorskip("tinker_cookbook.rl.types")
+cb_completers = pytest.importorskip("tinker_cookbook.completers")
+
+
+def _to_cookbook(groups_P):
+    return [
+        cb_types.TrajectoryGroup(
+            trajectories_G=[
+                cb_types.Trajectory(
+                    transitions=[
+                        cb_types.Transition(
+                            ob=tinker.ModelInput.from_ints(t.ob.to_ints()),
+                            ac=cb_completers.TokensWithLogprobs(
+                                tokens=t.ac.tokens.tolist(),
+                                maybe_logprobs=t.ac.logprobs.tolist(),
+                            ),
+                            reward=t.reward,
+                            episode_done=t.episode_done,
+                            metrics=dict(t.metrics),
+                        )
+                        for t in traj.transitions
+                    ],
+                    final_ob=tinker.ModelInput.from_ints(traj.final_ob.to_ints()),
+                )
+                for traj in g.trajectories_G
+            ],
+            final_rewards_G=list(g.final_rewards_G),
+            metrics_G=[dict(m) for m in g.metrics_G],
+        )
+        for g in groups_P
+    ]
+
+
+def _check_parity(groups_P, *, exact_advantages: bool):
+    cb_groups = _to_cookbook(groups_P)
+    cb_advantages = cookbook.compute_advantages(cb_groups)
+    cb_data, cb_meta = cookbook.assemble_training_data(cb_groups, cb_advantages)
+
+    advantages_P_G = np.asarray(compute_advantages(groups_P))
+    for p, adv_G in enumerate(cb_advantages):
+        ours = advantages_P_G[p, : len(adv_G)]
+        if exact_advantages:
+            np.testing.assert_array_equal(ours, adv_G.numpy())
+        else:
+            # Float rewards: the group mean is a float32 sum whose order differs (torch's
+            # vectorised order depends on the CPU: AVX2 and AVX-512 differ), so the mean may
+            # differ by an ulp of the sum. That error is relative to the rewards' magnitude,
+            # not to A = R - mean, which can be small by cancellation.
+            scale = max(1.0, float(np.abs(groups_P[p].get_total_rewards()).max()))
+            np.testing.assert_allclose(ours, adv_G.numpy(), rtol=1e-6, atol=1e-6 * scale)
+    # Datums from the cookbook's own advantages, so token arrays compare exactly.
+    batch = assemble_batch(groups_P, [a.numpy() for a in cb_advantages])
+    ours = to_tinker_datums(batch)
+    assert len(ours) == len(cb_data)
+    for d, (mine, theirs) in enumerate(zip(ours, cb_data, strict=True)):
+        assert mine.model_input.to_ints() == theirs.model_input.to_ints()
+        assert set(mine.loss_fn_inputs) == set(theirs.loss_fn_inputs)
+        for key, td in theirs.loss_fn_inputs.items():
+            np.testing.assert_array_equal(mine.loss_fn_inputs[key].to_numpy(), td.to_numpy())
+        assert (int(batch.group_idx_D[d]), int(batch.traj_idx_D[d])) == (
+            cb_meta[d]["group_idx"],
+            cb_meta[d]["traj_idx"],
+        )
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches(reward_kind="binary", prefix="mixed", masked_turns=True, max_group_size=8))
+def test_binary_rewards_match_the_cookbook_exactly(groups_P):
+    groups_P = tuple(g for g in groups_P if g.trajectories_G)
+    _check_parity(groups_P, exact_advantages=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(reward_kind="float", prefix="mixed", masked_turns=True, max_group_size=8))
+def test_float_rewards_match_the_cookbook_within_1e6(groups_P):
+    groups_P = tuple(g for g in groups_P if g.trajectories_G)
+    _check_parity(groups_P, exact_advantages=False)
