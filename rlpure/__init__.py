@@ -1,9 +1,65 @@
-"""rlpure: the pure core. Records, advantages, datum assembly, losses, metrics, grading.
+"""rlpure: the pure core of RL on language models for the Tinker API.
 
-Nothing here performs IO, touches the network, or imports the shell; see `shell` for effects.
+Immutable records, vectorised advantages, datum assembly, Tinker's losses, KL shaping,
+metrics, prompt rendering and answer grading. Nothing here performs IO, touches the
+network, or imports the effect shell (`shell`). Hypothesis strategies for users' own
+property tests live in `rlpure.testing` (imported separately: it needs hypothesis).
 """
 
-from rlpure.packing import DatumBatch, check_datum_batch
+from rlpure.advantages import (
+    PackedRewards,
+    aggregate_advantages,
+    aggregate_batch_token_mean,
+    aggregate_constant_length,
+    aggregate_sequence_token_mean,
+    aggregate_token_sum,
+    compute_advantages,
+    constant_reward_group_mask,
+    group_centered_advantages,
+    group_normalized_advantages,
+    leave_one_out_advantages,
+    pack_rewards,
+    remove_constant_reward_groups,
+)
+from rlpure.grading import (
+    GSM8K_QUESTION_SUFFIX,
+    extract_boxed,
+    grade_answer,
+    grade_boxed_response,
+    gsm8k_fewshot_prefix,
+    gsm8k_ground_truth,
+    gsm8k_question,
+    has_boxed_answer,
+    normalize_numeric_answer,
+)
+from rlpure.kl import discounted_future_sum, kl_penalty_advantages
+from rlpure.losses import (
+    LOSSES,
+    LossOutput,
+    LossSpec,
+    cispo_clipped_weight_loss,
+    compute_loss,
+    cross_entropy_loss,
+    dro_quadratic_penalty_loss,
+    gspo_token_clipped_surrogate_loss,
+    importance_sampling_loss,
+    loss_fn_inputs_from_batch,
+    ppo_clipped_surrogate_loss,
+)
+from rlpure.metrics import (
+    kl_sample_train_metrics,
+    rollout_error_metrics,
+    sampling_client_metrics,
+    trajectory_metrics,
+)
+from rlpure.packing import (
+    DatumBatch,
+    assemble_batch,
+    bucket_size,
+    check_datum_batch,
+    datum_arrays,
+    trajectory_segments,
+)
 from rlpure.records import (
     PARSE_ERROR_MASKED_METRIC_KEY,
     ModelInput,
@@ -18,20 +74,75 @@ from rlpure.records import (
     encode_json,
     encode_msgpack,
 )
+from rlpure.render import (
+    ParsedResponse,
+    Renderer,
+    RoleColonRenderer,
+    SupervisedExample,
+    get_renderer,
+)
 
 __all__ = [
+    "GSM8K_QUESTION_SUFFIX",
+    "LOSSES",
     "PARSE_ERROR_MASKED_METRIC_KEY",
     "DatumBatch",
+    "LossOutput",
+    "LossSpec",
     "ModelInput",
+    "PackedRewards",
+    "ParsedResponse",
+    "Renderer",
+    "RoleColonRenderer",
     "RolloutError",
     "StepResult",
+    "SupervisedExample",
     "TokensWithLogprobs",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",
+    "aggregate_advantages",
+    "aggregate_batch_token_mean",
+    "aggregate_constant_length",
+    "aggregate_sequence_token_mean",
+    "aggregate_token_sum",
+    "assemble_batch",
+    "bucket_size",
     "check_datum_batch",
+    "cispo_clipped_weight_loss",
+    "compute_advantages",
+    "compute_loss",
+    "constant_reward_group_mask",
+    "cross_entropy_loss",
+    "datum_arrays",
     "decode_json",
     "decode_msgpack",
+    "discounted_future_sum",
+    "dro_quadratic_penalty_loss",
     "encode_json",
     "encode_msgpack",
+    "extract_boxed",
+    "get_renderer",
+    "grade_answer",
+    "grade_boxed_response",
+    "group_centered_advantages",
+    "group_normalized_advantages",
+    "gsm8k_fewshot_prefix",
+    "gsm8k_ground_truth",
+    "gsm8k_question",
+    "gspo_token_clipped_surrogate_loss",
+    "has_boxed_answer",
+    "importance_sampling_loss",
+    "kl_penalty_advantages",
+    "kl_sample_train_metrics",
+    "leave_one_out_advantages",
+    "loss_fn_inputs_from_batch",
+    "normalize_numeric_answer",
+    "pack_rewards",
+    "ppo_clipped_surrogate_loss",
+    "remove_constant_reward_groups",
+    "rollout_error_metrics",
+    "sampling_client_metrics",
+    "trajectory_metrics",
+    "trajectory_segments",
 ]
