@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 import tinker
-from rlpure.advantages import compute_advantages
 
+from rlpure.advantages import compute_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
 from rlpure.reference import reference_assemble_training_data, reference_group_centered_advantages

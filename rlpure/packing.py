@@ -47,7 +47,9 @@ class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         length_D: int32 `[D]` number of real positions of each datum (0 for padded rows).
         group_idx_D: int32 `[D]` index of the datum's group in the input (-1 for padding).
         traj_idx_D: int32 `[D]` index of the datum's trajectory within its group (-1 for padding).
-        num_datums: number of real datums (static under `jit`); rows `>= num_datums` are padding.
+        num_datums: number of real datums; rows `>= num_datums` are padding. A Python int on
+            the host, a traced int32 scalar inside `jit` (it is data, so a new count in the same
+            bucket does not recompile).
     """
 
     input_tokens_D_T: np.ndarray | jax.Array
@@ -58,7 +60,7 @@ class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     length_D: np.ndarray | jax.Array
     group_idx_D: np.ndarray | jax.Array
     traj_idx_D: np.ndarray | jax.Array
-    num_datums: int
+    num_datums: int | np.ndarray | jax.Array
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -76,35 +78,72 @@ _ARRAY_FIELDS_D_T = (
 )
 _ARRAY_FIELDS_D = ("length_D", "group_idx_D", "traj_idx_D")
 
+# `num_datums` is a data field (a traced scalar under `jit`), not static metadata: a static
+# count would recompile every jitted consumer whenever the number of datums changes, even
+# within one (D, T) bucket.
 jax.tree_util.register_dataclass(
     DatumBatch,
-    data_fields=[*_ARRAY_FIELDS_D_T, *_ARRAY_FIELDS_D],
-    meta_fields=["num_datums"],
+    data_fields=[*_ARRAY_FIELDS_D_T, *_ARRAY_FIELDS_D, "num_datums"],
+    meta_fields=[],
 )
 
 
 def check_datum_batch(batch: DatumBatch) -> None:
-    """Checks shapes and the padding contract of a `DatumBatch` (call at boundaries).
+    """Checks the shapes, dtypes and padding contract of a host-side `DatumBatch`.
+
+    Call it at boundaries (e.g. before converting to `tinker.Datum`s or after loading a batch).
+    It reads every array once (O(D·T)).
 
     Raises:
-        ValueError: naming the field and both shapes when they disagree.
+        ValueError: naming the field and both shapes, or the datum that breaks the contract.
+        TypeError: when a token array is not integer or a per-token array not floating point.
     """
-    shape = batch.input_tokens_D_T.shape
+    shape = np.shape(batch.input_tokens_D_T)
     if len(shape) != 2:
         raise ValueError(f"DatumBatch.input_tokens_D_T: expected [D, T], got shape {shape}")
     for name in _ARRAY_FIELDS_D_T:
-        got = getattr(batch, name).shape
+        got = np.shape(getattr(batch, name))
         if got != shape:
             raise ValueError(f"DatumBatch.{name}: shape mismatch: got {got}, expected {shape}")
     for name in _ARRAY_FIELDS_D:
-        got = getattr(batch, name).shape
+        got = np.shape(getattr(batch, name))
         if got != shape[:1]:
             raise ValueError(f"DatumBatch.{name}: shape mismatch: got {got}, expected {shape[:1]}")
-    if not 0 <= batch.num_datums <= shape[0]:
-        raise ValueError(f"DatumBatch.num_datums: {batch.num_datums} outside [0, {shape[0]}]")
-    length_D = np.asarray(batch.length_D)
-    if np.any(length_D < 0) or np.any(length_D > shape[1]):
-        raise ValueError(f"DatumBatch.length_D: values must lie in [0, {shape[1]}]")
+    arrays = {
+        name: np.asarray(getattr(batch, name)) for name in _ARRAY_FIELDS_D_T + _ARRAY_FIELDS_D
+    }
+    for name in ("input_tokens_D_T", "target_tokens_D_T", *_ARRAY_FIELDS_D):
+        if arrays[name].dtype.kind not in "iu":
+            raise TypeError(f"DatumBatch.{name}: expected integers, got dtype {arrays[name].dtype}")
+    for name in ("logprobs_D_T", "advantages_D_T", "mask_D_T"):
+        if arrays[name].dtype.kind != "f":
+            raise TypeError(f"DatumBatch.{name}: expected floats, got dtype {arrays[name].dtype}")
+        if not np.all(np.isfinite(arrays[name])):
+            raise ValueError(f"DatumBatch.{name}: holds non-finite values")
+    num_datums = int(batch.num_datums)
+    if not 0 <= num_datums <= shape[0]:
+        raise ValueError(f"DatumBatch.num_datums: {num_datums} outside [0, {shape[0]}]")
+    length_D = arrays["length_D"]
+    real = slice(0, num_datums)
+    if np.any(length_D[real] < 1) or np.any(length_D[real] > shape[1]):
+        raise ValueError(f"DatumBatch.length_D: real datums need lengths in [1, {shape[1]}]")
+    padded = slice(num_datums, None)
+    if (
+        np.any(length_D[padded] != 0)
+        or np.any(arrays["group_idx_D"][padded] != -1)
+        or np.any(arrays["traj_idx_D"][padded] != -1)
+    ):
+        raise ValueError(
+            "DatumBatch: padded rows (index >= num_datums) need length 0 and group/traj index -1"
+        )
+    outside_D_T = np.arange(shape[1])[None, :] >= length_D[:, None]
+    for name in _ARRAY_FIELDS_D_T:
+        if np.any(arrays[name][outside_D_T]):
+            d = int(np.argmax(np.any(arrays[name] * outside_D_T != 0, axis=1)))
+            raise ValueError(
+                f"DatumBatch.{name}: datum {d} has non-zero values beyond its length "
+                f"{int(length_D[d])}"
+            )
 
 
 # --- bucketing -------------------------------------------------------------------------------
@@ -124,6 +163,8 @@ def bucket_size(n: int, *, minimum: int = 1, steps_per_octave: int = 4) -> int:
         raise ValueError(f"bucket_size: n must be >= 0, got {n}")
     if minimum < 1:
         raise ValueError(f"bucket_size: minimum must be >= 1, got {minimum}")
+    if steps_per_octave < 1:
+        raise ValueError(f"bucket_size: steps_per_octave must be >= 1, got {steps_per_octave}")
     if n <= minimum:
         return minimum
     octave = 1 << (n - 1).bit_length() - 1  # largest power of two < n
@@ -222,11 +263,26 @@ def _close_segment(full_length: int, pieces: list[_Piece], where: str) -> _Segme
     return (full_length, tuple(pieces))
 
 
+def _finite_float32(values: Any, where: str) -> np.ndarray:
+    """`values` as a float32 array, refusing non-numeric (or bool) dtypes and non-finite values."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"assemble_batch: {where}: expected real numbers, got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):
+        out = arr.astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        bad = np.argwhere(~np.isfinite(out))[0].tolist()
+        raise ValueError(
+            f"assemble_batch: {where}{bad}: non-finite advantage {arr[tuple(bad)]} (as float32)"
+        )
+    return out
+
+
 def _advantage_rows(groups_P: Sequence[TrajectoryGroup], advantages_P: Any) -> list[list[float]]:
     """Reads `advantages_P` (a `[P, G_max]` array or P per-group sequences) as float32 rows."""
     num_groups = len(groups_P)
     if hasattr(advantages_P, "ndim") and advantages_P.ndim == 2:
-        adv = np.asarray(advantages_P, dtype=np.float32)
+        adv = _finite_float32(advantages_P, "advantages_P")
         if adv.shape[0] != num_groups:
             raise ValueError(
                 f"assemble_batch: advantages_P has {adv.shape[0]} rows, groups_P has {num_groups}"
@@ -248,7 +304,7 @@ def _advantage_rows(groups_P: Sequence[TrajectoryGroup], advantages_P: Any) -> l
         )
     rows = []
     for p, (group, adv_G) in enumerate(zip(groups_P, advantages_P, strict=True)):
-        adv_row = np.asarray(adv_G, dtype=np.float32)
+        adv_row = _finite_float32(adv_G, f"advantages_P[{p}]")
         if adv_row.shape != (len(group.trajectories_G),):
             raise ValueError(
                 f"assemble_batch: advantages_P[{p}] has shape {adv_row.shape}, "
@@ -262,7 +318,7 @@ def assemble_batch(
     groups_P: Sequence[TrajectoryGroup],
     advantages_P: Any,
     *,
-    min_datums: int = 1,
+    min_datums: int = 8,
     min_tokens: int = 16,
     bucket: bool = True,
 ) -> DatumBatch:
@@ -361,6 +417,17 @@ def _pack_segments(
     group_idx_D[:num_datums] = group_idx
     traj_idx_D = np.full(d_pad, -1, np.int32)
     traj_idx_D[:num_datums] = traj_idx
+    for array in (
+        tokens,
+        logprobs,
+        advantages,
+        mask,
+        input_tokens,
+        length_D,
+        group_idx_D,
+        traj_idx_D,
+    ):
+        array.flags.writeable = False  # the batch is immutable, like the records it came from
     return DatumBatch(
         input_tokens_D_T=input_tokens,
         target_tokens_D_T=tokens[:, 1:],
@@ -376,7 +443,7 @@ def _pack_segments(
 
 def datum_arrays(batch: DatumBatch, d: int) -> dict[str, np.ndarray]:
     """The unpadded arrays of datum `d` (numpy views; no copy for numpy batches)."""
-    if not 0 <= d < batch.num_datums:
+    if not 0 <= d < int(batch.num_datums):
         raise IndexError(f"datum_arrays: datum {d} outside [0, {batch.num_datums})")
     length = int(batch.length_D[d])
     return {

@@ -22,9 +22,10 @@ JSON stores them as lists (float32 values survive the float64 text form exactly)
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -79,6 +80,11 @@ def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarr
                 )
             if arr.size and int(arr.max()) > _INT32_MAX:
                 raise ValueError(f"{record}.{field}: token id {int(arr.max())} exceeds int32")
+            if arr.size and int(arr.min()) < 0:  # checked before the cast, which could wrap
+                bad = int(np.argmax(arr < 0))
+                raise ValueError(
+                    f"{record}.{field}: negative token id {int(arr[bad])} at position {bad}"
+                )
         elif arr.dtype.kind not in "fiu" or arr.dtype.kind == "b":
             raise TypeError(f"{record}.{field}: expected real numbers, got dtype {arr.dtype}")
         out = arr.astype(dtype, copy=True)
@@ -88,6 +94,11 @@ def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarr
     if dtype is np.float32 and not np.all(np.isfinite(out)):
         bad = int(np.argmax(~np.isfinite(out)))
         raise ValueError(f"{record}.{field}: non-finite value {out[bad]} at position {bad}")
+    if dtype is np.float32 and field == "logprobs" and out.size and float(out.max()) > 0.0:
+        bad = int(np.argmax(out > 0))
+        raise ValueError(
+            f"{record}.{field}: log-probability {out[bad]} > 0 at position {bad} (must be <= 0)"
+        )
     out.flags.writeable = False
     return out
 
@@ -130,8 +141,39 @@ def _plain_metrics(values: Any, record: str, field: str) -> dict:
             raise TypeError(
                 f"{record}.{field}[{key!r}]: expected int or float, got {type(value).__name__}"
             )
+        if not math.isfinite(value):
+            raise ValueError(f"{record}.{field}[{key!r}]: non-finite value {value}")
         out[key] = value
     return out
+
+
+def _plain_logs(values: Any, record: str, field: str) -> dict:
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{record}.{field}: expected a mapping, got {type(values).__name__}")
+    out = {}
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{record}.{field}: key {key!r} is not a string")
+        if isinstance(value, (np.integer, np.floating)):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise TypeError(
+                f"{record}.{field}[{key!r}]: expected str, int or float, got {type(value).__name__}"
+            )
+        out[key] = value
+    return out
+
+
+def _check_bool(value: Any, record: str, field: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{record}.{field}: expected bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _check_str(value: Any, record: str, field: str, *, optional: bool = False) -> None:
+    if not (isinstance(value, str) or (optional and value is None)):
+        expected = "str or None" if optional else "str"
+        raise TypeError(f"{record}.{field}: expected {expected}, got {type(value).__name__}")
 
 
 class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -169,7 +211,8 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
     def append(self, tokens: Sequence[int] | np.ndarray) -> ModelInput:
         """Returns a new model input with `tokens` appended."""
-        return ModelInput(tokens=np.concatenate([self.tokens, np.asarray(tokens, np.int32)]))
+        extra = _frozen_array(tokens, np.int32, "ModelInput", "tokens")
+        return ModelInput(tokens=np.concatenate([self.tokens, extra]))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ModelInput) and np.array_equal(self.tokens, other.tokens)
@@ -262,13 +305,11 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
                 f"Transition.ac: expected TokensWithLogprobs, got {type(self.ac).__name__}"
             )
         force_setattr(self, "reward", _finite_float(self.reward, "Transition", "reward"))
-        if not isinstance(self.episode_done, (bool, np.bool_)):
-            raise TypeError("Transition.episode_done: expected bool")
-        force_setattr(self, "episode_done", bool(self.episode_done))
+        force_setattr(
+            self, "episode_done", _check_bool(self.episode_done, "Transition", "episode_done")
+        )
         force_setattr(self, "metrics", _plain_metrics(self.metrics, "Transition", "metrics"))
-        if not isinstance(self.logs, Mapping):
-            raise TypeError("Transition.logs: expected a mapping")
-        force_setattr(self, "logs", dict(self.logs))
+        force_setattr(self, "logs", _plain_logs(self.logs, "Transition", "logs"))
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
@@ -288,6 +329,7 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
             raise TypeError(
                 f"Trajectory.final_ob: expected ModelInput, got {type(self.final_ob).__name__}"
             )
+        _check_str(self.stop_reason, "Trajectory", "stop_reason", optional=True)
 
     def total_step_reward(self) -> float:
         """Sum of the per-step rewards, left to right in float64 (as the cookbook sums)."""
@@ -299,6 +341,10 @@ class RolloutError(msgspec.Struct, frozen=True, kw_only=True):
 
     error_type: str
     error_message: str
+
+    def __post_init__(self) -> None:
+        _check_str(self.error_type, "RolloutError", "error_type")
+        _check_str(self.error_message, "RolloutError", "error_message")
 
 
 class TrajectoryGroup(msgspec.Struct, frozen=True, kw_only=True):
@@ -318,8 +364,10 @@ class TrajectoryGroup(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         trajs = _tuple_of(self.trajectories_G, Trajectory, "TrajectoryGroup", "trajectories_G")
-        if isinstance(self.final_rewards_G, np.ndarray):
-            final_rewards = self.final_rewards_G.tolist()
+        if hasattr(self.final_rewards_G, "__array__") and not isinstance(
+            self.final_rewards_G, Sequence
+        ):
+            final_rewards = np.asarray(self.final_rewards_G).tolist()  # numpy / jax arrays
         else:
             final_rewards = self.final_rewards_G
         rewards = tuple(
@@ -365,6 +413,9 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         force_setattr(self, "reward", _finite_float(self.reward, "StepResult", "reward"))
+        force_setattr(
+            self, "episode_done", _check_bool(self.episode_done, "StepResult", "episode_done")
+        )
         if not isinstance(self.next_observation, ModelInput):
             raise TypeError(
                 "StepResult.next_observation: expected ModelInput, "
@@ -382,6 +433,7 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
             tuple(int(s) if not isinstance(s, str) else s for s in stop),
         )
         force_setattr(self, "metrics", _plain_metrics(self.metrics, "StepResult", "metrics"))
+        force_setattr(self, "logs", _plain_logs(self.logs, "StepResult", "logs"))
 
 
 # --- serialisation ---------------------------------------------------------------------------
@@ -432,13 +484,25 @@ def encode_msgpack(obj: Any) -> bytes:
     return _MSGPACK_ENCODER.encode(obj)
 
 
+# Decoders are stateless and costly to build, so they are built once per target type (msgspec's
+# advice); the cache holds nothing that depends on the data decoded.
+@functools.lru_cache(maxsize=64)
+def _msgpack_decoder(kind: Any) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook)
+
+
+@functools.lru_cache(maxsize=64)
+def _json_decoder(kind: Any) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(kind, dec_hook=_dec_hook)
+
+
 def decode_msgpack(data: bytes, kind: type[T]) -> T:
     """Decodes msgpack `data` as `kind` (e.g. `tuple[TrajectoryGroup, ...]`), validating fully.
 
     Raises:
         msgspec.ValidationError: naming the path (`$.trajectories_G[0]...`) and the problem.
     """
-    return msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook).decode(data)
+    return _msgpack_decoder(cast(Hashable, kind)).decode(data)
 
 
 def encode_json(obj: Any) -> bytes:
@@ -448,4 +512,4 @@ def encode_json(obj: Any) -> bytes:
 
 def decode_json(data: bytes | str, kind: type[T]) -> T:
     """Decodes JSON `data` as `kind`, validating fully (see `decode_msgpack`)."""
-    return msgspec.json.Decoder(kind, dec_hook=_dec_hook).decode(data)
+    return _json_decoder(cast(Hashable, kind)).decode(data)

@@ -22,7 +22,9 @@ Conventions and guarantees (all strategies, unless a docstring says otherwise):
   is exact. `reward_kind="float"` draws float32-representable normal values in
   `[-reward_bound, reward_bound]` (0.0 included), whose sums round.
 - Multi-turn trajectories (`trajectories`) follow one of three observation patterns, see
-  `PrefixMode`. A "break" (a non-extending observation) is a *true* break: the new observation
+  `PrefixMode`. Half the breaks are near misses (the sequence so far with one token changed,
+  anywhere, or cut short), the hard case for a prefix check. A "break" (a non-extending
+  observation) is a *true* break: the new observation
   never has the tokens so far as a prefix, so the cookbook starts a new datum there.
 - The datum guarantee: with the default `min_ob_tokens=2`, every datum the cookbook's
   `trajectory_to_data` builds from a generated trajectory has at least 2 tokens (the cookbook
@@ -100,7 +102,7 @@ _SEEDS = st.integers(0, 2**32 - 1)
 _STOP_REASONS: st.SearchStrategy[Literal["stop", "length"]] = st.sampled_from(("stop", "length"))
 _SEQUENCE_IDS = st.sampled_from((None, None, "seq-0", "ß-é-1"))
 _FORMAT_METRIC = st.sampled_from((None, 0, 1))
-_MASK_METRIC = st.sampled_from((None, None, 0.0, 1.0))
+_MASK_METRIC = st.sampled_from((None, None, 0.0, 1.0, 0.5, 2.0))
 _BINARY = st.sampled_from((0.0, 1.0))
 
 
@@ -235,6 +237,28 @@ def _is_prefix(prefix_T: np.ndarray, seq_T: np.ndarray) -> bool:
     return n <= seq_T.shape[0] and bool(np.array_equal(seq_T[:n], prefix_T))
 
 
+def _draw_near_miss(draw: st.DrawFn, spec: _Spec, sequence_T: np.ndarray) -> np.ndarray:
+    """A break that almost extends `sequence_T`: the hard case for a prefix check.
+
+    Either the sequence so far with ONE token changed (at any position, the last action token
+    included) followed by new tokens, or the sequence cut short (e.g. the previous observation
+    without its action). Never a true extension.
+    """
+    if draw(st.booleans()):
+        ob_T = np.concatenate([sequence_T, _draw_tokens(draw, spec.new_ob_size, spec.vocab_size)])
+        last = sequence_T.shape[0] - 1
+        # The ends are where off-by-one prefix checks fail: pick them often.
+        i = draw(st.one_of(st.just(0), st.just(last), st.integers(0, last)))
+        ob_T[i] = (int(ob_T[i]) + 1) % spec.vocab_size
+        return ob_T
+    if sequence_T.shape[0] < 3:
+        ob_T = sequence_T.copy()
+        ob_T[-1] = (int(ob_T[-1]) + 1) % spec.vocab_size
+        return ob_T
+    # At least 2 tokens, so the datum this break opens keeps the >= 2 token guarantee.
+    return sequence_T[: draw(st.integers(2, sequence_T.shape[0] - 1))].copy()
+
+
 def _draw_trajectory(draw: st.DrawFn, spec: _Spec) -> Trajectory:
     num_turns = draw(spec.turns)
     steps: list[Transition] = []
@@ -250,6 +274,8 @@ def _draw_trajectory(draw: st.DrawFn, spec: _Spec) -> Trajectory:
             ob_T = np.concatenate(
                 [sequence_T, _draw_tokens(draw, spec.new_ob_size, spec.vocab_size)]
             )
+        elif turn > 0 and sequence_T.size >= 2 and draw(st.booleans()):
+            ob_T = _draw_near_miss(draw, spec, sequence_T)
         else:
             ob_T = _draw_tokens(draw, spec.ob_size, spec.vocab_size)
             if turn > 0 and sequence_T.size and _is_prefix(sequence_T, ob_T):

@@ -53,12 +53,14 @@ def to_tinker_datums(
         optionally `mask` (float32), each of length `batch.length_D[d]`.
     """
     check_datum_batch(batch)
-    n = batch.num_datums
+    n = int(batch.num_datums)
     input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[:n]
-    target_tokens = np.asarray(batch.target_tokens_D_T)[:n].astype(np.int64)
-    logprobs = np.asarray(batch.logprobs_D_T, dtype=np.float32)[:n]
-    advantages = np.asarray(batch.advantages_D_T, dtype=np.float32)[:n]
-    mask = np.asarray(batch.mask_D_T, dtype=np.float32)[:n]
+    # One bulk copy per array: the datums own their loss inputs (the batch's arrays are
+    # read-only, and TensorData would otherwise copy each row separately).
+    target_tokens = np.array(batch.target_tokens_D_T[:n], dtype=np.int64)
+    logprobs = np.array(batch.logprobs_D_T[:n], dtype=np.float32)
+    advantages = np.array(batch.advantages_D_T[:n], dtype=np.float32)
+    mask = np.array(batch.mask_D_T[:n], dtype=np.float32)
     lengths = np.asarray(batch.length_D)[:n].tolist()
     tensor = tinker.TensorData  # same object as TensorData.from_numpy, without re-deriving dtype
     datums = []

@@ -26,9 +26,7 @@ def _request_bytes(datums: list[tinker.Datum]) -> bytes:
 
 
 def _advantages(groups_P, data):
-    return [
-        [data.draw(st.floats(-2, 2, width=32)) for _ in g.trajectories_G] for g in groups_P
-    ]
+    return [[data.draw(st.floats(-2, 2, width=32)) for _ in g.trajectories_G] for g in groups_P]
 
 
 @settings(max_examples=40, deadline=None)

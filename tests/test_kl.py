@@ -103,7 +103,7 @@ def test_returns_new_batch_and_never_mutates():
 
 
 def test_no_action_tokens_is_identity_with_zero_base():
-    batch = make_batch(np.zeros((2, 3)), np.zeros((2, 3)), np.ones((2, 3)), [3, 1])
+    batch = make_batch(np.zeros((2, 3)), np.zeros((2, 3)), [[1, 1, 1], [1, 0, 0]], [3, 1])
     shaped, metrics = kl_penalty_advantages(batch, np.full((2, 3), np.nan), coef=1.0, discount=0.5)
     assert float(metrics["kl_policy_base"]) == 0.0
     np.testing.assert_array_equal(shaped.advantages_D_T, batch.advantages_D_T)
@@ -152,7 +152,7 @@ def shaping_problems(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     lengths = np.zeros(PAD_D, np.int32)
-    lengths[:num] = rng.integers(0, PAD_T + 1, num)
+    lengths[:num] = rng.integers(1, PAD_T + 1, num)  # a real datum has >= 1 position
     real = np.arange(PAD_T)[None, :] < lengths[:, None]
     mask = (real & (rng.uniform(size=(PAD_D, PAD_T)) < 0.6)).astype(np.float32)
     q = np.where(real, rng.uniform(-4.0, 0.0, (PAD_D, PAD_T)), 0.0)

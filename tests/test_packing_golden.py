@@ -91,6 +91,24 @@ def test_non_prefix_observation_starts_a_new_datum():
     assert second["target_tokens"] == [8, 9, 6]
 
 
+@pytest.mark.parametrize("position", [0, 4, 7])
+def test_observation_differing_in_one_token_from_the_sequence_so_far_breaks(position):
+    # OB1 + AC1 has 8 tokens; position 7 is the last action token.
+    ob2 = [*OB1, *AC1, 20, 21]
+    ob2[position] += 100
+    traj = Trajectory(transitions=(_transition(OB1, AC1), _transition(ob2, AC2)))
+    first, second = _datums(traj, 1.0)
+    assert first["target_tokens"] == [*OB1[1:], *AC1]
+    assert second["input_tokens"] == [*ob2, AC2[0]]
+
+
+def test_observation_shorter_than_the_sequence_so_far_breaks():
+    traj = Trajectory(transitions=(_transition(OB1, AC1), _transition(OB1, AC2)))
+    first, second = _datums(traj, 1.0)
+    assert first["target_tokens"] == [*OB1[1:], *AC1]
+    assert second["target_tokens"] == [*OB1[1:], *AC2]
+
+
 def test_parse_error_masked_turn_gets_mask_and_advantage_zero():
     (datum,) = _datums(_three_turns(mask_middle=True), 2.0)
     assert datum["mask"] == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1]
@@ -160,3 +178,54 @@ def test_bucket_size_bounds_waste_and_counts():
     assert len(sizes) <= 4 * 8 + 1
     for n in range(17, 4097):
         assert n <= bucket_size(n, minimum=16) <= n * 1.25 + 1
+
+
+@pytest.mark.parametrize(
+    ("advantages", "error", "match"),
+    [
+        ([["1.5"]], TypeError, r"advantages_P\[0\]: expected real numbers"),
+        ([[True]], TypeError, r"advantages_P\[0\]: expected real numbers"),
+        ([[float("nan")]], ValueError, r"advantages_P\[0\]\[0\]: non-finite advantage nan"),
+        ([[1e40]], ValueError, r"non-finite advantage 1e\+40 \(as float32\)"),
+        (np.array([[np.inf]]), ValueError, r"advantages_P\[0, 0\]: non-finite"),
+    ],
+)
+def test_bad_advantages_are_refused(advantages, error, match):
+    with pytest.raises(error, match=match):
+        assemble_batch([_group(_three_turns())], advantages)
+
+
+def test_batch_arrays_are_read_only():
+    batch = assemble_batch([_group(_three_turns())], [[1.0]])
+    for field in (
+        "input_tokens_D_T",
+        "target_tokens_D_T",
+        "advantages_D_T",
+        "mask_D_T",
+        "length_D",
+    ):
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(batch, field)[0, ...] = 1
+
+
+def _replace(batch, **changes):
+    import msgspec
+
+    return msgspec.structs.replace(batch, **changes)
+
+
+def test_check_datum_batch_enforces_the_padding_contract():
+    batch = assemble_batch([_group(_three_turns())], [[1.0]], min_datums=2)
+    check_datum_batch(batch)
+    length = np.array(batch.length_D)
+    length[1] = 5
+    with pytest.raises(ValueError, match="padded rows"):
+        check_datum_batch(_replace(batch, length_D=length))
+    adv = np.array(batch.advantages_D_T)
+    adv[0, -1] = 3.0
+    with pytest.raises(ValueError, match=r"advantages_D_T: datum 0 has non-zero values beyond"):
+        check_datum_batch(_replace(batch, advantages_D_T=adv))
+    with pytest.raises(TypeError, match=r"input_tokens_D_T: expected integers"):
+        check_datum_batch(_replace(batch, input_tokens_D_T=batch.input_tokens_D_T * 1.5))
+    with pytest.raises(ValueError, match=r"num_datums: 3 outside"):
+        check_datum_batch(_replace(batch, num_datums=3))

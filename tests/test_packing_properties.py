@@ -45,8 +45,8 @@ def test_datum_invariants(groups_P, data):
     batch = assemble_batch(groups_P, advantages_P)
     n, (d_pad, t_pad) = batch.num_datums, batch.shape
     lengths = batch.length_D[:n]
-    # Mask sum = number of action tokens of unmasked transitions, excluding an action token
-    # that opens a datum (it has no input position to predict it from).
+    # Mask sum = number of action tokens of unmasked transitions (every datum the strategies
+    # make opens with an observation, so every action token is a target).
     unmasked_action_tokens = sum(
         t.ac.tokens.shape[0]
         for g in groups_P
@@ -54,7 +54,7 @@ def test_datum_invariants(groups_P, data):
         for t in traj.transitions
         if float(t.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) < 1.0
     )
-    assert batch.mask_D_T.sum() <= unmasked_action_tokens
+    assert batch.mask_D_T.sum() == unmasked_action_tokens
     # Shifted views agree: input[i + 1] == target[i] inside each datum.
     for d in range(n):
         length = lengths[d]
@@ -102,20 +102,29 @@ def test_jitted_consumer_does_not_retrace_within_a_bucket():
         traces.append(batch.shape)
         return jnp.sum(batch.advantages_D_T * batch.logprobs_D_T * batch.mask_D_T)
 
-    def group(n_ac: int) -> TrajectoryGroup:
-        t = Transition(
-            ob=ModelInput.from_ints([1, 2, 3]),
-            ac=TokensWithLogprobs(tokens=[5] * n_ac, logprobs=[-1.0] * n_ac),
-            reward=1.0,
-            episode_done=True,
+    def group(*n_acs: int) -> TrajectoryGroup:
+        trajs = tuple(
+            Trajectory(
+                transitions=(
+                    Transition(
+                        ob=ModelInput.from_ints([1, 2, 3]),
+                        ac=TokensWithLogprobs(tokens=[5] * n, logprobs=[-1.0] * n),
+                        reward=1.0,
+                        episode_done=True,
+                    ),
+                )
+            )
+            for n in n_acs
         )
+        n = len(trajs)
         return TrajectoryGroup(
-            trajectories_G=(Trajectory(transitions=(t,)),), final_rewards_G=(0.0,), metrics_G=({},)
+            trajectories_G=trajs, final_rewards_G=(0.0,) * n, metrics_G=({},) * n
         )
 
     first = assemble_batch([group(100)], [[1.0]])
-    second = assemble_batch([group(107)], [[1.0]])
-    assert first.shape == second.shape  # 102 and 109 tokens share the 112 bucket
+    second = assemble_batch([group(107, 101)], [[1.0, 1.0]])  # new length AND a new datum count
+    assert first.shape == second.shape  # 102..109 tokens share the 112 bucket, 1..2 datums the 1..2
+    assert first.num_datums != second.num_datums
     assert float(weighted_sum(first)) == -100.0
-    assert float(weighted_sum(second)) == -107.0
+    assert float(weighted_sum(second)) == -208.0
     assert len(traces) == 1

@@ -468,3 +468,60 @@ def test_small_strategies(ob, ac, rewards_P, group) -> None:
     for rewards_G in rewards_P:
         assert all(abs(r) <= 10.0 and float(np.float32(r)) == r for r in rewards_G)
     assert len(group.trajectories_G) <= 2
+
+
+# --- contract checks added after review ---------------------------------------------------------
+
+
+def test_int64_token_ids_that_would_wrap_are_refused() -> None:
+    for bad in (-(2**32) + 5, -(2**32)):
+        with pytest.raises(ValueError, match=r"TokensWithLogprobs\.tokens: negative token id"):
+            TokensWithLogprobs(tokens=np.array([1, bad], np.int64), logprobs=[-1.0, -1.0])
+    wire = {"tokens": {"dtype": "<i8", "data": np.array([-(2**32) + 7], "<i8").tobytes()}}
+    with pytest.raises(msgspec.ValidationError, match="negative token id"):
+        decode_msgpack(msgspec.msgpack.encode(wire), ModelInput)
+
+
+def test_model_input_append_refuses_fractional_tokens() -> None:
+    with pytest.raises(TypeError, match=r"ModelInput\.tokens: token ids must be integers"):
+        ModelInput.from_ints([1]).append([1.7])
+
+
+def test_positive_logprobs_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"TokensWithLogprobs\.logprobs: log-probability 0\.5"):
+        TokensWithLogprobs(tokens=[1, 2], logprobs=[-0.1, 0.5])
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_metrics_are_refused(value: float) -> None:
+    with pytest.raises(ValueError, match=r"Transition\.metrics\['parse_error_masked'\]"):
+        Transition(
+            ob=ModelInput.empty(),
+            ac=TokensWithLogprobs(tokens=[], logprobs=[]),
+            reward=0.0,
+            episode_done=True,
+            metrics={"parse_error_masked": value},
+        )
+
+
+def test_field_types_are_checked_on_every_record() -> None:
+    ob = ModelInput.from_ints([1])
+    with pytest.raises(TypeError, match=r"StepResult\.episode_done: expected bool"):
+        StepResult(reward=0.0, episode_done="no", next_observation=ob)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"StepResult\.logs\['x'\]: expected str, int or float"):
+        StepResult(reward=0.0, episode_done=True, next_observation=ob, logs={"x": [1]})
+    with pytest.raises(TypeError, match=r"Trajectory\.stop_reason: expected str or None"):
+        Trajectory(transitions=(), stop_reason=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"RolloutError\.error_message: expected str"):
+        RolloutError(error_type="E", error_message=None)  # type: ignore[arg-type]
+
+
+def test_array_final_rewards_are_read_as_numbers() -> None:
+    import jax.numpy as jnp
+
+    group = TrajectoryGroup(
+        trajectories_G=(Trajectory(transitions=()),) * 2,
+        final_rewards_G=jnp.array([1.0, 0.0]),  # type: ignore[arg-type]
+        metrics_G=({}, {}),
+    )
+    assert group.final_rewards_G == (1.0, 0.0)
