@@ -1,0 +1,251 @@
+"""Training configuration: one frozen msgspec record, loadable from TOML/JSON, CLI overrides.
+
+Conventions:
+- `TrainConfig` holds every option of the loop (`shell.train.train`); `FIELD_HELP` documents
+  each one (the CLI's `--help` prints it). Unknown keys are refused, values are type-checked by
+  msgspec, and range checks raise `ConfigError` naming the field.
+- Precedence: defaults < config file (`.toml` or `.json`) < command-line overrides.
+- The Tinker API key is **not** a config field: the SDK reads `TINKER_API_KEY` from the
+  environment, so the key never appears in a config file, a config dump (`config.json` in the
+  log directory) or a checkpoint record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import msgspec
+
+from shell.errors import ConfigError
+from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStrategy
+
+__all__ = [
+    "FIELD_HELP",
+    "TrainConfig",
+    "build_config",
+    "config_to_dict",
+    "field_choices",
+    "load_config_file",
+]
+
+Backend = Literal["local", "tinker", "fake"]
+LossFn = Literal["importance_sampling", "ppo", "cispo", "dro", "gspo"]
+Estimator = Literal["group_centered", "group_normalized", "batch_normalized", "leave_one_out"]
+Aggregation = Literal["token_sum", "sequence_token_mean", "batch_token_mean", "constant_length"]
+StrategyName = Literal["fail_fast", "retry", "min_viable"]
+
+
+class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every option of the GRPO loop; see `FIELD_HELP` for each field's meaning."""
+
+    log_dir: str = "runs/rlpure"
+    backend: Backend = "local"
+    base_model: str = "rlpure/tiny"
+    lora_rank: int = 32
+    seed: int = 0
+    max_steps: int | None = None
+    learning_rate: float = 4e-5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+    loss_fn: LossFn = "importance_sampling"
+    loss_fn_config: dict[str, float] | None = None
+    num_substeps: int = 1
+    max_tokens: int = 256
+    temperature: float = 1.0
+    advantage_estimator: Estimator = "group_centered"
+    loss_aggregation: Aggregation = "token_sum"
+    aggregation_length: float | None = None
+    remove_constant_reward_groups: bool = False
+    kl_penalty_coef: float = 0.0
+    kl_discount: float = 0.0
+    kl_reference_model: str | None = None
+    rollout_strategy: StrategyName = "fail_fast"
+    max_retries: int = 3
+    rollout_timeout: float | None = None
+    min_viable_group: int | None = None
+    max_concurrent_groups: int | None = None
+    eval_every: int = 0
+    save_every: int = 0
+    num_groups_to_log: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, field: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(f"TrainConfig.{field}: {rule}, got {getattr(self, field)!r}")
+
+        finite = math.isfinite
+        need(bool(self.log_dir), "log_dir", "must be a non-empty path")
+        need(self.lora_rank >= 1, "lora_rank", "must be >= 1")
+        need(self.seed >= 0, "seed", "must be >= 0")
+        need(self.max_steps is None or self.max_steps >= 0, "max_steps", "must be >= 0 or null")
+        need(finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
+        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must lie in [0, 1)")
+        need(finite(self.adam_eps) and self.adam_eps > 0, "adam_eps", "must be > 0")
+        need(finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(
+            finite(self.grad_clip_norm) and self.grad_clip_norm >= 0,
+            "grad_clip_norm",
+            "must be >= 0 (0 disables clipping)",
+        )
+        need(self.num_substeps >= 1, "num_substeps", "must be >= 1")
+        need(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        need(finite(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0")
+        need(
+            (self.loss_aggregation == "constant_length") == (self.aggregation_length is not None),
+            "aggregation_length",
+            "is required for loss_aggregation 'constant_length' and only for it",
+        )
+        need(
+            finite(self.kl_penalty_coef) and self.kl_penalty_coef >= 0,
+            "kl_penalty_coef",
+            "must be >= 0",
+        )
+        need(0 <= self.kl_discount <= 1, "kl_discount", "must lie in [0, 1]")
+        need(self.max_retries >= 0, "max_retries", "must be >= 0")
+        need(
+            self.rollout_timeout is None or self.rollout_timeout > 0,
+            "rollout_timeout",
+            "must be > 0 or null",
+        )
+        need(
+            self.min_viable_group is None or self.min_viable_group >= 1,
+            "min_viable_group",
+            "must be >= 1 or null",
+        )
+        need(
+            self.max_concurrent_groups is None or self.max_concurrent_groups >= 1,
+            "max_concurrent_groups",
+            "must be >= 1 or null",
+        )
+        need(self.eval_every >= 0, "eval_every", "must be >= 0 (0 disables evaluation)")
+        need(self.save_every >= 0, "save_every", "must be >= 0 (0: only a final checkpoint)")
+        need(self.num_groups_to_log >= 0, "num_groups_to_log", "must be >= 0")
+
+    def strategy(self) -> RolloutStrategy:
+        """The rollout strategy these options describe."""
+        if self.rollout_strategy == "fail_fast":
+            return FailFast()
+        if self.rollout_strategy == "retry":
+            return RetryOnFailure(
+                max_retries=self.max_retries, per_rollout_timeout=self.rollout_timeout
+            )
+        return MinViableGroup(
+            min_successful=self.min_viable_group,
+            max_retries=self.max_retries,
+            per_rollout_timeout=self.rollout_timeout,
+        )
+
+
+FIELD_HELP: Mapping[str, str] = {
+    "log_dir": "Directory for metrics.jsonl, samples.jsonl, checkpoints.jsonl, config.json and "
+    "the reward curve. Re-running with the same directory resumes from its last checkpoint.",
+    "backend": "Where the model runs: 'local' (offline JAX model on the CPU), 'tinker' (the "
+    "Tinker service; reads TINKER_API_KEY from the environment) or 'fake' (scripted test "
+    "doubles, no model).",
+    "base_model": "Model to fine-tune: a Tinker model name (e.g. Qwen/Qwen3.5-9B-Base) or a "
+    "local config name (rlpure/tiny, rlpure/small).",
+    "lora_rank": "LoRA rank of the training client (the local backend trains all weights).",
+    "seed": "Seed of the loop's PRNG (per-step sampling seeds) and of the local backend.",
+    "max_steps": "Stop after this many steps (default: one pass over the dataset).",
+    "learning_rate": "Adam learning rate.",
+    "adam_beta1": "Adam beta1.",
+    "adam_beta2": "Adam beta2.",
+    "adam_eps": "Adam epsilon.",
+    "weight_decay": "AdamW decoupled weight decay (0 disables it).",
+    "grad_clip_norm": "Clip gradients to this global norm before the Adam update (0: off).",
+    "loss_fn": "Tinker policy loss: importance_sampling, ppo, cispo, dro or gspo.",
+    "loss_fn_config": "Loss options passed to forward_backward, e.g. {clip_low_threshold = "
+    "0.8} (TOML/JSON; on the command line as JSON).",
+    "num_substeps": "Split each batch into this many forward_backward + optim_step pairs.",
+    "max_tokens": "Maximum number of tokens sampled per action.",
+    "temperature": "Sampling temperature for training rollouts (evaluation is greedy).",
+    "advantage_estimator": "group_centered (reward minus group mean, the cookbook's), "
+    "group_normalized (GRPO: divided by the group std), batch_normalized, or leave_one_out.",
+    "loss_aggregation": "How per-token losses are weighed: token_sum (Tinker's), "
+    "sequence_token_mean, batch_token_mean, or constant_length (Dr. GRPO).",
+    "aggregation_length": "The constant of loss_aggregation=constant_length.",
+    "remove_constant_reward_groups": "Drop groups whose trajectories all got the same reward "
+    "(they carry no signal under group centring).",
+    "kl_penalty_coef": "Coefficient of the KL-to-reference advantage shaping (0 disables it).",
+    "kl_discount": "Discount of the KL penalty along each sequence (0: per-token penalty).",
+    "kl_reference_model": "Reference model for the KL penalty (default: the policy's weights "
+    "at the start of the run, saved once and reused after a resume).",
+    "rollout_strategy": "Failure handling per group: fail_fast (any rollout error stops the "
+    "run), retry (retry failed rollouts in fresh envs; all-or-nothing per group) or min_viable "
+    "(accept a group once ceil(0.75*G) rollouts succeed). Failed groups are skipped and counted "
+    "under the tolerant strategies.",
+    "max_retries": "Retry budget per group (retry and min_viable strategies).",
+    "rollout_timeout": "Seconds before a single rollout is cancelled and counted as failed.",
+    "min_viable_group": "Floor of the min_viable strategy (default: ceil(0.75*G)).",
+    "max_concurrent_groups": "At most this many groups roll out at once (default: all).",
+    "eval_every": "Evaluate greedily on the test set every N steps (0: never).",
+    "save_every": "Save a checkpoint every N steps (0: only at the end).",
+    "num_groups_to_log": "Groups per step whose decoded rollouts go to samples.jsonl.",
+    "progress": "Show the progress bar and the per-step line.",
+}
+
+assert set(FIELD_HELP) == set(TrainConfig.__struct_fields__), "document every TrainConfig field"
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Reads a `.toml` or `.json` config file into a dict (validated by `build_config`).
+
+    Raises:
+        ConfigError: unknown extension, unreadable file or malformed content.
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
+        elif path.suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            raise ConfigError(f"config file {path}: expected a .toml or .json file")
+    except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"config file {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table/object at the top level")
+    return data
+
+
+def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
+    """Merges option layers (later wins) over the defaults and validates them.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a value out of range.
+    """
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items()})
+    try:
+        return msgspec.convert(merged, TrainConfig, strict=False)
+    except msgspec.ValidationError as err:
+        raise ConfigError(f"TrainConfig: {err}") from None
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain JSON-able data (what `config.json` in the log directory holds)."""
+    return msgspec.to_builtins(config)
+
+
+def field_choices(field: str) -> tuple[str, ...] | None:
+    """The allowed values of a `Literal` field (used by the CLI for `choices=`)."""
+    annotation = {
+        "backend": Backend,
+        "loss_fn": LossFn,
+        "advantage_estimator": Estimator,
+        "loss_aggregation": Aggregation,
+        "rollout_strategy": StrategyName,
+    }.get(field)
+    return None if annotation is None else get_args(annotation)

@@ -1,0 +1,72 @@
+"""The shell's exceptions: one project base, each subclass also the matching stdlib exception.
+
+Conventions:
+- Every exception the shell raises on purpose derives from `RlpureError`, so callers can catch
+  "anything rlpure decided to raise" in one clause, and also from the stdlib exception a caller
+  would naturally catch (`ValueError` for bad configuration, `TimeoutError` for deadlines,
+  `RuntimeError` for failed effects), so existing `except ValueError:` code keeps working.
+- Failures of the outside world (an env raising, a sampler timing out) are turned into data at
+  the rollout edge (`rlpure.records.RolloutError`, `returns` containers); these classes are what
+  is raised when such a failure has to cross a function boundary as an exception.
+- Programming errors (`TypeError`, `AttributeError`, ...) and `asyncio.CancelledError` are never
+  wrapped in these classes.
+"""
+
+from __future__ import annotations
+
+from rlpure.records import RolloutError
+
+__all__ = [
+    "BelowMinViableGroupError",
+    "CheckpointError",
+    "ConfigError",
+    "EnvFailure",
+    "GroupRolloutError",
+    "RetryBudgetExhaustedError",
+    "RlpureError",
+    "RolloutTimeoutError",
+]
+
+
+class RlpureError(Exception):
+    """Base class of every exception rlpure raises on purpose."""
+
+
+class ConfigError(RlpureError, ValueError):
+    """A configuration value (file, CLI flag or argument) is invalid; the message names it."""
+
+
+class CheckpointError(RlpureError, RuntimeError):
+    """A checkpoint record or the checkpoint log in a log directory cannot be used to resume."""
+
+
+class EnvFailure(RlpureError, RuntimeError):
+    """An environment failed for an outside reason (sandbox crash, grader unavailable, ...).
+
+    Raise it (or a subclass) from `Env` code so tolerant rollout strategies retry the rollout;
+    any other exception type not listed in the strategy's `failures` propagates as a bug.
+    """
+
+
+class RolloutTimeoutError(RlpureError, TimeoutError):
+    """A single rollout exceeded its per-rollout deadline."""
+
+
+class GroupRolloutError(RlpureError, RuntimeError):
+    """A group of rollouts failed as a whole; `errors` holds every captured trajectory error.
+
+    Attributes:
+        errors: the failures captured while collecting the group, oldest first.
+    """
+
+    def __init__(self, message: str, *, errors: tuple[RolloutError, ...] = ()) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+class RetryBudgetExhaustedError(GroupRolloutError):
+    """`RetryOnFailure`: a rollout failed after the group's retry budget was spent."""
+
+
+class BelowMinViableGroupError(GroupRolloutError):
+    """`MinViableGroup`: fewer rollouts than the floor succeeded after all retries."""

@@ -1,0 +1,302 @@
+"""Run logs: `metrics.jsonl`, decoded rollout samples, the progress line and the reward curve.
+
+Conventions:
+- `metrics.jsonl` holds one JSON object per training step, `{"step": i, ...metrics}`, appended
+  and flushed (and `fsync`ed) as each step ends, so a killed run loses at most the step in
+  flight. On resume the loop drops lines whose `step` is at or after the checkpoint it resumes
+  from (`truncate_jsonl_by_step`), rewriting the file atomically (temporary file + `os.replace`)
+  so earlier lines are never lost, whatever moment a second kill lands.
+- A line cut short by a kill (no trailing newline, not valid JSON) can only be the last one; it
+  is dropped with a warning. An unreadable line anywhere else is an error.
+- `samples.jsonl` holds decoded rollouts (`decode_rollout_samples`), a few groups per step, with
+  the same `step` key and the same truncation on resume.
+- The reward curve is drawn with matplotlib's object API on an Agg canvas (no `pyplot`, no
+  global backend switch), so it works headless and from any thread.
+- Nothing here reads the environment: secrets such as `TINKER_API_KEY` never reach a log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlpure.records import TrajectoryGroup
+
+__all__ = [
+    "METRICS_FILE",
+    "REWARD_CURVE_FILE",
+    "SAMPLES_FILE",
+    "JsonlWriter",
+    "RunProgress",
+    "decode_rollout_samples",
+    "format_progress_line",
+    "plot_reward_curve",
+    "read_jsonl",
+    "truncate_jsonl_by_step",
+]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+REWARD_CURVE_FILE = "reward_curve.png"
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for numpy / jax scalars and small arrays that end up in metrics."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"metrics: {type(value).__name__} is not JSON serialisable")
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf; keep the file parseable by every reader
+    return value
+
+
+class JsonlWriter:
+    """Appends JSON objects to a file, one per line, flushed and fsynced after each write."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._file is None:
+            raise ValueError(f"JsonlWriter({self.path}): write after close")
+        clean = {k: _finite_or_none(v) for k, v in record.items()}
+        self._file.write(json.dumps(clean, default=_json_default, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for record in records:
+            self.write(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Reads a JSONL file (missing file: empty list), dropping a torn last line.
+
+    Raises:
+        ValueError: a line other than the last is not a JSON object (names file and line).
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                logger.warning("%s: dropping torn last line %d (%s)", path, number, err)
+                break
+            raise ValueError(f"{path}: line {number} is not valid JSON: {err}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def truncate_jsonl_by_step(path: str | os.PathLike[str], *, keep_below: int) -> int:
+    """Keeps only the records whose `step` is `< keep_below`, rewriting the file atomically.
+
+    Returns:
+        The number of records dropped (0 also when the file does not exist).
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    records = read_jsonl(path)
+    kept = [r for r in records if int(r.get("step", -1)) < keep_below]
+    raw_lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    if len(kept) == raw_lines:
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for record in kept:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return raw_lines - len(kept)
+
+
+def format_progress_line(step: int, metrics: Mapping[str, Any]) -> str:
+    """The per-step line: `Step  3 | reward: 0.412 | degenerate: 25% | datums: 96`.
+
+    Reads `env/all/reward/total`, `batch/degenerate_groups_frac` and `batch/num_datums`;
+    absent values print as `-`. Adds `| skipped` for a step that trained on nothing.
+
+    Examples:
+        >>> format_progress_line(3, {"env/all/reward/total": 0.4123,
+        ...     "batch/degenerate_groups_frac": 0.25, "batch/num_datums": 96})
+        'Step  3 | reward: 0.412 | degenerate: 25% | datums: 96'
+    """
+
+    def number(key: str, spec: str) -> str:
+        value = metrics.get(key)
+        return "-" if value is None else format(value, spec)
+
+    line = (
+        f"Step {step:>2} | reward: {number('env/all/reward/total', '.3f')} | "
+        f"degenerate: {number('batch/degenerate_groups_frac', '.0%')} | "
+        f"datums: {number('batch/num_datums', 'd')}"
+    )
+    test_reward = metrics.get("test/env/all/reward/total")
+    if test_reward is not None:
+        line += f" | test reward: {test_reward:.3f}"
+    if metrics.get("progress/skipped"):
+        line += " | skipped"
+    return line
+
+
+class RunProgress:
+    """A rich progress bar over training steps, printing the per-step line above it.
+
+    The bar is shown only on a terminal; the lines are always printed (to `console`).
+    """
+
+    def __init__(
+        self,
+        *,
+        total: int,
+        completed: int = 0,
+        console: Console | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.console = console if console is not None else Console()
+        self.enabled = enabled
+        self._progress = Progress(
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not (enabled and self.console.is_terminal),
+            transient=True,
+        )
+        self._task = self._progress.add_task("steps", total=total, completed=completed)
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def step_done(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if self.enabled:
+            self.console.print(format_progress_line(step, metrics), highlight=False)
+        self._progress.advance(self._task)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text, highlight=False)
+
+
+def decode_rollout_samples(
+    groups_P: Sequence[TrajectoryGroup],
+    *,
+    step: int,
+    decode: Callable[[Sequence[int]], str],
+    max_groups: int,
+) -> list[dict[str, Any]]:
+    """Decoded rollouts of the first `max_groups` groups, one record per trajectory.
+
+    Returns:
+        Records `{"step", "group", "traj", "total_reward", "final_reward", "turns": [{"ob",
+        "ac", "reward", "stop_reason"}]}` with observations and actions decoded to text.
+    """
+    samples = []
+    for p, group in enumerate(groups_P[:max_groups]):
+        totals = group.get_total_rewards()
+        for g, traj in enumerate(group.trajectories_G):
+            samples.append(
+                {
+                    "step": step,
+                    "group": p,
+                    "traj": g,
+                    "total_reward": totals[g],
+                    "final_reward": group.final_rewards_G[g],
+                    "turns": [
+                        {
+                            "ob": decode(t.ob.to_ints()),
+                            "ac": decode(t.ac.tokens.tolist()),
+                            "reward": t.reward,
+                            "stop_reason": t.ac.stop_reason,
+                        }
+                        for t in traj.transitions
+                    ],
+                }
+            )
+    return samples
+
+
+_CURVES = (
+    ("env/all/reward/total", "train reward (mean total)"),
+    ("test/env/all/reward/total", "test reward (greedy)"),
+    ("test/env/all/correct", "test accuracy (greedy)"),
+)
+
+
+def plot_reward_curve(
+    metrics_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
+) -> Path | None:
+    """Draws reward (and test reward/accuracy, when logged) against step into a PNG.
+
+    Returns:
+        The PNG path, or None when `metrics_path` holds no reward values.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_jsonl(metrics_path)
+    fig = Figure(figsize=(7, 4), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    drawn = False
+    for key, label in _CURVES:
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=label)
+            drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title("rlpure: reward per step")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    out = Path(png_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out

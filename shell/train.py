@@ -1,0 +1,607 @@
+"""The synchronous, on-policy GRPO loop: rollouts → advantages → datums → train → log.
+
+Per step `i` (the cookbook's `do_sync_training`, as a library function recipes call):
+
+1. evaluate greedily on the test set when `eval_every` divides `i` (before training);
+2. `dataset.get_batch(i)` → all groups roll out concurrently (`shell.rollouts`) with a
+   `TinkerTokenCompleter` over the current sampling client, under the configured strategy;
+   failed groups are skipped and counted, a step where every group failed is skipped with a
+   warning (no training, same sampling client);
+3. optional removal of constant-reward groups → advantages (`rlpure.advantages`, configurable
+   estimator) → one padded batch (`rlpure.packing.assemble_batch`) → loss aggregation →
+   optional KL shaping against a reference sampler's `compute_logprobs` (`rlpure.kl`) →
+   `tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input);
+4. `forward_backward(datums, loss_fn, loss_fn_config)` + `optim_step(AdamParams)` for each of
+   `num_substeps` contiguous slices — **all submitted first, then awaited**, SDK 0.38 style
+   (each call returns an `APIFuture` at once; the service orders them by request id) — no retry
+   loop around SDK calls (the SDK retries);
+5. metrics (`rlpure.metrics` names) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
+   progress line; a new sampling client from the trained weights; a checkpoint when
+   `save_every` divides `i + 1`, and a final one at the end; the reward-curve PNG last.
+
+Clients are duck-typed: `tinker.ServiceClient`, `shell.local_backend.LocalServiceClient` and
+`shell.fakes.FakeServiceClient` all work. Resuming: when `log_dir` holds checkpoints, training
+restarts from the last one (weights, optimizer state, step index, the loop's PRNG key) and the
+metrics and samples logged at or after its step are dropped first.
+
+Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
+step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import msgspec
+import numpy as np
+import tinker
+from returns.result import Success
+from rich.console import Console
+
+from rlpure import advantages as advantages_lib
+from rlpure import metrics as metrics_lib
+from rlpure.kl import kl_penalty_advantages
+from rlpure.packing import DatumBatch, assemble_batch
+from rlpure.records import TrajectoryGroup
+from shell.checkpoint import (
+    CheckpointRecord,
+    last_checkpoint,
+    restore_training_client,
+    save_checkpoint,
+)
+from shell.completers import TinkerTokenCompleter
+from shell.config import TrainConfig, config_to_dict
+from shell.datums import to_tinker_datums
+from shell.env import EnvGroupBuilder, RLDataset
+from shell.logs import (
+    METRICS_FILE,
+    REWARD_CURVE_FILE,
+    SAMPLES_FILE,
+    JsonlWriter,
+    RunProgress,
+    decode_rollout_samples,
+    plot_reward_curve,
+    truncate_jsonl_by_step,
+)
+from shell.rollouts import (
+    GroupOutcome,
+    RolloutStrategy,
+    batch_rollout_error_metrics,
+    do_batch_rollouts,
+)
+
+__all__ = [
+    "TrainResult",
+    "TrainStepOutput",
+    "adam_params_from_config",
+    "evaluate",
+    "reference_logprobs_D_T",
+    "split_into_substeps",
+    "train",
+    "train_step",
+]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+
+
+class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a `train` call did.
+
+    Attributes:
+        log_dir: the run's log directory.
+        start_step: first step this call ran (> 0 when it resumed).
+        end_step: steps completed in total.
+        skipped_steps: steps that trained on nothing because every group failed.
+        last_metrics: the metrics of the last step this call ran (empty if none ran).
+        checkpoint: the last checkpoint record (None if none was written).
+        reward_curve: path of the reward-curve PNG, if one was drawn.
+    """
+
+    log_dir: str
+    start_step: int
+    end_step: int
+    skipped_steps: tuple[int, ...]
+    last_metrics: dict[str, Any]
+    checkpoint: CheckpointRecord | None
+    reward_curve: str | None
+
+
+class TrainStepOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """Results of one training step's `forward_backward` and `optim_step` calls, in order."""
+
+    forward_backward: tuple[Any, ...]
+    optim_step: tuple[Any, ...]
+
+
+def adam_params_from_config(config: TrainConfig) -> tinker.AdamParams:
+    """The `tinker.AdamParams` of a config (lr, betas, eps, weight decay, grad-clip norm)."""
+    return tinker.AdamParams(
+        learning_rate=config.learning_rate,
+        beta1=config.adam_beta1,
+        beta2=config.adam_beta2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )
+
+
+def split_into_substeps(items: Sequence[Any], num_substeps: int) -> list[list[Any]]:
+    """Splits `items` into `min(num_substeps, len(items))` contiguous, near-equal slices.
+
+    Examples:
+        >>> split_into_substeps(list(range(5)), 2)
+        [[0, 1, 2], [3, 4]]
+    """
+    if num_substeps < 1:
+        raise ValueError(f"split_into_substeps: num_substeps must be >= 1, got {num_substeps}")
+    parts = min(num_substeps, len(items))
+    if parts == 0:
+        return []
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        out.append(list(items[start : start + size]))
+        start += size
+    return out
+
+
+async def train_step(
+    training_client: Any,
+    datums: Sequence[tinker.Datum],
+    *,
+    adam_params: tinker.AdamParams,
+    loss_fn: str,
+    loss_fn_config: Mapping[str, float] | None = None,
+    num_substeps: int = 1,
+) -> TrainStepOutput:
+    """One optimisation step: `forward_backward` + `optim_step` per substep, pipelined.
+
+    Every call is submitted before any result is awaited (each returns an `APIFuture` at once),
+    so the service sees the whole step queued; results are then awaited in submission order.
+    There is no retry loop: the SDK retries transient failures itself.
+
+    Args:
+        training_client: a `tinker.TrainingClient` or a client with the same methods.
+        datums: the step's datums.
+        adam_params: optimizer hyper-parameters.
+        loss_fn: Tinker loss name.
+        loss_fn_config: loss options (e.g. clip thresholds), or None.
+        num_substeps: number of contiguous datum slices, each with its own optimizer step.
+
+    Returns:
+        The `ForwardBackwardOutput` and `OptimStepResponse` of each substep.
+    """
+    submitted = []
+    for chunk in split_into_substeps(list(datums), num_substeps):
+        fb_future = training_client.forward_backward(chunk, loss_fn, loss_fn_config)
+        optim_future = training_client.optim_step(adam_params)
+        submitted.append((fb_future, optim_future))
+    forward_backward, optim_step = [], []
+    for fb_future, optim_future in submitted:
+        forward_backward.append(await fb_future)
+        optim_step.append(await optim_future)
+    return TrainStepOutput(forward_backward=tuple(forward_backward), optim_step=tuple(optim_step))
+
+
+def _full_sequence(batch: DatumBatch, d: int) -> list[int]:
+    """Datum `d`'s whole token sequence `s` (inputs plus the last target), length `L + 1`."""
+    length = int(batch.length_D[d])
+    inputs = np.asarray(batch.input_tokens_D_T)[d, :length]
+    last = np.asarray(batch.target_tokens_D_T)[d, length - 1 : length]
+    return np.concatenate([inputs, last]).tolist()
+
+
+async def reference_logprobs_D_T(reference_client: Any, batch: DatumBatch) -> np.ndarray:
+    """Reference-model logprobs of every datum's targets, aligned and padded like the batch.
+
+    Submits one `compute_logprobs` per datum (all at once, then awaits them); entry `[d, t]`
+    is the reference logprob of target `t` of datum `d` (`compute_logprobs(s)[1:]`), 0 on
+    padding.
+
+    Returns:
+        float32 `[D, T]`.
+    """
+    num_d, num_t = batch.shape
+    futures = [
+        reference_client.compute_logprobs(tinker.ModelInput.from_ints(_full_sequence(batch, d)))
+        for d in range(batch.num_datums)
+    ]
+    results = await asyncio.gather(*futures)
+    out = np.zeros((num_d, num_t), np.float32)
+    for d, logprobs in enumerate(results):
+        row = [0.0 if lp is None else float(lp) for lp in logprobs[1:]]
+        out[d, : len(row)] = row
+    return out
+
+
+def _training_logprobs_D_T(step: TrainStepOutput, batch: DatumBatch) -> np.ndarray:
+    """The trainer's logprobs of each datum's targets (from `loss_fn_outputs`), `[D, T]`."""
+    outputs = [o for fb in step.forward_backward for o in fb.loss_fn_outputs]
+    out = np.zeros(batch.shape, np.float32)
+    for d, output in enumerate(outputs):
+        row = np.asarray(output["logprobs"].to_numpy(), np.float32)
+        out[d, : row.shape[0]] = row
+    return out
+
+
+def _train_output_metrics(step: TrainStepOutput) -> dict[str, float]:
+    """Loss metrics summed over substeps (`:sum` keys) or averaged; optimizer metrics last."""
+    out: dict[str, float] = {}
+    seen: dict[str, list[float]] = {}
+    for fb in step.forward_backward:
+        for key, value in (fb.metrics or {}).items():
+            seen.setdefault(key, []).append(float(value))
+    for key, values in seen.items():
+        out[f"train/{key}"] = sum(values) if key.endswith(":sum") else sum(values) / len(values)
+    if step.optim_step and step.optim_step[-1].metrics:
+        for key, value in step.optim_step[-1].metrics.items():
+            out[f"optim/{key}" if not key.startswith("optim/") else key] = float(value)
+    return out
+
+
+def _successful(
+    builders_P: Sequence[EnvGroupBuilder], outcomes_P: Sequence[GroupOutcome]
+) -> tuple[list[EnvGroupBuilder], list[TrajectoryGroup]]:
+    kept_builders, kept_groups = [], []
+    for builder, outcome in zip(builders_P, outcomes_P, strict=True):
+        if isinstance(outcome, Success):
+            kept_builders.append(builder)
+            kept_groups.append(outcome.unwrap())
+    return kept_builders, kept_groups
+
+
+async def evaluate(
+    test_dataset: RLDataset,
+    sampling_client: Any,
+    *,
+    config: TrainConfig,
+    strategy: RolloutStrategy,
+    prefix: str = "test/",
+) -> dict[str, float]:
+    """Greedy evaluation over the whole test dataset.
+
+    Returns:
+        The `rlpure.metrics` trajectory metrics of the test groups under `prefix` (e.g.
+        `test/env/all/reward/total`, `test/env/all/correct` when envs report `correct`), plus
+        `test/num_groups` and the rollout-error counts.
+    """
+    policy = TinkerTokenCompleter(sampling_client, max_tokens=config.max_tokens, temperature=0.0)
+    builders = [b for i in range(len(test_dataset)) for b in test_dataset.get_batch(i)]
+    outcomes = await do_batch_rollouts(
+        builders,
+        policy,
+        strategy=strategy,
+        max_concurrent_groups=config.max_concurrent_groups,
+    )
+    kept_builders, groups = _successful(builders, outcomes)
+    out: dict[str, float] = {f"{prefix}num_groups": float(len(groups))}
+    out.update({f"{prefix}{k}": v for k, v in batch_rollout_error_metrics(outcomes).items()})
+    if groups:
+        found = metrics_lib.trajectory_metrics(groups, [b.logging_tags() for b in kept_builders])
+        out.update({f"{prefix}{k}": float(v) for k, v in found.items()})
+    return out
+
+
+def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    if tokenizer is None:
+        return lambda ids: " ".join(str(i) for i in ids)
+    return lambda ids: str(tokenizer.decode(list(ids)))
+
+
+async def _initial_training_client(
+    config: TrainConfig, service_client: Any, resume: CheckpointRecord | None
+) -> Any:
+    if resume is not None:
+        return await restore_training_client(service_client, resume)
+    return await service_client.create_lora_training_client(
+        base_model=config.base_model, rank=config.lora_rank
+    )
+
+
+def _key_data(key: jax.Array) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.asarray(jax.random.key_data(key)).ravel())
+
+
+def _key_from_data(data: Sequence[int]) -> jax.Array:
+    return jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
+
+
+@dataclass
+class _Run:
+    """What the loop carries from step to step (shell-side, mutable by design)."""
+
+    config: TrainConfig
+    log_dir: Path
+    num_steps: int
+    training_client: Any
+    sampling_client: Any
+    kl_reference_client: Any
+    kl_reference_path: str | None
+    key: jax.Array
+    strategy: RolloutStrategy
+    adam_params: tinker.AdamParams
+
+
+async def _kl_reference(
+    config: TrainConfig, service_client: Any, training_client: Any, saved_path: str | None
+) -> tuple[Any, str | None]:
+    """The KL reference sampler and the path of its weights (see `train`'s docstring)."""
+    if config.kl_reference_model is not None:
+        client = await service_client.create_sampling_client(base_model=config.kl_reference_model)
+        return client, None
+    if saved_path is None:
+        # The policy before RL (= the base model for a fresh LoRA), saved once so that a
+        # resumed run measures KL against the same weights.
+        saved = await training_client.save_weights_for_sampler("kl_reference")
+        saved_path = str(saved.path)
+    return await service_client.create_sampling_client(model_path=saved_path), saved_path
+
+
+async def _run_step(
+    run: _Run, step: int, *, dataset: RLDataset, test_dataset: RLDataset | None
+) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
+    """Evaluation (when due), rollouts and training of one step; returns metrics and groups."""
+    config = run.config
+    step_start = time.perf_counter()
+    run.key, step_key = jax.random.split(run.key)
+    seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
+    metrics: dict[str, Any] = {
+        "progress/step": step,
+        "progress/done_frac": (step + 1) / run.num_steps,
+        "optim/lr": config.learning_rate,
+    }
+    if test_dataset is not None and config.eval_every and step % config.eval_every == 0:
+        metrics.update(
+            await evaluate(test_dataset, run.sampling_client, config=config, strategy=run.strategy)
+        )
+
+    builders = list(dataset.get_batch(step))
+    policy = TinkerTokenCompleter(
+        run.sampling_client,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        seed=seed,
+    )
+    rollout_start = time.perf_counter()
+    outcomes = await do_batch_rollouts(
+        builders, policy, strategy=run.strategy, max_concurrent_groups=config.max_concurrent_groups
+    )
+    metrics["time/rollouts_s"] = time.perf_counter() - rollout_start
+    metrics.update(batch_rollout_error_metrics(outcomes))
+    kept_builders, groups = _successful(builders, outcomes)
+    if not groups:
+        logger.warning(
+            "Step %d: every group failed (%d groups); skipping the step", step, len(builders)
+        )
+        metrics["progress/skipped"] = 1
+    else:
+        metrics.update(
+            metrics_lib.trajectory_metrics(groups, [b.logging_tags() for b in kept_builders])
+        )
+        metrics["batch/num_groups"] = len(groups)
+        # constant-reward groups carry no signal under group centring
+        metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
+        train_start = time.perf_counter()
+        run.sampling_client = await _train_on_groups(
+            groups,
+            training_client=run.training_client,
+            kl_reference_client=run.kl_reference_client,
+            config=config,
+            adam_params=run.adam_params,
+            metrics=metrics,
+        )
+        metrics["time/train_s"] = time.perf_counter() - train_start
+    metrics["time/step_s"] = time.perf_counter() - step_start
+    return metrics, groups
+
+
+async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> CheckpointRecord:
+    return await save_checkpoint(
+        run.training_client,
+        log_dir=run.log_dir,
+        step=step,
+        rng_key_data=_key_data(run.key),
+        final=final,
+        kl_reference_path=run.kl_reference_path,
+    )
+
+
+def _final_eval_line(metrics: Mapping[str, float]) -> str:
+    shown = [
+        f"{key.removeprefix('test/env/all/')}: {value:.3f}"
+        for key, value in metrics.items()
+        if key.startswith("test/env/all/") and key.rsplit("/", 1)[-1] in ("total", "correct")
+    ]
+    return "Final eval | " + " | ".join(shown)
+
+
+async def train(
+    config: TrainConfig,
+    *,
+    dataset: RLDataset,
+    service_client: Any,
+    test_dataset: RLDataset | None = None,
+    tokenizer: Any = None,
+    kl_reference_client: Any = None,
+    training_client: Any = None,
+    console: Console | None = None,
+) -> TrainResult:
+    """Runs (or resumes) the GRPO loop described in the module docstring.
+
+    Args:
+        config: every option of the run (see `shell.config.FIELD_HELP`).
+        dataset: training batches; step `i` uses `dataset.get_batch(i)`.
+        service_client: `tinker.ServiceClient`, `LocalServiceClient` or `FakeServiceClient`.
+        test_dataset: evaluated greedily every `config.eval_every` steps and at the end (the
+            final evaluation is logged as a `metrics.jsonl` line with `step = num_steps` and
+            `final_eval = 1`).
+        tokenizer: decodes rollouts for `samples.jsonl` (None: token ids are written).
+        kl_reference_client: sampling client of the KL reference. Default when
+            `kl_penalty_coef > 0`: `config.kl_reference_model` if set, else the policy's weights
+            at the start of the run (saved with `save_weights_for_sampler("kl_reference")`, the
+            path kept in every checkpoint record so a resumed run uses the same reference).
+        training_client: a training client the caller already created (e.g. to read its
+            tokenizer) to start a fresh run from; by default the loop creates one with
+            `create_lora_training_client(base_model=..., rank=...)`. Not used when resuming:
+            the run continues from its checkpoint's state.
+        console: where the progress bar and per-step lines go (default: stdout).
+
+    Returns:
+        A `TrainResult`. When `log_dir`'s last checkpoint is already at or past the last step,
+        nothing runs (`start_step == end_step`).
+    """
+    log_dir = Path(config.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / CONFIG_FILE).write_text(
+        msgspec.json.format(msgspec.json.encode(config_to_dict(config))).decode() + "\n",
+        encoding="utf-8",
+    )
+    num_steps = len(dataset) if config.max_steps is None else min(config.max_steps, len(dataset))
+    resume = last_checkpoint(log_dir)
+    start = 0 if resume is None else resume.step
+    if start >= num_steps and resume is not None:
+        logger.info("%s: already trained to step %d; nothing to do", log_dir, start)
+        curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
+        return TrainResult(
+            log_dir=str(log_dir),
+            start_step=start,
+            end_step=start,
+            skipped_steps=(),
+            last_metrics={},
+            checkpoint=resume,
+            reward_curve=None if curve is None else str(curve),
+        )
+    dropped = truncate_jsonl_by_step(log_dir / METRICS_FILE, keep_below=start)
+    truncate_jsonl_by_step(log_dir / SAMPLES_FILE, keep_below=start)
+    if resume is not None:
+        logger.info(
+            "%s: resuming at step %d from %s (dropped %d metrics lines logged after it)",
+            log_dir,
+            start,
+            resume.state_path,
+            dropped,
+        )
+
+    if resume is not None and training_client is not None:
+        logger.warning("%s: resuming, so the training client passed in is not used", log_dir)
+    if resume is not None or training_client is None:
+        training_client = await _initial_training_client(config, service_client, resume)
+    kl_reference_path = None if resume is None else resume.kl_reference_path
+    if config.kl_penalty_coef > 0 and kl_reference_client is None:
+        kl_reference_client, kl_reference_path = await _kl_reference(
+            config, service_client, training_client, kl_reference_path
+        )
+    run = _Run(
+        config=config,
+        log_dir=log_dir,
+        num_steps=num_steps,
+        training_client=training_client,
+        sampling_client=await training_client.save_weights_and_get_sampling_client(),
+        kl_reference_client=kl_reference_client,
+        kl_reference_path=kl_reference_path,
+        key=(
+            jax.random.key(config.seed) if resume is None else _key_from_data(resume.rng_key_data)
+        ),
+        strategy=config.strategy(),
+        adam_params=adam_params_from_config(config),
+    )
+    decode = _decoder(tokenizer)
+    skipped: list[int] = []
+    last_metrics: dict[str, Any] = {}
+    checkpoint = resume
+    progress = RunProgress(
+        total=num_steps, completed=start, console=console, enabled=config.progress
+    )
+    with (
+        JsonlWriter(log_dir / METRICS_FILE) as metrics_writer,
+        JsonlWriter(log_dir / SAMPLES_FILE) as samples_writer,
+        progress,
+    ):
+        if resume is not None:
+            progress.note(f"Resuming from step {start} ({resume.state_path})")
+        for step in range(start, num_steps):
+            metrics, groups = await _run_step(run, step, dataset=dataset, test_dataset=test_dataset)
+            if not groups:
+                skipped.append(step)
+            elif config.num_groups_to_log:
+                samples_writer.write_many(
+                    decode_rollout_samples(
+                        groups, step=step, decode=decode, max_groups=config.num_groups_to_log
+                    )
+                )
+            metrics_writer.write({"step": step, **metrics})
+            progress.step_done(step, metrics)
+            last_metrics = metrics
+            if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < num_steps:
+                checkpoint = await _checkpoint(run, step + 1)
+        if test_dataset is not None and config.eval_every:
+            final_eval = await evaluate(
+                test_dataset, run.sampling_client, config=config, strategy=run.strategy
+            )
+            metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
+            progress.note(_final_eval_line(final_eval))
+        checkpoint = await _checkpoint(run, num_steps, final=True)
+    curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
+    return TrainResult(
+        log_dir=str(log_dir),
+        start_step=start,
+        end_step=num_steps,
+        skipped_steps=tuple(skipped),
+        last_metrics=last_metrics,
+        checkpoint=checkpoint,
+        reward_curve=None if curve is None else str(curve),
+    )
+
+
+async def _train_on_groups(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    training_client: Any,
+    kl_reference_client: Any,
+    config: TrainConfig,
+    adam_params: tinker.AdamParams,
+    metrics: dict[str, Any],
+) -> Any:
+    """Advantages → batch → (KL) → datums → train step; returns the new sampling client."""
+    if config.remove_constant_reward_groups:
+        groups = advantages_lib.remove_constant_reward_groups(groups)
+    advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
+    batch = assemble_batch(groups, advantages_P_G)
+    batch = advantages_lib.aggregate_advantages(
+        batch, mode=config.loss_aggregation, length=config.aggregation_length
+    )
+    if config.kl_penalty_coef > 0:
+        ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
+        batch, kl_metrics = kl_penalty_advantages(
+            batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
+        )
+        metrics.update({k: float(v) for k, v in kl_metrics.items()})
+    datums = to_tinker_datums(batch, include_mask=False)
+    metrics["batch/num_datums"] = len(datums)
+    metrics["batch/num_trained_groups"] = len(groups)
+    step_output = await train_step(
+        training_client,
+        datums,
+        adam_params=adam_params,
+        loss_fn=config.loss_fn,
+        loss_fn_config=config.loss_fn_config,
+        num_substeps=config.num_substeps,
+    )
+    metrics.update(_train_output_metrics(step_output))
+    metrics.update(
+        metrics_lib.kl_sample_train_metrics(
+            batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
+        )
+    )
+    return await training_client.save_weights_and_get_sampling_client()
