@@ -17,7 +17,7 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import msgspec
@@ -27,12 +27,36 @@ from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, Trajectory, Trajectory
 
 __all__ = [
     "DatumBatch",
+    "DatumProvenance",
+    "ProvenanceSpan",
     "assemble_batch",
     "bucket_size",
     "check_datum_batch",
     "datum_arrays",
     "trajectory_segments",
 ]
+
+
+class ProvenanceSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a run of a datum's tokens came from (tinker's `Prompt`/`SampledProvenanceSpan`).
+
+    Attributes:
+        kind: "prompt" (positions `[offset, offset + length)` of the prompt of the sampling
+            request that produced `sequence_id`) or "sampled" (positions of that sequence's
+            sampled tokens).
+        sequence_id: the sampler's id of the sequence (`TokensWithLogprobs.sequence_id`).
+        offset: first covered position.
+        length: number of covered tokens.
+    """
+
+    kind: Literal["prompt", "sampled"]
+    sequence_id: str
+    offset: int
+    length: int
+
+
+DatumProvenance = tuple[tuple[ProvenanceSpan, ...], tuple[ProvenanceSpan, ...]]
+"""Spans tiling a datum's `model_input` and its targets, in that order."""
 
 
 class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -47,6 +71,8 @@ class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         length_D: int32 `[D]` number of real positions of each datum (0 for padded rows).
         group_idx_D: int32 `[D]` index of the datum's group in the input (-1 for padding).
         traj_idx_D: int32 `[D]` index of the datum's trajectory within its group (-1 for padding).
+        provenance_D: per real datum, where its tokens came from (sampler sequence ids), or
+            None; host-side only (dropped from the pytree, so it does not survive `jit`).
         num_datums: number of real datums; rows `>= num_datums` are padding. A Python int on
             the host, a traced int32 scalar inside `jit` (it is data, so a new count in the same
             bucket does not recompile).
@@ -61,6 +87,7 @@ class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     group_idx_D: np.ndarray | jax.Array
     traj_idx_D: np.ndarray | jax.Array
     num_datums: int | np.ndarray | jax.Array
+    provenance_D: tuple[DatumProvenance | None, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -85,6 +112,7 @@ jax.tree_util.register_dataclass(
     DatumBatch,
     data_fields=[*_ARRAY_FIELDS_D_T, *_ARRAY_FIELDS_D, "num_datums"],
     meta_fields=[],
+    drop_fields=["provenance_D"],
 )
 
 
@@ -180,7 +208,7 @@ def bucket_size(n: int, *, minimum: int = 1, steps_per_octave: int = 4) -> int:
 _Piece = tuple[int, np.ndarray, np.ndarray | None, float, float]
 
 
-_Segment = tuple[int, tuple[_Piece, ...]]  # (full_length, pieces)
+_Segment = tuple[int, tuple[_Piece, ...], DatumProvenance | None]  # (full_length, pieces, spans)
 
 
 def _extends(ob: np.ndarray, prev_ob: np.ndarray, prev_ac: np.ndarray) -> bool:
@@ -220,6 +248,7 @@ def trajectory_segments(
     """
     segments: list[_Segment] = []
     pieces: list[_Piece] = []
+    spans: list[ProvenanceSpan] | None = []
     full_length = 0
     prev_ob = prev_ac = None
     for k, transition in enumerate(traj.transitions):
@@ -235,12 +264,26 @@ def trajectory_segments(
             if _extends(ob, prev_ob, prev_ac):
                 start = full_length
             else:
-                segments.append(_close_segment(full_length, pieces, where))
-                pieces, full_length = [], 0
-        if ob.shape[0] > start:
+                segments.append(_close_segment(full_length, pieces, spans, where))
+                pieces, spans, full_length = [], [], 0
+        n_ob, n_ac = ob.shape[0] - start, ac.tokens.shape[0]
+        sequence_id = ac.sequence_id
+        if sequence_id is None and (n_ob or n_ac):
+            spans = None  # a datum has provenance only if every action in it has an id
+        if spans is not None and sequence_id is not None:
+            if n_ob:  # the new observation tokens end this request's prompt
+                spans.append(
+                    ProvenanceSpan(
+                        kind="prompt", sequence_id=sequence_id, offset=full_length, length=n_ob
+                    )
+                )
+            if n_ac:
+                spans.append(
+                    ProvenanceSpan(kind="sampled", sequence_id=sequence_id, offset=0, length=n_ac)
+                )
+        if n_ob:
             pieces.append((full_length, ob[start:], None, 0.0, 0.0))
-            full_length += ob.shape[0] - start
-        n_ac = ac.tokens.shape[0]
+            full_length += n_ob
         if n_ac:
             masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
             if masked:
@@ -250,17 +293,49 @@ def trajectory_segments(
             full_length += n_ac
         prev_ob, prev_ac = ob, ac.tokens
     if full_length:
-        segments.append(_close_segment(full_length, pieces, where))
+        segments.append(_close_segment(full_length, pieces, spans, where))
     return segments
 
 
-def _close_segment(full_length: int, pieces: list[_Piece], where: str) -> _Segment:
+def _close_segment(
+    full_length: int, pieces: list[_Piece], spans: list[ProvenanceSpan] | None, where: str
+) -> _Segment:
     if full_length < 2:
         raise ValueError(
             f"{where}: a datum would hold {full_length} token; at least 2 are needed to form "
             "an input/target pair"
         )
-    return (full_length, tuple(pieces))
+    return (full_length, tuple(pieces), _datum_provenance(spans))
+
+
+def _datum_provenance(spans: list[ProvenanceSpan] | None) -> DatumProvenance | None:
+    """The spans of the shifted input (last position dropped) and targets (first dropped).
+
+    None, as in the cookbook, unless every action of the datum had a sequence id and at least
+    one sampled token is a target.
+    """
+    if not spans:
+        return None
+    first, last = spans[0], spans[-1]
+    targets = (
+        spans[1:]
+        if first.length == 1
+        else [
+            msgspec.structs.replace(first, offset=first.offset + 1, length=first.length - 1),
+            *spans[1:],
+        ]
+    )
+    if not any(span.kind == "sampled" for span in targets):
+        return None
+    inputs = (
+        spans[:-1]
+        if last.length == 1
+        else [
+            *spans[:-1],
+            msgspec.structs.replace(last, length=last.length - 1),
+        ]
+    )
+    return tuple(inputs), tuple(targets)
 
 
 def _finite_float32(values: Any, where: str) -> np.ndarray:
@@ -396,7 +471,7 @@ def _pack_segments(
     logprobs = np.zeros((d_pad, t_pad + 1), np.float32)
     advantages = np.zeros((d_pad, t_pad + 1), np.float32)
     mask = np.zeros((d_pad, t_pad + 1), np.float32)
-    for d, (_, pieces) in enumerate(segments):
+    for d, (_, pieces, _) in enumerate(segments):
         tokens_row, logprobs_row = tokens[d], logprobs[d]
         advantages_row, mask_row = advantages[d], mask[d]
         for offset, piece_tokens, piece_logprobs, adv, m in pieces:
@@ -438,6 +513,7 @@ def _pack_segments(
         group_idx_D=group_idx_D,
         traj_idx_D=traj_idx_D,
         num_datums=num_datums,
+        provenance_D=tuple(s[2] for s in segments),
     )
 
 

@@ -247,6 +247,9 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
                     f"tokens length {tokens.shape[0]}"
                 )
             force_setattr(self, "logprobs", logprobs)
+        _check_str(self.sequence_id, "TokensWithLogprobs", "sequence_id", optional=True)
+        if self.sequence_id == "":
+            raise ValueError("TokensWithLogprobs.sequence_id: must be non-empty when given")
         if self.stop_reason not in ("stop", "length"):
             raise ValueError(
                 f"TokensWithLogprobs.stop_reason: expected 'stop' or 'length', "

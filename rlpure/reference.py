@@ -7,7 +7,10 @@ and timed against them (`benchmarks/bench_assembly.py`). Nothing here is fast on
 
 Conventions: a reference datum is a dict of lists, already shifted like a `tinker.Datum`:
 `model_input` = full sequence minus its last token; `target_tokens`, `logprobs`, `advantages`,
-`mask` = the full-sequence lists minus their first element; plus `group_idx` and `traj_idx`.
+`mask` = the full-sequence lists minus their first element; plus `group_idx` and `traj_idx`, and
+`provenance`: None or `(input_runs, target_runs)` of `(kind, sequence_id, offset, length)`,
+computed token by token (every token labelled, then consecutive labels merged) rather than
+run by run as the vectorised code does.
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ def reference_group_centered_advantages(groups_P: Sequence[TrajectoryGroup]) -> 
     return out
 
 
+def _runs(per_token: list[tuple[str, str, int]]) -> tuple[tuple[str, str, int, int], ...]:
+    """Merges per-token (kind, sequence_id, position) into (kind, sequence_id, offset, length)."""
+    runs: list[list[Any]] = []
+    for kind, sequence_id, position in per_token:
+        last = runs[-1] if runs else None
+        if last and (last[0], last[1]) == (kind, sequence_id) and last[2] + last[3] == position:
+            last[3] += 1
+        else:
+            runs.append([kind, sequence_id, position, 1])
+    return tuple((k, q, o, n) for k, q, o, n in runs)
+
+
 def _as_list(values: Any) -> list:
     """Lists pass through (cookbook-style records hold lists); arrays become lists."""
     return values if isinstance(values, list) else values.tolist()
@@ -60,17 +75,29 @@ def reference_trajectory_to_data(traj: Trajectory, advantage: float) -> list[dic
     sampled_logprobs: list[float] = []
     advantages: list[float] = []
     mask: list[float] = []
+    # (kind, sequence_id, offset, length) runs, one per token, while every action has an id.
+    spans: list[tuple[str, str, int]] | None = []
 
     def make_datum() -> dict[str, Any]:
         if len(full_sequence) < 2:
             raise ValueError("need at least 2 tokens for input/target split")
-        return {
+        datum = {
             "model_input": full_sequence[:-1],
             "target_tokens": full_sequence[1:],
             "logprobs": sampled_logprobs[1:],
             "advantages": advantages[1:],
             "mask": mask[1:],
+            "provenance": None,
         }
+        if spans:
+            per_token = spans
+            targets = per_token[1:]
+            if any(kind == "sampled" for kind, _, _ in targets):
+                datum["provenance"] = (
+                    _runs(per_token[:-1]),
+                    _runs(targets),
+                )
+        return datum
 
     for transition in traj.transitions:
         ob = _as_list(transition.ob.tokens)
@@ -84,8 +111,15 @@ def reference_trajectory_to_data(traj: Trajectory, advantage: float) -> list[dic
             delta_ob = ob[len(full_sequence) :]
         else:
             data.append(make_datum())
-            full_sequence, sampled_logprobs, advantages, mask = [], [], [], []
+            full_sequence, sampled_logprobs, advantages, mask, spans = [], [], [], [], []
             delta_ob = ob
+        sequence_id = transition.ac.sequence_id
+        if sequence_id is None and (delta_ob or ac_tokens):
+            spans = None
+        if spans is not None and sequence_id is not None:
+            prompt_start = len(full_sequence)
+            spans.extend(("prompt", sequence_id, prompt_start + i) for i in range(len(delta_ob)))
+            spans.extend(("sampled", sequence_id, i) for i in range(len(ac_tokens)))
         masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
         full_sequence.extend(delta_ob)
         full_sequence.extend(ac_tokens)

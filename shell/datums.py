@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import tinker
 
-from rlpure.packing import DatumBatch, check_datum_batch
+from rlpure.packing import DatumBatch, ProvenanceSpan, check_datum_batch
 
 __all__ = ["to_tinker_datums", "to_tinker_model_input"]
 
@@ -62,6 +62,7 @@ def to_tinker_datums(
     advantages = np.array(batch.advantages_D_T[:n], dtype=np.float32)
     mask = np.array(batch.mask_D_T[:n], dtype=np.float32)
     lengths = np.asarray(batch.length_D)[:n].tolist()
+    provenance_D = batch.provenance_D
     tensor = tinker.TensorData  # same object as TensorData.from_numpy, without re-deriving dtype
     datums = []
     for d, length in enumerate(lengths):
@@ -73,10 +74,22 @@ def to_tinker_datums(
         }
         if include_mask:
             inputs["mask"] = tensor(data=mask[d, :length], dtype="float32", shape=shape)
-        datums.append(
-            tinker.Datum(
-                model_input=to_tinker_model_input(input_tokens[d, :length], validated=validated),
-                loss_fn_inputs=inputs,
-            )
+        datum = tinker.Datum(
+            model_input=to_tinker_model_input(input_tokens[d, :length], validated=validated),
+            loss_fn_inputs=inputs,
         )
+        spans = provenance_D[d] if provenance_D else None
+        if spans is not None:
+            datum = datum.with_provenance(
+                model_input=[_tinker_span(s) for s in spans[0]],
+                loss_fn_inputs=[_tinker_span(s) for s in spans[1]],
+            )
+        datums.append(datum)
     return datums
+
+
+def _tinker_span(
+    span: ProvenanceSpan,
+) -> tinker.PromptProvenanceSpan | tinker.SampledProvenanceSpan:
+    kind = tinker.PromptProvenanceSpan if span.kind == "prompt" else tinker.SampledProvenanceSpan
+    return kind(sequence_id=span.sequence_id, offset=span.offset, length=span.length)

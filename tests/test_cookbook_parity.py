@@ -35,6 +35,7 @@ def _to_cookbook(groups_P):
                             ac=cb_completers.TokensWithLogprobs(
                                 tokens=t.ac.tokens.tolist(),
                                 maybe_logprobs=t.ac.logprobs.tolist(),
+                                sequence_id=t.ac.sequence_id,
                             ),
                             reward=t.reward,
                             episode_done=t.episode_done,
@@ -79,6 +80,8 @@ def _check_parity(groups_P, *, exact_advantages: bool):
         assert set(mine.loss_fn_inputs) == set(theirs.loss_fn_inputs)
         for key, td in theirs.loss_fn_inputs.items():
             np.testing.assert_array_equal(mine.loss_fn_inputs[key].to_numpy(), td.to_numpy())
+        assert mine.model_input_spans == theirs.model_input_spans
+        assert mine.loss_fn_input_spans == theirs.loss_fn_input_spans
         assert (int(batch.group_idx_D[d]), int(batch.traj_idx_D[d])) == (
             cb_meta[d]["group_idx"],
             cb_meta[d]["traj_idx"],

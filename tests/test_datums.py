@@ -45,6 +45,27 @@ def test_datums_equal_the_reference_element_for_element(groups_P, data):
         for key in ("logprobs", "advantages", "mask"):
             assert inputs[key].dtype == "float32"
             np.testing.assert_array_equal(inputs[key].to_numpy(), np.float32(ref[key]))
+        if ref["provenance"] is None:
+            assert datum.model_input_spans is None and datum.loss_fn_input_spans is None
+        else:
+            spans = (datum.model_input_spans, datum.loss_fn_input_spans)
+            labels = tuple(
+                tuple(
+                    (
+                        "prompt" if isinstance(s, tinker.PromptProvenanceSpan) else "sampled",
+                        s.sequence_id,
+                        s.offset + i,
+                    )
+                    for s in runs
+                    for i in range(s.length)
+                )
+                for runs in spans
+            )
+            expected = tuple(
+                tuple((k, q, o + i) for k, q, o, n in runs for i in range(n))
+                for runs in ref["provenance"]
+            )
+            assert labels == expected
 
 
 @settings(max_examples=30, deadline=None)

@@ -229,3 +229,39 @@ def test_check_datum_batch_enforces_the_padding_contract():
         check_datum_batch(_replace(batch, input_tokens_D_T=batch.input_tokens_D_T * 1.5))
     with pytest.raises(ValueError, match=r"num_datums: 3 outside"):
         check_datum_batch(_replace(batch, num_datums=3))
+
+
+def test_provenance_spans_follow_the_cookbook():
+    def step(ob, ac, sequence_id):
+        return Transition(
+            ob=ModelInput.from_ints(ob),
+            ac=TokensWithLogprobs(tokens=ac, logprobs=[-1.0] * len(ac), sequence_id=sequence_id),
+            reward=0.0,
+            episode_done=False,
+        )
+
+    traj = Trajectory(transitions=(step(OB1, AC1, "a"), step(OB2, AC2, "b")))
+    batch = assemble_batch([_group(traj)], [[1.0]])
+    inputs, targets = batch.provenance_D[0]
+    # Full sequence: prompt a[0:5], sampled a[0:3], prompt b[8:10], sampled b[0:2].
+    as_tuples = lambda runs: [(r.kind, r.sequence_id, r.offset, r.length) for r in runs]  # noqa: E731
+    assert as_tuples(inputs) == [
+        ("prompt", "a", 0, 5),
+        ("sampled", "a", 0, 3),
+        ("prompt", "b", 8, 2),
+        ("sampled", "b", 0, 1),
+    ]
+    assert as_tuples(targets) == [
+        ("prompt", "a", 1, 4),
+        ("sampled", "a", 0, 3),
+        ("prompt", "b", 8, 2),
+        ("sampled", "b", 0, 2),
+    ]
+    # One action without an id: no provenance for the datum, as in the cookbook.
+    mixed = Trajectory(transitions=(step(OB1, AC1, "a"), step(OB2, AC2, None)))
+    assert assemble_batch([_group(mixed)], [[1.0]]).provenance_D == (None,)
+
+
+def test_empty_sequence_id_is_refused():
+    with pytest.raises(ValueError, match=r"TokensWithLogprobs\.sequence_id: must be non-empty"):
+        TokensWithLogprobs(tokens=[1], logprobs=[-1.0], sequence_id="")

@@ -11,6 +11,27 @@ from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, TrajectoryGroup
 from rlpure.reference import reference_assemble_training_data
 from rlpure.testing import batches
 
+
+def _per_token(provenance) -> tuple | None:
+    """Provenance as one (kind, sequence_id, position) label per token, for inputs and targets.
+
+    Run boundaries may differ between implementations (two adjacent runs of one sequence can be
+    one run); the labelling of every token may not.
+    """
+    if provenance is None:
+        return None
+    out = []
+    for runs in provenance:
+        labels = []
+        for run in runs:
+            kind, sequence_id, offset, length = (
+                (run.kind, run.sequence_id, run.offset, run.length) if hasattr(run, "kind") else run
+            )
+            labels.extend((kind, sequence_id, offset + i) for i in range(length))
+        out.append(tuple(labels))
+    return tuple(out)
+
+
 ADVANTAGE = st.floats(-4.0, 4.0, allow_nan=False, width=32)
 
 
@@ -36,6 +57,7 @@ def test_assemble_batch_equals_the_list_reference(groups_P, data):
         np.testing.assert_array_equal(got["advantages"], np.asarray(ref["advantages"], np.float32))
         np.testing.assert_array_equal(got["mask"], np.asarray(ref["mask"], np.float32))
         assert (batch.group_idx_D[d], batch.traj_idx_D[d]) == (ref["group_idx"], ref["traj_idx"])
+        assert _per_token(batch.provenance_D[d]) == _per_token(ref["provenance"])
 
 
 @settings(max_examples=40, deadline=None)
