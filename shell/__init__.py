@@ -28,6 +28,7 @@ from shell.errors import (
     RlpureError,
     RolloutTimeoutError,
 )
+from shell.local_backend import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 from shell.rollouts import (
     FailFast,
     MinViableGroup,
@@ -37,7 +38,9 @@ from shell.rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
-from shell.train import TrainResult, evaluate, train, train_step
+from shell.train import TrainResult, evaluate, train_step
+
+# `shell.train.train` (the loop) is not re-exported: `shell.train` must stay the module.
 
 __all__ = [
     "BelowMinViableGroupError",
@@ -48,6 +51,9 @@ __all__ = [
     "EnvGroupBuilder",
     "FailFast",
     "GroupRolloutError",
+    "LocalSamplingClient",
+    "LocalServiceClient",
+    "LocalTrainingClient",
     "MinViableGroup",
     "ProblemEnv",
     "ProblemGroupBuilder",
@@ -70,6 +76,5 @@ __all__ = [
     "load_config_file",
     "to_tinker_datums",
     "to_tinker_model_input",
-    "train",
     "train_step",
 ]

@@ -502,6 +502,8 @@ class FakeTrainingClient:
                     k: td.tolist()  # type: ignore[misc]
                     for k, td in datum.loss_fn_inputs.items()
                 },
+                model_input_spans=datum.model_input_spans,
+                loss_fn_input_spans=datum.loss_fn_input_spans,
             )
             for datum in data
         ]
