@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
-from rlpure.packing import DatumBatch
+from rlpure.packing import DatumBatch, bucket_size
 from rlpure.records import TrajectoryGroup
 
 __all__ = [
@@ -73,9 +73,8 @@ MIN_GROUP_SIZE_BUCKET = 4
 
 
 def _bucket(n: int, minimum: int) -> int:
-    """The smallest power of two that is >= max(n, minimum)."""
-    size = max(n, minimum, 1)
-    return 1 << (size - 1).bit_length()
+    """The smallest power of two that is >= max(n, minimum) (`minimum` a power of two)."""
+    return bucket_size(n, minimum=minimum, steps_per_octave=1)
 
 
 # --- host side: ragged groups -> padded arrays -------------------------------------------------

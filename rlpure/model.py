@@ -45,6 +45,7 @@ import msgspec
 import numpy as np
 import optax
 
+from rlpure import packing
 from rlpure.tokenizer import VOCAB_SIZE
 
 __all__ = [
@@ -165,9 +166,7 @@ def bucket_size(n: int, *, minimum: int = 8) -> int:
         >>> [bucket_size(n) for n in (0, 1, 8, 9, 100)]
         [8, 8, 8, 16, 128]
     """
-    if n < 0:
-        raise ValueError(f"bucket_size: n must be >= 0, got {n}")
-    return max(minimum, 1 << max(0, n - 1).bit_length())
+    return packing.bucket_size(n, minimum=minimum, steps_per_octave=1)
 
 
 # --- parameters ------------------------------------------------------------------------------
