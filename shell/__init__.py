@@ -28,6 +28,7 @@ from shell.errors import (
     RlpureError,
     RolloutTimeoutError,
 )
+from shell.gsm8k import Gsm8kDataset, Gsm8kDatasetBuilder, Gsm8kEnv, load_gsm8k
 from shell.local_backend import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 from shell.rollouts import (
     FailFast,
@@ -51,6 +52,9 @@ __all__ = [
     "EnvGroupBuilder",
     "FailFast",
     "GroupRolloutError",
+    "Gsm8kDataset",
+    "Gsm8kDatasetBuilder",
+    "Gsm8kEnv",
     "LocalSamplingClient",
     "LocalServiceClient",
     "LocalTrainingClient",
@@ -74,6 +78,7 @@ __all__ = [
     "do_single_rollout",
     "evaluate",
     "load_config_file",
+    "load_gsm8k",
     "to_tinker_datums",
     "to_tinker_model_input",
     "train_step",
