@@ -193,8 +193,10 @@ class ScriptedGroupBuilder(EnvGroupBuilder):
         group_rewards: Sequence[float] | None = None,
         rewards_error: BaseException | None = None,
         make_envs_error: BaseException | None = None,
+        cleanup_error: BaseException | None = None,
         tags: Sequence[str] = ("scripted",),
     ) -> None:
+        self.cleanup_error = cleanup_error
         self.env_factory = env_factory
         self.group_size = group_size
         self.group_rewards = None if group_rewards is None else list(group_rewards)
@@ -228,6 +230,8 @@ class ScriptedGroupBuilder(EnvGroupBuilder):
 
     async def cleanup(self) -> None:
         self.cleanup_calls += 1
+        if self.cleanup_error is not None:
+            raise self.cleanup_error
 
     def logging_tags(self) -> list[str]:
         return list(self.tags)

@@ -74,17 +74,22 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_FAILURES: tuple[type[Exception], ...] = (
     RlpureError,
-    OSError,
+    ConnectionError,
     TimeoutError,
-    tinker.TinkerError,
+    tinker.APIConnectionError,
+    tinker.APITimeoutError,
+    tinker.InternalServerError,
+    tinker.RateLimitError,
 )
 """Exception types a tolerant strategy treats as an outside failure of one rollout.
 
-`RlpureError` covers `shell.errors.EnvFailure` (what envs should raise), `OSError` covers
-connection and file errors, `TimeoutError` deadlines, `tinker.TinkerError` SDK failures that
-survived the SDK's own retries. Anything else (a `TypeError` in env code, a `ValueError` from a
-record rejecting a non-finite reward) is a bug and propagates. Add env-specific types through a
-strategy's `failures`.
+Only transient failures: `RlpureError` covers `shell.errors.EnvFailure` (what envs should
+raise), `ConnectionError` and `TimeoutError` network trouble and deadlines, and the SDK's
+transient errors that survived its own retries (connection, timeout, 5xx, rate limit).
+Deterministic failures -- a 4xx from the service (`BadRequestError`, `AuthenticationError`), a
+missing file, a `TypeError` in env code, a record rejecting a non-finite reward -- are bugs or
+configuration errors: retrying them would only repeat them, so they propagate. Add env-specific
+types through a strategy's `failures`.
 """
 
 _STOP_METRIC_PREFIX = "stop/"
@@ -386,14 +391,24 @@ async def do_group_rollout(
                 f"{len(rewards_and_metrics)} (reward, metrics) pairs for "
                 f"{len(collected.trajectories)} trajectories"
             )
-        return TrajectoryGroup(
+        group = TrajectoryGroup(
             trajectories_G=tuple(collected.trajectories),
             final_rewards_G=tuple(r for r, _ in rewards_and_metrics),
             metrics_G=tuple(m for _, m in rewards_and_metrics),
             rollout_errors=collected.errors,
         )
-    finally:
-        await builder.cleanup()
+    except BaseException:
+        # Clean up, but never let a cleanup failure replace the error that is propagating
+        # (it could turn a programming error into a skippable outside failure).
+        try:
+            await builder.cleanup()
+        except Exception:
+            logger.exception(
+                "%s.cleanup failed while handling another error", type(builder).__name__
+            )
+        raise
+    await builder.cleanup()
+    return group
 
 
 # --- batches -----------------------------------------------------------------------------------
