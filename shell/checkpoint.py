@@ -109,6 +109,16 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
     path = Path(log_dir) / CHECKPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
+        # A torn last line (a crash mid-append) would glue onto this record and make the
+        # file unreadable: cut back to the last complete line first.
+        size = f.tell()
+        if size:
+            with path.open("rb") as r:
+                data = r.read()
+            if not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                logger.warning("%s: dropping a torn last line before appending", path)
+                f.truncate(keep)
         f.write(_ENCODER.encode(record) + b"\n")
         f.flush()
         os.fsync(f.fileno())
@@ -136,7 +146,9 @@ async def save_checkpoint(
     Returns:
         The record appended to `checkpoints.jsonl`.
     """
-    name = f"step_{step:06d}" + ("_final" if final else "")
+    # A unique suffix: a run killed between `save_state` and the record below, or resumed from
+    # an earlier checkpoint, saves the same step again and must not collide with that state.
+    name = f"step_{step:06d}" + ("_final" if final else "") + f"_{time.time_ns():x}"
     response = await training_client.save_state(name)
     record = CheckpointRecord(
         step=step,

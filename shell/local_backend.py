@@ -79,6 +79,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -519,11 +520,17 @@ def _write_checkpoint(
     kind: str,
     user_metadata: Mapping[str, str] | None,
 ) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    # Written into a temporary sibling, then renamed into place: a crash never leaves a
+    # half-written checkpoint under the real name.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
     arrays = _tree_to_named_arrays(params, "params")
     if opt_state is not None:
         arrays.update(_tree_to_named_arrays(opt_state, "optimizer"))
-    np.savez(directory / "arrays.npz", **arrays)  # type: ignore[arg-type]
+    np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]
     manifest = {
         "format": _CHECKPOINT_FORMAT,
         "kind": kind,
@@ -534,7 +541,10 @@ def _write_checkpoint(
         "arrays": sorted(arrays),
         "user_metadata": dict(user_metadata or {}),
     }
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    if directory.exists():  # overwrite=True was checked by the caller
+        shutil.rmtree(directory)
+    os.replace(staging, directory)
 
 
 class _Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
