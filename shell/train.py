@@ -61,6 +61,7 @@ from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig, config_to_dict
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
+from shell.errors import ConfigError
 from shell.logs import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -79,9 +80,11 @@ from shell.rollouts import (
 )
 
 __all__ = [
+    "RESUME_MAY_CHANGE",
     "TrainResult",
     "TrainStepOutput",
     "adam_params_from_config",
+    "check_resumable_config",
     "evaluate",
     "reference_logprobs_D_T",
     "split_into_substeps",
@@ -393,7 +396,7 @@ async def _run_step(
         # constant-reward groups carry no signal under group centring
         metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
         train_start = time.perf_counter()
-        run.sampling_client = await _train_on_groups(
+        sampling_client = await _train_on_groups(
             groups,
             training_client=run.training_client,
             kl_reference_client=run.kl_reference_client,
@@ -401,6 +404,10 @@ async def _run_step(
             adam_params=run.adam_params,
             metrics=metrics,
         )
+        if sampling_client is None:
+            logger.warning("Step %d: every group has constant reward; not training", step)
+        else:
+            run.sampling_client = sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start
     metrics["time/step_s"] = time.perf_counter() - step_start
     return metrics, groups
@@ -424,6 +431,50 @@ def _final_eval_line(metrics: Mapping[str, float]) -> str:
         if key.startswith("test/env/all/") and key.rsplit("/", 1)[-1] in ("total", "correct")
     ]
     return "Final eval | " + " | ".join(shown)
+
+
+RESUME_MAY_CHANGE: frozenset[str] = frozenset(
+    {
+        "log_dir",
+        "max_steps",
+        "eval_every",
+        "save_every",
+        "num_groups_to_log",
+        "progress",
+        "max_concurrent_groups",
+        "rollout_strategy",
+        "max_retries",
+        "rollout_timeout",
+        "min_viable_group",
+    }
+)
+"""Config fields a resumed run may change; any other difference would silently mix two runs."""
+
+
+def check_resumable_config(path: Path, config: TrainConfig) -> None:
+    """Refuses to resume a log directory with a config that changes how the run trains.
+
+    Raises:
+        ConfigError: naming each changed field with its recorded and new values.
+    """
+    if not path.exists():
+        return
+    try:
+        recorded = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as err:
+        raise ConfigError(f"{path}: unreadable ({err}); cannot check the resumed run") from None
+    current = config_to_dict(config)
+    changed = [
+        f"{name}: {recorded[name]!r} -> {current[name]!r}"
+        for name in sorted(current)
+        if name not in RESUME_MAY_CHANGE and name in recorded and recorded[name] != current[name]
+    ]
+    if changed:
+        raise ConfigError(
+            f"{path.parent}: resuming with a different config would mix two runs ("
+            + "; ".join(changed)
+            + "). Use a new --log-dir, or the recorded values."
+        )
 
 
 async def train(
@@ -463,6 +514,8 @@ async def train(
     """
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
+    if last_checkpoint(log_dir) is not None:
+        check_resumable_config(log_dir / CONFIG_FILE, config)
     (log_dir / CONFIG_FILE).write_text(
         msgspec.json.format(msgspec.json.encode(config_to_dict(config))).decode() + "\n",
         encoding="utf-8",
@@ -573,8 +626,19 @@ async def _train_on_groups(
     adam_params: tinker.AdamParams,
     metrics: dict[str, Any],
 ) -> Any:
-    """Advantages → batch → (KL) → datums → train step; returns the new sampling client."""
+    """Advantages → batch → (KL) → datums → train step; returns the new sampling client.
+
+    Returns None, without training, when `remove_constant_reward_groups` is on, there is no
+    KL shaping and every group is constant: the cookbook's filter keeps one such group so the
+    list is not empty, but training on it sends all-zero advantages (a billed call on Tinker,
+    and Adam's momentum still moves the weights). Tutorial 104 skips such a step too.
+    """
     if config.remove_constant_reward_groups:
+        if config.kl_penalty_coef == 0 and all(
+            len(set(g.get_total_rewards())) <= 1 for g in groups
+        ):
+            metrics["progress/no_signal"] = 1
+            return None
         groups = advantages_lib.remove_constant_reward_groups(groups)
     advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
     batch = assemble_batch(groups, advantages_P_G)

@@ -448,7 +448,13 @@ def test_offline_run_end_to_end(tmp_path: Path, cache_dir: Path) -> None:
     for record in (step0, step1):
         assert record["batch/num_groups"] == 4
         assert -0.1 <= record["env/all/reward/total"] <= 1.0
-        assert math.isfinite(record["train/loss:sum"])
+        # The untrained tiny model rarely produces a gradeable answer: a step where every
+        # group is constant is not trained (the recipe drops constant groups, as Tutorial 104).
+        if record.get("progress/no_signal"):
+            assert record["batch/degenerate_groups_frac"] == 1.0
+            assert "train/loss:sum" not in record
+        else:
+            assert math.isfinite(record["train/loss:sum"])
     assert step0["test/num_groups"] == 4.0 and "test/num_groups" not in step1
     assert final["final_eval"] == 1 and final["test/num_groups"] == 4.0
     config = json.loads((log_dir / "config.json").read_text())

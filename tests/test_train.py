@@ -27,7 +27,7 @@ from shell.checkpoint import CHECKPOINTS_FILE, load_checkpoints
 from shell.config import TrainConfig, build_config, config_to_dict
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
-from shell.errors import CheckpointError, EnvFailure
+from shell.errors import CheckpointError, ConfigError, EnvFailure
 from shell.fakes import (
     FakeCheckpointStore,
     FakeServiceClient,
@@ -536,3 +536,52 @@ def test_reward_curve_needs_reward_values(tmp_path: Path) -> None:
 @pytest.mark.parametrize("module", [shell.rollouts, shell.train, shell.logs])
 def test_docstring_examples_run(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
+
+
+def test_a_step_where_every_group_is_constant_is_not_trained_when_dropping_them(tmp_path):
+    config = _config(tmp_path, max_steps=2, remove_constant_reward_groups=True)
+    service = FakeServiceClient()
+    dataset = ScriptedDataset(
+        lambda b, i: ScriptedGroupBuilder(lambda k: ScriptedEnv(rewards=[1.0]), group_size=4),
+        num_batches=2,
+        groups_per_batch=2,
+    )
+    asyncio.run(train(config, dataset=dataset, service_client=service))
+    assert "forward_backward" not in [event[0] for event in service.events]
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r.get("progress/no_signal") for r in records] == [1, 1]
+
+
+def test_resuming_with_a_config_that_changes_training_is_refused(tmp_path):
+    dataset = ScriptedDataset(
+        lambda b, i: ScriptedGroupBuilder(
+            lambda k: ScriptedEnv(rewards=[float(k % 2)]), group_size=2
+        ),
+        num_batches=4,
+        groups_per_batch=2,
+    )
+    store = FakeCheckpointStore()
+    asyncio.run(
+        train(
+            _config(tmp_path, max_steps=2),
+            dataset=dataset,
+            service_client=FakeServiceClient(store=store),
+        )
+    )
+    with pytest.raises(ConfigError, match=r"learning_rate: 4e-05 -> 0.5.*seed: 0 -> 5"):
+        asyncio.run(
+            train(
+                _config(tmp_path, max_steps=4, learning_rate=0.5, seed=5),
+                dataset=dataset,
+                service_client=FakeServiceClient(store=store),
+            )
+        )
+    # Changing only what may change (more steps) resumes.
+    result = asyncio.run(
+        train(
+            _config(tmp_path, max_steps=4),
+            dataset=dataset,
+            service_client=FakeServiceClient(store=store),
+        )
+    )
+    assert (result.start_step, result.end_step) == (2, 4)
