@@ -60,6 +60,8 @@ def _json_default(value: Any) -> Any:
 
 
 def _finite_or_none(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # numpy / jax scalars, NaN included
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN/inf; keep the file parseable by every reader
     return value

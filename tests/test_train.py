@@ -585,3 +585,13 @@ def test_resuming_with_a_config_that_changes_training_is_refused(tmp_path):
         )
     )
     assert (result.start_step, result.end_step) == (2, 4)
+
+
+def test_metrics_writer_turns_numpy_and_jax_nan_into_null(tmp_path):
+    import jax.numpy as jnp
+
+    from shell.logs import JsonlWriter
+
+    with JsonlWriter(tmp_path / "m.jsonl") as writer:
+        writer.write({"a": np.float32("nan"), "b": jnp.asarray(float("inf")), "c": np.int64(3)})
+    assert read_jsonl(tmp_path / "m.jsonl") == [{"a": None, "b": None, "c": 3}]
