@@ -124,6 +124,16 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "must be >= 1 or null",
         )
         need(
+            self.rollout_strategy != "fail_fast" or self.rollout_timeout is None,
+            "rollout_timeout",
+            "only applies to rollout_strategy 'retry' or 'min_viable' (fail_fast has no timeout)",
+        )
+        need(
+            self.rollout_strategy == "min_viable" or self.min_viable_group is None,
+            "min_viable_group",
+            "only applies to rollout_strategy 'min_viable'",
+        )
+        need(
             self.max_concurrent_groups is None or self.max_concurrent_groups >= 1,
             "max_concurrent_groups",
             "must be >= 1 or null",
@@ -169,7 +179,9 @@ FIELD_HELP: Mapping[str, str] = {
     "0.8} (TOML/JSON; on the command line as JSON).",
     "num_substeps": "Split each batch into this many forward_backward + optim_step pairs.",
     "max_tokens": "Maximum number of tokens sampled per action.",
-    "temperature": "Sampling temperature for training rollouts (evaluation is greedy).",
+    "temperature": "Sampling temperature for training rollouts (evaluation is greedy). The "
+    "local backend returns untempered logprobs (the model's own), so with a temperature other "
+    "than 1 its importance ratios are not the sampling ratios.",
     "advantage_estimator": "group_centered (reward minus group mean, the cookbook's), "
     "group_normalized (GRPO: divided by the group std), batch_normalized, or leave_one_out.",
     "loss_aggregation": "How per-token losses are weighed: token_sum (Tinker's), "

@@ -196,3 +196,18 @@ def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) ->
     assert after[:2] == before[:2]
     assert [json.loads(line)["step"] for line in after] == [0, 1, 2, 3, 4, 5]
     assert [r.step for r in load_checkpoints(log_dir)] == [2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"rollout_timeout": 5.0}, "rollout_timeout"),
+        ({"rollout_strategy": "retry", "min_viable_group": 3}, "min_viable_group"),
+    ],
+)
+def test_options_the_chosen_strategy_would_ignore_are_refused(options, field):
+    from shell.config import build_config
+    from shell.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"TrainConfig\.{field}: only applies to"):
+        build_config(options)
