@@ -96,7 +96,11 @@ def as_cookbook_style(groups: list[TrajectoryGroup]) -> list[Any]:
     def transition(t: Transition) -> SimpleNamespace:
         return SimpleNamespace(
             ob=SimpleNamespace(tokens=t.ob.to_ints()),
-            ac=SimpleNamespace(tokens=t.ac.tokens.tolist(), logprobs=t.ac.logprobs.tolist()),
+            ac=SimpleNamespace(
+                tokens=t.ac.tokens.tolist(),
+                logprobs=t.ac.logprobs.tolist(),
+                sequence_id=t.ac.sequence_id,
+            ),
             reward=t.reward,
             metrics=t.metrics,
         )
