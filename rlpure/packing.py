@@ -223,7 +223,7 @@ def _extends(ob: np.ndarray, prev_ob: np.ndarray, prev_ac: np.ndarray) -> bool:
 
 
 def trajectory_segments(
-    traj: Trajectory, advantage: float, *, where: str = "trajectory"
+    traj: Trajectory, advantage: float, *, where: str | tuple[int, int] = "trajectory"
 ) -> list[_Segment]:
     """Splits a trajectory into datum segments, with the cookbook's `trajectory_to_data` rules.
 
@@ -236,7 +236,8 @@ def trajectory_segments(
     Args:
         traj: the trajectory.
         advantage: the trajectory's scalar advantage (float32-representable).
-        where: how error messages name this trajectory (e.g. `groups_P[3].trajectories_G[1]`).
+        where: how error messages name this trajectory: a string, or `(p, g)` for
+            `groups_P[p].trajectories_G[g]` (formatted only if an error is raised).
 
     Returns:
         A list of segments; each is `(full_length, pieces)` with `pieces` a tuple of
@@ -256,7 +257,7 @@ def trajectory_segments(
         ac = transition.ac
         if ac.logprobs is None:
             raise ValueError(
-                f"{where}.transitions[{k}].ac.logprobs: is None; sampling logprobs are "
+                f"{_name(where)}.transitions[{k}].ac.logprobs: is None; sampling logprobs are "
                 "required to build training data"
             )
         start = 0
@@ -297,12 +298,19 @@ def trajectory_segments(
     return segments
 
 
+def _name(where: str | tuple[int, int]) -> str:
+    return where if isinstance(where, str) else f"groups_P[{where[0]}].trajectories_G[{where[1]}]"
+
+
 def _close_segment(
-    full_length: int, pieces: list[_Piece], spans: list[ProvenanceSpan] | None, where: str
+    full_length: int,
+    pieces: list[_Piece],
+    spans: list[ProvenanceSpan] | None,
+    where: str | tuple[int, int],
 ) -> _Segment:
     if full_length < 2:
         raise ValueError(
-            f"{where}: a datum would hold {full_length} token; at least 2 are needed to form "
+            f"{_name(where)}: a datum would hold {full_length} token; at least 2 are needed to form "
             "an input/target pair"
         )
     return (full_length, tuple(pieces), _datum_provenance(spans))
@@ -438,7 +446,7 @@ def assemble_batch(
     traj_idx: list[int] = []
     for p, (group, adv_row) in enumerate(zip(groups_P, rows, strict=True)):
         for g, (traj, adv) in enumerate(zip(group.trajectories_G, adv_row, strict=True)):
-            found = trajectory_segments(traj, adv, where=f"groups_P[{p}].trajectories_G[{g}]")
+            found = trajectory_segments(traj, adv, where=(p, g))
             segments.extend(found)
             group_idx.extend([p] * len(found))
             traj_idx.extend([g] * len(found))
