@@ -475,24 +475,36 @@ def _pack_segments(
     # their column-shifted views, so each piece is written once. The inputs are one bulk copy
     # of the token columns with each datum's last token cleared (measured faster than writing
     # them piece by piece: benchmarks/bench_assembly.py).
-    tokens = np.zeros((d_pad, t_pad + 1), np.int32)
-    logprobs = np.zeros((d_pad, t_pad + 1), np.float32)
-    advantages = np.zeros((d_pad, t_pad + 1), np.float32)
-    mask = np.zeros((d_pad, t_pad + 1), np.float32)
+    # Written through flat 1-D views (no per-row view objects on the hot loop; Python overhead
+    # per slice is most of the cost here, see benchmarks/bench_assembly.py).
+    width = t_pad + 1
+    # One zeroed block for all five arrays, viewed per dtype: a single large allocation. With
+    # separate ~MB-sized arrays, glibc's allocator alternates between fresh mmaps (page faults)
+    # and recycled heap memory that calloc must clear, which made back-to-back calls ~1.5x
+    # slower (benchmarks/bench_assembly.py calls it back to back, as a training loop does).
+    block = np.zeros((5, d_pad * width), np.float32)
+    tokens = block[0].view(np.int32)
+    logprobs, advantages, mask = block[1], block[2], block[3]
+    inputs = block[4].view(np.int32).reshape(d_pad, width)[:, :t_pad]
     for d, (_, pieces, _) in enumerate(segments):
-        tokens_row, logprobs_row = tokens[d], logprobs[d]
-        advantages_row, mask_row = advantages[d], mask[d]
+        row = d * width
         for offset, piece_tokens, piece_logprobs, adv, m in pieces:
-            end = offset + piece_tokens.shape[0]
-            tokens_row[offset:end] = piece_tokens
+            start = row + offset
+            end = start + piece_tokens.shape[0]
+            tokens[start:end] = piece_tokens
             if piece_logprobs is not None:
-                logprobs_row[offset:end] = piece_logprobs
+                logprobs[start:end] = piece_logprobs
                 if m:
-                    advantages_row[offset:end] = adv
-                    mask_row[offset:end] = m
+                    advantages[start:end] = adv
+                    mask[start:end] = m
+    tokens = tokens.reshape(d_pad, width)
+    logprobs = logprobs.reshape(d_pad, width)
+    advantages = advantages.reshape(d_pad, width)
+    mask = mask.reshape(d_pad, width)
     length_D = np.zeros(d_pad, np.int32)
     length_D[:num_datums] = [s[0] - 1 for s in segments]
-    input_tokens = tokens[:, :t_pad].copy()
+    inputs[...] = tokens[:, :t_pad]
+    input_tokens = inputs
     lengths = length_D[:num_datums]
     inside = lengths < t_pad
     input_tokens[np.flatnonzero(inside), lengths[inside]] = 0
