@@ -128,7 +128,10 @@ def _tuple_of(values: Any, kind: type, record: str, field: str) -> tuple:
     return out
 
 
-def _plain_metrics(values: Any, record: str, field: str) -> dict:
+def _plain_mapping(
+    values: Any, record: str, field: str, kinds: tuple[type, ...], *, finite: bool
+) -> dict:
+    """A copy of a str-keyed mapping whose values are `kinds` (numpy scalars unwrapped)."""
     if not isinstance(values, Mapping):
         raise TypeError(f"{record}.{field}: expected a mapping, got {type(values).__name__}")
     out = {}
@@ -137,31 +140,24 @@ def _plain_metrics(values: Any, record: str, field: str) -> dict:
             raise TypeError(f"{record}.{field}: key {key!r} is not a string")
         if isinstance(value, (np.integer, np.floating)):
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            names = [k.__name__ for k in kinds]
+            expected = ", ".join(names[:-1]) + " or " + names[-1]
             raise TypeError(
-                f"{record}.{field}[{key!r}]: expected int or float, got {type(value).__name__}"
+                f"{record}.{field}[{key!r}]: expected {expected}, got {type(value).__name__}"
             )
-        if not math.isfinite(value):
+        if finite and not math.isfinite(cast(float, value)):
             raise ValueError(f"{record}.{field}[{key!r}]: non-finite value {value}")
         out[key] = value
     return out
 
 
+def _plain_metrics(values: Any, record: str, field: str) -> dict:
+    return _plain_mapping(values, record, field, (int, float), finite=True)
+
+
 def _plain_logs(values: Any, record: str, field: str) -> dict:
-    if not isinstance(values, Mapping):
-        raise TypeError(f"{record}.{field}: expected a mapping, got {type(values).__name__}")
-    out = {}
-    for key, value in values.items():
-        if not isinstance(key, str):
-            raise TypeError(f"{record}.{field}: key {key!r} is not a string")
-        if isinstance(value, (np.integer, np.floating)):
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise TypeError(
-                f"{record}.{field}[{key!r}]: expected str, int or float, got {type(value).__name__}"
-            )
-        out[key] = value
-    return out
+    return _plain_mapping(values, record, field, (str, int, float), finite=False)
 
 
 def _check_bool(value: Any, record: str, field: str) -> bool:

@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
-import tinker
 from rich.console import Console
 
 from rlpure.render import get_renderer
@@ -51,6 +49,7 @@ from shell.cli import TRAIN_RECIPES, make_service_client, train_recipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
 from shell.gsm8k import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
+from shell.local_backend import ReadyFuture
 from shell.train import TrainResult, train
 
 __all__ = [
@@ -71,7 +70,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 GSM8K_TINKER_MODEL = "Qwen/Qwen3.5-9B-Base"
 """The tutorial's base model (a pretrained, not instruction-tuned, Qwen)."""
@@ -196,24 +194,6 @@ def check_tinker_api_key(config: TrainConfig) -> None:
 # --- handing the recipe's training client to the loop ------------------------------------------
 
 
-class _Ready(tinker.APIFuture[T]):
-    """An `APIFuture` holding a value that is already there."""
-
-    def __init__(self, value: T) -> None:
-        self._value = value
-
-    def result(self, timeout: float | None = None) -> T:
-        return self._value
-
-    async def result_async(self, timeout: float | None = None) -> T:
-        return self._value
-
-    def future(self) -> concurrent.futures.Future[T]:
-        out: concurrent.futures.Future[T] = concurrent.futures.Future()
-        out.set_result(self._value)
-        return out
-
-
 class _HandOffServiceClient:
     """Delegates to `inner`, except that the first request for the training client the recipe
     already made (same base model and rank, or same state path) gets that client.
@@ -239,9 +219,9 @@ class _HandOffServiceClient:
         self._state_path = state_path
         self._pending = True
 
-    def _take(self) -> _Ready[Any]:
+    def _take(self) -> ReadyFuture[Any]:
         self._pending = False
-        return _Ready(self._client)
+        return ReadyFuture(self._client)
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, **kwargs: Any) -> Any:
         if (

@@ -116,8 +116,11 @@ _ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (12
 # --- futures ---------------------------------------------------------------------------------
 
 
-class _ReadyFuture(tinker.APIFuture[T]):
-    """An `APIFuture` whose outcome is already known (local ops complete when called)."""
+class ReadyFuture(tinker.APIFuture[T]):
+    """An `APIFuture` whose outcome is already known (local ops complete when called).
+
+    Public so other shell code that must hand a ready value to SDK-style callers reuses it.
+    """
 
     def __init__(self, value: T) -> None:
         self._value = value
@@ -134,7 +137,7 @@ class _ReadyFuture(tinker.APIFuture[T]):
         return out
 
 
-class _ClientFuture(_ReadyFuture[C], Generic[C]):
+class _ClientFuture(ReadyFuture[C], Generic[C]):
     """A ready future of a client that also forwards attribute access to the client.
 
     Mirrors the SDK's `BackcompatTrainingClientFuture` / `BackcompatSamplingClientFuture`:
@@ -677,7 +680,7 @@ class LocalSamplingClient:
         )
         loop = _running_loop()
         if loop is None:
-            return _ReadyFuture(self._run_requests([request])[0])
+            return ReadyFuture(self._run_requests([request])[0])
         if self._batcher is None or self._batcher.loop is not loop:
             self._batcher = _SampleBatcher(loop, self._run_requests)
         return self._batcher.submit(request)
@@ -729,7 +732,7 @@ class LocalSamplingClient:
         if prompt_logprobs_last_n is not None:
             skipped: list[float | None] = [None] * (n - prompt_logprobs_last_n)
             out = skipped + out[n - prompt_logprobs_last_n :]
-        return _ReadyFuture(out)
+        return ReadyFuture(out)
 
     async def compute_logprobs_async(
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
@@ -988,7 +991,7 @@ class LocalTrainingClient:
         loss_fn_config: Mapping[str, float | str] | None = None,
     ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
         """Loss, logprobs and metrics without gradients."""
-        return _ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=False))
+        return ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=False))
 
     async def forward_async(
         self,
@@ -1020,7 +1023,7 @@ class LocalTrainingClient:
         Raises:
             TypeError, ValueError: malformed data (naming the datum and key) or config.
         """
-        return _ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=True))
+        return ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=True))
 
     async def forward_backward_async(
         self,
@@ -1125,7 +1128,7 @@ class LocalTrainingClient:
         self._grads = None
         self._optim_steps += 1
         self._samplers_this_step = 0
-        return _ReadyFuture(types.OptimStepResponse(metrics={"grad_norm": float(grad_norm)}))
+        return ReadyFuture(types.OptimStepResponse(metrics={"grad_norm": float(grad_norm)}))
 
     async def optim_step_async(
         self,
@@ -1198,7 +1201,7 @@ class LocalTrainingClient:
             kind="state",
             user_metadata=user_metadata,
         )
-        return _ReadyFuture(types.SaveWeightsResponse(path=str(directory)))
+        return ReadyFuture(types.SaveWeightsResponse(path=str(directory)))
 
     async def save_state_async(
         self,
@@ -1227,7 +1230,7 @@ class LocalTrainingClient:
             kind="sampler",
             user_metadata=user_metadata,
         )
-        return _ReadyFuture(types.SaveWeightsForSamplerResponse(path=str(directory)))
+        return ReadyFuture(types.SaveWeightsForSamplerResponse(path=str(directory)))
 
     async def save_weights_for_sampler_async(
         self,
@@ -1269,7 +1272,7 @@ class LocalTrainingClient:
         self, path: str, weights_access_token: str | None = None
     ) -> tinker.APIFuture[types.LoadWeightsResponse]:
         """Loads weights only (the optimizer restarts), as the SDK's `load_state` does."""
-        return _ReadyFuture(self._load(path, with_optimizer=False))
+        return ReadyFuture(self._load(path, with_optimizer=False))
 
     async def load_state_async(
         self, path: str, weights_access_token: str | None = None
@@ -1280,7 +1283,7 @@ class LocalTrainingClient:
         self, path: str, weights_access_token: str | None = None
     ) -> tinker.APIFuture[types.LoadWeightsResponse]:
         """Loads weights and Adam state: training continues exactly as if never interrupted."""
-        return _ReadyFuture(self._load(path, with_optimizer=True))
+        return ReadyFuture(self._load(path, with_optimizer=True))
 
     async def load_state_with_optimizer_async(
         self, path: str, weights_access_token: str | None = None
