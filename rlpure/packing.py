@@ -488,17 +488,17 @@ def _pack_segments(
     inputs = block[4].view(np.int32).reshape(d_pad, width)[:, :t_pad]
     # Copies go through memoryviews: same bytes, half the per-slice overhead of ndarray
     # __setitem__ (the loop runs a few thousand small copies; the overhead is most of its time).
-    tokens_mv, logprobs_mv, mask_mv = memoryview(tokens), memoryview(logprobs), memoryview(mask)
-    ones_mv = memoryview(np.ones(width, np.float32))
+    tokens_mv, logprobs_mv, mask_mv = tokens.data, logprobs.data, mask.data
+    ones_mv = np.ones(width, np.float32).data
     for d, (_, pieces, _) in enumerate(segments):
         row = d * width
         for offset, piece_tokens, piece_logprobs, adv, m in pieces:
             start = row + offset
             n = piece_tokens.shape[0]
             end = start + n
-            tokens_mv[start:end] = memoryview(piece_tokens)
+            tokens_mv[start:end] = piece_tokens.data
             if piece_logprobs is not None:
-                logprobs_mv[start:end] = memoryview(piece_logprobs)
+                logprobs_mv[start:end] = piece_logprobs.data
                 if m:
                     advantages[start:end] = adv
                     mask_mv[start:end] = ones_mv[:n]
