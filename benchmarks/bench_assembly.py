@@ -18,6 +18,7 @@ Run: `.venv/bin/python benchmarks/bench_assembly.py [--quick]`.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -211,6 +212,9 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int, warmup: int = 1) -> f
         fn()
     times = []
     for _ in range(repeats):
+        # Start every repetition from a collected heap, so that a full collection of the many
+        # record objects alive here does not land at random inside one timed call (GC stays on).
+        gc.collect()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
