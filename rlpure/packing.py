@@ -283,7 +283,7 @@ def trajectory_segments(
                     ProvenanceSpan(kind="sampled", sequence_id=sequence_id, offset=0, length=n_ac)
                 )
         if n_ob:
-            pieces.append((full_length, ob[start:], None, 0.0, 0.0))
+            pieces.append((full_length, ob[start:] if start else ob, None, 0.0, 0.0))
             full_length += n_ob
         if n_ac:
             masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
