@@ -44,13 +44,13 @@ import msgspec
 from rich.console import Console
 
 from rlpure.render import get_renderer
-from shell.checkpoint import last_checkpoint, restore_training_client
+from shell.checkpoint import last_checkpoint
 from shell.cli import TRAIN_RECIPES, make_service_client, train_recipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
 from shell.gsm8k import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
 from shell.local_backend import ReadyFuture
-from shell.train import TrainResult, train
+from shell.train import TrainResult, open_training_client, train
 
 __all__ = [
     "GSM8K_CONFIG_DEFAULTS",
@@ -242,17 +242,6 @@ class _HandOffServiceClient:
         return getattr(self._inner, name)
 
 
-async def _open_training_client(config: TrainConfig, service_client: Any) -> tuple[Any, str | None]:
-    """The run's training client (restored when `log_dir` has a checkpoint) and its state path."""
-    resume = last_checkpoint(config.log_dir)
-    if resume is not None:
-        return await restore_training_client(service_client, resume), resume.state_path
-    client = await service_client.create_lora_training_client(
-        base_model=config.base_model, rank=config.lora_rank
-    )
-    return client, None
-
-
 async def _tokenizer_of(training_client: Any, model: str) -> Any:
     try:
         # Tinker downloads the tokenizer from the Hugging Face hub: blocking IO, off the loop.
@@ -310,7 +299,9 @@ async def run_gsm8k(
     )
     if service_client is None:
         service_client = make_service_client(config)
-    training_client, state_path = await _open_training_client(config, service_client)
+    resume = last_checkpoint(config.log_dir)
+    training_client = await open_training_client(config, service_client, resume)
+    state_path = None if resume is None else resume.state_path
     tokenizer = await _tokenizer_of(training_client, config.base_model)
     renderer = get_renderer("role_colon", tokenizer)
     dataset, test_dataset = await Gsm8kDatasetBuilder(

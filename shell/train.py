@@ -86,6 +86,7 @@ __all__ = [
     "adam_params_from_config",
     "check_resumable_config",
     "evaluate",
+    "open_training_client",
     "reference_logprobs_D_T",
     "split_into_substeps",
     "train",
@@ -302,9 +303,10 @@ def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
     return lambda ids: str(tokenizer.decode(list(ids)))
 
 
-async def _initial_training_client(
+async def open_training_client(
     config: TrainConfig, service_client: Any, resume: CheckpointRecord | None
 ) -> Any:
+    """The run's training client: restored from `resume` when given, else a new LoRA client."""
     if resume is not None:
         return await restore_training_client(service_client, resume)
     return await service_client.create_lora_training_client(
@@ -549,7 +551,7 @@ async def train(
     if resume is not None and training_client is not None:
         logger.warning("%s: resuming, so the training client passed in is not used", log_dir)
     if resume is not None or training_client is None:
-        training_client = await _initial_training_client(config, service_client, resume)
+        training_client = await open_training_client(config, service_client, resume)
     kl_reference_path = None if resume is None else resume.kl_reference_path
     if config.kl_penalty_coef > 0 and kl_reference_client is None:
         kl_reference_client, kl_reference_path = await _kl_reference(
