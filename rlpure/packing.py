@@ -23,7 +23,12 @@ import jax
 import msgspec
 import numpy as np
 
-from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, Trajectory, TrajectoryGroup
+from rlpure.records import (
+    PARSE_ERROR_MASKED_METRIC_KEY,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
 
 __all__ = [
     "DatumBatch",
@@ -116,14 +121,21 @@ jax.tree_util.register_dataclass(
 )
 
 
-def check_datum_batch(batch: DatumBatch) -> None:
-    """Checks the shapes, dtypes and padding contract of a host-side `DatumBatch`.
+def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
+    """Checks the shapes, dtypes, values and padding contract of a host-side `DatumBatch`.
 
     Call it at boundaries (e.g. before converting to `tinker.Datum`s or after loading a batch).
-    It reads every array once (O(D·T)).
+    It reads every array once or twice (O(D·T)).
+
+    Args:
+        batch: the batch.
+        padding: also check that every array is zero beyond each datum's length. Readers that
+            only ever slice `[:length]` (like `shell.to_tinker_datums`) can skip this, the most
+            expensive part of the check.
 
     Raises:
-        ValueError: naming the field and both shapes, or the datum that breaks the contract.
+        ValueError: naming the field and both shapes, the datum that breaks the padding
+            contract, or a field holding negative token ids or non-finite values.
         TypeError: when a token array is not integer or a per-token array not floating point.
     """
     shape = np.shape(batch.input_tokens_D_T)
@@ -143,6 +155,9 @@ def check_datum_batch(batch: DatumBatch) -> None:
     for name in ("input_tokens_D_T", "target_tokens_D_T", *_ARRAY_FIELDS_D):
         if arrays[name].dtype.kind not in "iu":
             raise TypeError(f"DatumBatch.{name}: expected integers, got dtype {arrays[name].dtype}")
+    for name in ("input_tokens_D_T", "target_tokens_D_T"):
+        if arrays[name].size and arrays[name].min() < 0:
+            raise ValueError(f"DatumBatch.{name}: holds negative token ids")
     for name in ("logprobs_D_T", "advantages_D_T", "mask_D_T"):
         if arrays[name].dtype.kind != "f":
             raise TypeError(f"DatumBatch.{name}: expected floats, got dtype {arrays[name].dtype}")
@@ -164,6 +179,8 @@ def check_datum_batch(batch: DatumBatch) -> None:
         raise ValueError(
             "DatumBatch: padded rows (index >= num_datums) need length 0 and group/traj index -1"
         )
+    if not padding:
+        return
     outside_D_T = np.arange(shape[1])[None, :] >= length_D[:, None]
     for name in _ARRAY_FIELDS_D_T:
         if np.any(arrays[name][outside_D_T]):
@@ -247,19 +264,19 @@ def trajectory_segments(
         ValueError: when an action has no logprobs, or a datum would hold fewer than 2 tokens
             (nothing to predict; the cookbook refuses the same case).
     """
+    transitions = traj.transitions
+    if len(transitions) == 1:  # the common single-turn case: no prefix bookkeeping
+        return _single_turn_segments(transitions[0], advantage, where)
     segments: list[_Segment] = []
     pieces: list[_Piece] = []
     spans: list[ProvenanceSpan] | None = []
     full_length = 0
     prev_ob = prev_ac = None
-    for k, transition in enumerate(traj.transitions):
+    for k, transition in enumerate(transitions):
         ob = transition.ob.tokens
         ac = transition.ac
         if ac.logprobs is None:
-            raise ValueError(
-                f"{_name(where)}.transitions[{k}].ac.logprobs: is None; sampling logprobs are "
-                "required to build training data"
-            )
+            raise _missing_logprobs(where, k)
         start = 0
         if prev_ob is not None and prev_ac is not None and full_length:
             if _extends(ob, prev_ob, prev_ac):
@@ -272,30 +289,66 @@ def trajectory_segments(
         if sequence_id is None and (n_ob or n_ac):
             spans = None  # a datum has provenance only if every action in it has an id
         if spans is not None and sequence_id is not None:
-            if n_ob:  # the new observation tokens end this request's prompt
-                spans.append(
-                    ProvenanceSpan(
-                        kind="prompt", sequence_id=sequence_id, offset=full_length, length=n_ob
-                    )
-                )
-            if n_ac:
-                spans.append(
-                    ProvenanceSpan(kind="sampled", sequence_id=sequence_id, offset=0, length=n_ac)
-                )
+            spans.extend(_turn_spans(sequence_id, full_length, n_ob, n_ac))
         if n_ob:
             pieces.append((full_length, ob[start:] if start else ob, None, 0.0, 0.0))
             full_length += n_ob
         if n_ac:
-            masked = float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0
-            if masked:
-                pieces.append((full_length, ac.tokens, ac.logprobs, 0.0, 0.0))
-            else:
-                pieces.append((full_length, ac.tokens, ac.logprobs, advantage, 1.0))
+            pieces.append(_action_piece(transition, full_length, advantage))
             full_length += n_ac
         prev_ob, prev_ac = ob, ac.tokens
     if full_length:
         segments.append(_close_segment(full_length, pieces, spans, where))
     return segments
+
+
+def _single_turn_segments(
+    transition: Transition, advantage: float, where: str | tuple[int, int]
+) -> list[_Segment]:
+    """`trajectory_segments` of a one-transition trajectory: at most one datum, ob then ac."""
+    ob, ac = transition.ob.tokens, transition.ac
+    if ac.logprobs is None:
+        raise _missing_logprobs(where, 0)
+    n_ob, n_ac = ob.shape[0], ac.tokens.shape[0]
+    if n_ob and n_ac:
+        pieces: list[_Piece] = [(0, ob, None, 0.0, 0.0), _action_piece(transition, n_ob, advantage)]
+    elif n_ob:
+        pieces = [(0, ob, None, 0.0, 0.0)]
+    elif n_ac:
+        pieces = [_action_piece(transition, 0, advantage)]
+    else:
+        return []
+    sequence_id = ac.sequence_id
+    spans = None if sequence_id is None else _turn_spans(sequence_id, 0, n_ob, n_ac)
+    return [_close_segment(n_ob + n_ac, pieces, spans, where)]
+
+
+def _action_piece(transition: Transition, offset: int, advantage: float) -> _Piece:
+    """The piece of a transition's action tokens: trained, or masked on a parse error."""
+    ac = transition.ac
+    if float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0:
+        return (offset, ac.tokens, ac.logprobs, 0.0, 0.0)
+    return (offset, ac.tokens, ac.logprobs, advantage, 1.0)
+
+
+def _turn_spans(sequence_id: str, offset: int, n_ob: int, n_ac: int) -> list[ProvenanceSpan]:
+    """Provenance of one turn: its new observation tokens end the request's prompt (which
+    started at position `offset` of the datum); then the sampled tokens."""
+    spans = []
+    if n_ob:
+        spans.append(
+            ProvenanceSpan(kind="prompt", sequence_id=sequence_id, offset=offset, length=n_ob)
+        )
+    if n_ac:
+        spans.append(ProvenanceSpan(kind="sampled", sequence_id=sequence_id, offset=0, length=n_ac))
+    return spans
+
+
+def _missing_logprobs(where: str | tuple[int, int], k: int) -> ValueError:
+    return ValueError(
+        f"{_name(where)}.transitions[{k}].ac.logprobs: is None; sampling logprobs are "
+        "required to build training data"
+    )
 
 
 def _name(where: str | tuple[int, int]) -> str:
@@ -455,6 +508,9 @@ def assemble_batch(
     )
 
 
+_empty = np.empty  # the output allocator; tests swap in one that returns dirty memory
+
+
 def _pack_segments(
     segments: list[_Segment],
     group_idx: list[int],
@@ -475,33 +531,64 @@ def _pack_segments(
     # their column-shifted views, so each piece is written once. The inputs are one bulk copy
     # of the token columns with each datum's last token cleared (measured faster than writing
     # them piece by piece: benchmarks/bench_assembly.py).
-    # Written through flat 1-D views (no per-row view objects on the hot loop; Python overhead
-    # per slice is most of the cost here, see benchmarks/bench_assembly.py).
     width = t_pad + 1
-    # One zeroed block for all five arrays, viewed per dtype: a single large allocation. With
-    # separate ~MB-sized arrays, glibc's allocator alternates between fresh mmaps (page faults)
-    # and recycled heap memory that calloc must clear, which made back-to-back calls ~1.5x
-    # slower (benchmarks/bench_assembly.py calls it back to back, as a training loop does).
-    block = np.zeros((5, d_pad * width), np.float32)
+    # One uninitialised block for all five arrays, viewed per dtype, in which every visible
+    # position is written exactly once. Zeroing it first (np.zeros) cost a whole extra pass over
+    # the output, a quarter of the time on the GRPO benchmark batch. Token rows are written
+    # piece by piece plus a zero tail per row. The other arrays are non-zero only on action
+    # pieces (logprobs) or on trained action pieces (advantages, mask), so each such piece is
+    # preceded by one zero write covering everything since the previous one (the previous row's
+    # tail and this row's observation tokens together), and the rest is zeroed at the end.
+    block = _empty((5, d_pad * width), np.float32)
     tokens = block[0].view(np.int32)
     logprobs, advantages, mask = block[1], block[2], block[3]
     inputs = block[4].view(np.int32).reshape(d_pad, width)[:, :t_pad]
-    # Copies go through memoryviews: same bytes, half the per-slice overhead of ndarray
-    # __setitem__ (the loop runs a few thousand small copies; the overhead is most of its time).
-    tokens_mv, logprobs_mv, mask_mv = tokens.data, logprobs.data, mask.data
+    # Copies go through flat memoryviews: same bytes, a third of the per-slice overhead of
+    # ndarray __setitem__, and no per-row view objects (the loop runs a few thousand small
+    # copies; their Python overhead is most of its time). Zeros and ones come from buffers.
+    tokens_mv, logprobs_mv, advantages_mv, mask_mv = (
+        tokens.data,
+        logprobs.data,
+        advantages.data,
+        mask.data,
+    )
+    zeros_limit = 2 * width  # a gap spans at most a tail and an observation, unless a datum
+    zeros_mv = np.zeros(zeros_limit, np.float32).data  # has no action (then: ndarray fill)
+    int_zeros_mv = np.zeros(width, np.int32).data
     ones_mv = np.ones(width, np.float32).data
-    for d, (_, pieces, _) in enumerate(segments):
+    logprobs_done = trained_done = 0  # flat positions up to which the arrays are written
+    for d, (full_length, pieces, _) in enumerate(segments):
         row = d * width
         for offset, piece_tokens, piece_logprobs, adv, m in pieces:
             start = row + offset
             n = piece_tokens.shape[0]
             end = start + n
             tokens_mv[start:end] = piece_tokens.data
-            if piece_logprobs is not None:
-                logprobs_mv[start:end] = piece_logprobs.data
-                if m:
-                    advantages[start:end] = adv
-                    mask_mv[start:end] = ones_mv[:n]
+            if piece_logprobs is None:
+                continue
+            gap = start - logprobs_done
+            if gap <= zeros_limit:
+                logprobs_mv[logprobs_done:start] = zeros_mv[:gap]
+            else:
+                logprobs[logprobs_done:start] = 0.0
+            logprobs_mv[start:end] = piece_logprobs.data
+            logprobs_done = end
+            if m:
+                gap = start - trained_done
+                if gap <= zeros_limit:
+                    advantages_mv[trained_done:start] = zeros_mv[:gap]
+                    mask_mv[trained_done:start] = zeros_mv[:gap]
+                else:
+                    advantages[trained_done:start] = 0.0
+                    mask[trained_done:start] = 0.0
+                advantages[start:end] = adv
+                mask_mv[start:end] = ones_mv[:n]
+                trained_done = end
+        tokens_mv[row + full_length : row + width] = int_zeros_mv[: width - full_length]
+    tokens[num_datums * width :] = 0
+    logprobs[logprobs_done:] = 0.0
+    advantages[trained_done:] = 0.0
+    mask[trained_done:] = 0.0
     tokens = tokens.reshape(d_pad, width)
     logprobs = logprobs.reshape(d_pad, width)
     advantages = advantages.reshape(d_pad, width)

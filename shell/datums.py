@@ -52,16 +52,17 @@ def to_tinker_datums(
         `loss_fn_inputs` `target_tokens` (int64), `logprobs`, `advantages` (float32) and
         optionally `mask` (float32), each of length `batch.length_D[d]`.
     """
-    check_datum_batch(batch)
+    check_datum_batch(batch, padding=False)  # padding is never read here
     n = int(batch.num_datums)
-    input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[:n]
+    lengths = np.asarray(batch.length_D)[:n].tolist()
+    real = (slice(0, n), slice(0, max(lengths, default=0)))  # the columns any datum reads
+    input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[real]
     # One bulk copy per array: the datums own their loss inputs (the batch's arrays are
     # read-only, and TensorData would otherwise copy each row separately).
-    target_tokens = np.array(batch.target_tokens_D_T[:n], dtype=np.int64)
-    logprobs = np.array(batch.logprobs_D_T[:n], dtype=np.float32)
-    advantages = np.array(batch.advantages_D_T[:n], dtype=np.float32)
-    mask = np.array(batch.mask_D_T[:n], dtype=np.float32)
-    lengths = np.asarray(batch.length_D)[:n].tolist()
+    target_tokens = np.array(batch.target_tokens_D_T[real], dtype=np.int64)
+    logprobs = np.array(batch.logprobs_D_T[real], dtype=np.float32)
+    advantages = np.array(batch.advantages_D_T[real], dtype=np.float32)
+    mask = np.array(batch.mask_D_T[real], dtype=np.float32)
     provenance_D = batch.provenance_D
     tensor = tinker.TensorData  # same object as TensorData.from_numpy, without re-deriving dtype
     datums = []

@@ -229,6 +229,16 @@ def test_check_datum_batch_enforces_the_padding_contract():
         check_datum_batch(_replace(batch, input_tokens_D_T=batch.input_tokens_D_T * 1.5))
     with pytest.raises(ValueError, match=r"num_datums: 3 outside"):
         check_datum_batch(_replace(batch, num_datums=3))
+    targets = np.array(batch.target_tokens_D_T)
+    targets[0, 0] = -7
+    with pytest.raises(ValueError, match=r"target_tokens_D_T: holds negative token ids"):
+        check_datum_batch(_replace(batch, target_tokens_D_T=targets), padding=False)
+    # Without the padding check, values beyond a datum's length are not read...
+    check_datum_batch(_replace(batch, advantages_D_T=adv), padding=False)
+    # ...but shapes, dtypes and finiteness still are.
+    adv[0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"advantages_D_T: holds non-finite values"):
+        check_datum_batch(_replace(batch, advantages_D_T=adv), padding=False)
 
 
 def test_provenance_spans_follow_the_cookbook():

@@ -3,9 +3,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlpure import packing
 from rlpure.packing import assemble_batch, check_datum_batch, datum_arrays
 from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, TrajectoryGroup
 from rlpure.reference import reference_assemble_training_data
@@ -58,6 +60,26 @@ def test_assemble_batch_equals_the_list_reference(groups_P, data):
         np.testing.assert_array_equal(got["mask"], np.asarray(ref["mask"], np.float32))
         assert (batch.group_idx_D[d], batch.traj_idx_D[d]) == (ref["group_idx"], ref["traj_idx"])
         assert _per_token(batch.provenance_D[d]) == _per_token(ref["provenance"])
+
+
+def _dirty_empty(shape, dtype):
+    """What `np.empty` may hand back: memory holding stale values (NaN bits everywhere)."""
+    return np.full(shape, np.nan, dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(prefix="mixed", masked_turns=True), st.data())
+def test_uninitialised_output_memory_never_shows(groups_P, data):
+    # assemble_batch writes into uninitialised memory; every visible position must be written.
+    advantages_P = _advantages_for(groups_P, data)
+    clean = assemble_batch(groups_P, advantages_P)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packing, "_empty", _dirty_empty)
+        dirty = assemble_batch(groups_P, advantages_P)
+    check_datum_batch(dirty)
+    for name in ("input_tokens_D_T", "target_tokens_D_T", "logprobs_D_T", "advantages_D_T"):
+        np.testing.assert_array_equal(getattr(dirty, name), getattr(clean, name), err_msg=name)
+    np.testing.assert_array_equal(dirty.mask_D_T, clean.mask_D_T)
 
 
 @settings(max_examples=40, deadline=None)
