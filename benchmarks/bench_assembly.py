@@ -34,6 +34,7 @@ from rlpure.advantages import compute_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
 from rlpure.reference import reference_assemble_training_data, reference_group_centered_advantages
+from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
 
 
@@ -146,38 +147,10 @@ def reference_datums(groups: list[Any]) -> list[tinker.Datum]:
 def cookbook_runner(groups: list[TrajectoryGroup]) -> Callable[[], Any] | None:
     """The real cookbook 0.6.1 on its own records, or None when it is not importable."""
     try:
-        from tinker_cookbook.completers import TokensWithLogprobs as CbTokens
         from tinker_cookbook.rl import data_processing as cb
-        from tinker_cookbook.rl.types import Trajectory as CbTrajectory
-        from tinker_cookbook.rl.types import TrajectoryGroup as CbGroup
-        from tinker_cookbook.rl.types import Transition as CbTransition
     except ImportError:
         return None
-    cb_groups = [
-        CbGroup(
-            trajectories_G=[
-                CbTrajectory(
-                    transitions=[
-                        CbTransition(
-                            ob=tinker.ModelInput.from_ints(t.ob.to_ints()),
-                            ac=CbTokens(
-                                tokens=t.ac.tokens.tolist(), maybe_logprobs=t.ac.logprobs.tolist()
-                            ),
-                            reward=t.reward,
-                            episode_done=t.episode_done,
-                            metrics=dict(t.metrics),
-                        )
-                        for t in traj.transitions
-                    ],
-                    final_ob=tinker.ModelInput.from_ints([]),
-                )
-                for traj in g.trajectories_G
-            ],
-            final_rewards_G=list(g.final_rewards_G),
-            metrics_G=[dict(m) for m in g.metrics_G],
-        )
-        for g in groups
-    ]
+    cb_groups = to_cookbook_groups(groups)
     return lambda: cb.assemble_training_data(cb_groups, cb.compute_advantages(cb_groups))
 
 

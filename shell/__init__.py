@@ -2,13 +2,15 @@
 
 Environments and datasets (`shell.env`), async rollouts with failure strategies
 (`shell.rollouts`), the sampler-facing completer (`shell.completers`), conversion of padded
-batches to `tinker.Datum`s (`shell.datums`), the GRPO training loop (`shell.train`),
+batches to `tinker.Datum`s (`shell.datums`), records to tinker-cookbook's for parity checks
+(`shell.cookbook`), the GRPO training loop (`shell.train`),
 checkpoints, logs, config and the `rlpure` CLI, scripted fakes for tests (`shell.fakes`), and
 the local JAX backend that speaks the Tinker client interface (`shell.local_backend`).
 """
 
 from shell.completers import TinkerTokenCompleter, TokenCompleter
 from shell.config import TrainConfig, build_config, load_config_file
+from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums, to_tinker_model_input
 from shell.env import (
     Env,
@@ -79,6 +81,7 @@ __all__ = [
     "evaluate",
     "load_config_file",
     "load_gsm8k",
+    "to_cookbook_groups",
     "to_tinker_datums",
     "to_tinker_model_input",
     "train_step",

@@ -33,6 +33,7 @@ from rlpure.advantages import (
 )
 from rlpure.packing import DatumBatch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
+from rlpure.reference import reference_group_centered_advantages
 from rlpure.testing import batches, ragged_rewards
 
 F32 = np.float32
@@ -127,19 +128,8 @@ def ref_leave_one_out(rewards_G: Sequence[float]) -> list[float]:
 
 
 def cookbook_float32(groups_P: Sequence[TrajectoryGroup]) -> list[np.ndarray]:
-    """The cookbook's `rewards_G - rewards_G.mean()` in float32, written with numpy.
-
-    torch (CPU) computes `t.mean()` as `sum(t).div_(numel)`: a float32 sum (exact for
-    small-integer rewards in any order) and an IEEE float32 division (see the module docstring
-    of `rlpure.advantages`); `torch.tensor(list_of_floats)` rounds each float64 to float32 with
-    round-to-nearest-even, as `np.asarray(..., np.float32)` does.
-    """
-    out = []
-    for group in groups_P:
-        t = np.asarray(group.get_total_rewards(), dtype=np.float64).astype(F32)
-        mean = F32(t.sum(dtype=F32)) / F32(t.size)
-        out.append(t - mean)
-    return out
+    """The cookbook's `rewards_G - rewards_G.mean()` in float32 (`rlpure.reference`'s loops)."""
+    return [np.asarray(a_G, F32) for a_G in reference_group_centered_advantages(groups_P)]
 
 
 def _close(got: float, want: float, scale: float, rel: float) -> bool:

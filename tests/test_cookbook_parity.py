@@ -11,51 +11,19 @@ The project does not depend on the cookbook (it needs torch); this module is ski
 
 import numpy as np
 import pytest
-import tinker
 from hypothesis import given, settings
 
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.testing import batches
+from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
 
 cookbook = pytest.importorskip("tinker_cookbook.rl.data_processing")
-cb_types = pytest.importorskip("tinker_cookbook.rl.types")
-cb_completers = pytest.importorskip("tinker_cookbook.completers")
-
-
-def _to_cookbook(groups_P):
-    return [
-        cb_types.TrajectoryGroup(
-            trajectories_G=[
-                cb_types.Trajectory(
-                    transitions=[
-                        cb_types.Transition(
-                            ob=tinker.ModelInput.from_ints(t.ob.to_ints()),
-                            ac=cb_completers.TokensWithLogprobs(
-                                tokens=t.ac.tokens.tolist(),
-                                maybe_logprobs=t.ac.logprobs.tolist(),
-                                sequence_id=t.ac.sequence_id,
-                            ),
-                            reward=t.reward,
-                            episode_done=t.episode_done,
-                            metrics=dict(t.metrics),
-                        )
-                        for t in traj.transitions
-                    ],
-                    final_ob=tinker.ModelInput.from_ints(traj.final_ob.to_ints()),
-                )
-                for traj in g.trajectories_G
-            ],
-            final_rewards_G=list(g.final_rewards_G),
-            metrics_G=[dict(m) for m in g.metrics_G],
-        )
-        for g in groups_P
-    ]
 
 
 def _check_parity(groups_P, *, exact_advantages: bool):
-    cb_groups = _to_cookbook(groups_P)
+    cb_groups = to_cookbook_groups(groups_P)
     cb_advantages = cookbook.compute_advantages(cb_groups)
     cb_data, cb_meta = cookbook.assemble_training_data(cb_groups, cb_advantages)
 
