@@ -500,9 +500,14 @@ def assemble_batch(
     for p, (group, adv_row) in enumerate(zip(groups_P, rows, strict=True)):
         for g, (traj, adv) in enumerate(zip(group.trajectories_G, adv_row, strict=True)):
             found = trajectory_segments(traj, adv, where=(p, g))
-            segments.extend(found)
-            group_idx.extend([p] * len(found))
-            traj_idx.extend([g] * len(found))
+            if len(found) == 1:  # the common case, without building repeat lists
+                segments.append(found[0])
+                group_idx.append(p)
+                traj_idx.append(g)
+            else:
+                segments.extend(found)
+                group_idx.extend([p] * len(found))
+                traj_idx.extend([g] * len(found))
     return _pack_segments(
         segments, group_idx, traj_idx, min_datums=min_datums, min_tokens=min_tokens, bucket=bucket
     )

@@ -332,7 +332,10 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
 
     def total_step_reward(self) -> float:
         """Sum of the per-step rewards, left to right in float64 (as the cookbook sums)."""
-        return sum(t.reward for t in self.transitions)
+        transitions = self.transitions
+        if len(transitions) == 1:  # the common case; `sum` starts from int 0 too (-0.0 -> 0.0)
+            return 0 + transitions[0].reward
+        return sum(t.reward for t in transitions)
 
 
 class RolloutError(msgspec.Struct, frozen=True, kw_only=True):

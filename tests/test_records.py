@@ -525,3 +525,14 @@ def test_array_final_rewards_are_read_as_numbers() -> None:
         metrics_G=({}, {}),
     )
     assert group.final_rewards_G == (1.0, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(traj=trajectories(reward_kind="float"), first=st.sampled_from([-0.0, 0.0, 1.0, -2.5]))
+def test_total_step_reward_is_pythons_left_to_right_sum(traj: Trajectory, first: float) -> None:
+    # The cookbook sums with `sum(...)`, which starts from int 0: a lone -0.0 gives 0.0.
+    one = Trajectory(transitions=(msgspec.structs.replace(traj.transitions[0], reward=first),))
+    for t in (traj, one):
+        want = sum(step.reward for step in t.transitions)
+        got = t.total_step_reward()
+        assert (repr(got), type(got)) == (repr(want), type(want))
