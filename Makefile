@@ -5,12 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck bench
+.PHONY: install demo test lint typecheck bench lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,3 +30,11 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_assembly.py
+
+# Re-resolve the pinned versions from pyproject.toml's ranges in a scratch venv.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet -e '.[test]'
+	(head -3 constraints.txt; .lock-venv/bin/pip freeze --exclude-editable) > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
