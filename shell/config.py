@@ -158,8 +158,9 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 FIELD_HELP: Mapping[str, str] = {
-    "log_dir": "Directory for metrics.jsonl, samples.jsonl, checkpoints.jsonl, config.json and "
-    "the reward curve. Re-running with the same directory resumes from its last checkpoint.",
+    "log_dir": "Directory for metrics.jsonl, samples.jsonl, checkpoints.jsonl, config.json, "
+    "the recipe's recipe_options.json and the reward curve. Re-running with the same directory "
+    "resumes from its last checkpoint; it is refused if an option that shapes training changed.",
     "backend": "Where the model runs: 'local' (offline JAX model on the CPU), 'tinker' (the "
     "Tinker service; reads TINKER_API_KEY from the environment) or 'fake' (scripted test "
     "doubles, no model).",

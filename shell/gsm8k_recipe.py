@@ -24,10 +24,17 @@ Common to both: `--lora-rank 32`, `--learning-rate 4e-5`, `--adam-beta1 0.9`,
 `--seed`. The `fake` backend (scripted SDK doubles) takes the Tinker defaults.
 
 The tokenizer and renderer come from the backend's training client (`get_tokenizer()`): the
-recipe creates (or, when `log_dir` holds a checkpoint, restores) the training client itself and
-hands that same client to the loop, so a run opens exactly one training session. The data is
-read and validated first, so a bad `--data-dir` fails before any session is opened; the Tinker
-backend fails earlier still, before any data is read, when `TINKER_API_KEY` is not set.
+recipe opens (or, when `log_dir` holds a checkpoint, restores) the training client itself with
+`shell.train.open_training_client` and hands that same client to the loop, so a run opens
+exactly one training session. The data is read and validated first, so a bad `--data-dir` fails
+before any session is opened; the Tinker backend fails earlier still, before any data is read,
+when `TINKER_API_KEY` is not set.
+
+Resuming: the recipe options that shape training (`--data-dir`, `--batch-size`,
+`--group-size`, `--fewshot`, `--format-coef`; see `gsm8k_recipe_options`) are recorded in
+`log_dir/recipe_options.json`, and a re-run that changes any of them is refused with a
+`ConfigError` naming it, before any client is opened, as a changed `TrainConfig` field is.
+`--max-test-problems` and `--cache-dir` may change (`GSM8K_RESUME_MAY_CHANGE`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -49,12 +57,18 @@ from shell.cli import TRAIN_RECIPES, make_service_client, train_recipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
 from shell.gsm8k import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
-from shell.local_backend import ReadyFuture
-from shell.train import TrainResult, open_training_client, train
+from shell.train import (
+    CONFIG_FILE,
+    TrainResult,
+    check_resumable_config,
+    open_training_client,
+    train,
+)
 
 __all__ = [
     "GSM8K_CONFIG_DEFAULTS",
     "GSM8K_LOCAL_CONFIG_DEFAULTS",
+    "GSM8K_RESUME_MAY_CHANGE",
     "GSM8K_TINKER_MODEL",
     "Gsm8kOptions",
     "TokenizerUnavailableError",
@@ -63,6 +77,7 @@ __all__ = [
     "default_gsm8k_options",
     "gsm8k_config",
     "gsm8k_main",
+    "gsm8k_recipe_options",
     "register_gsm8k_recipe",
     "run_gsm8k",
     "run_gsm8k_recipe",
@@ -174,6 +189,34 @@ def gsm8k_config(
     return build_config(*layers, explicit)
 
 
+GSM8K_RESUME_MAY_CHANGE: frozenset[str] = frozenset({"max_test_problems", "cache_dir"})
+"""`Gsm8kOptions` fields a resumed run may change (evaluation size, cache location); the others
+shape training and are checked on resume."""
+
+
+def gsm8k_recipe_options(options: Gsm8kOptions) -> dict[str, Any]:
+    """The options `train` records and checks on resume (`train(recipe_options=...)`).
+
+    Every `Gsm8kOptions` field outside `GSM8K_RESUME_MAY_CHANGE`, plus `"recipe": "gsm8k"`;
+    `data_dir` as an absolute path, so a relative path given from another directory compares
+    equal.
+
+    Examples:
+        >>> gsm8k_recipe_options(Gsm8kOptions(batch_size=4))["batch_size"]
+        4
+        >>> sorted(gsm8k_recipe_options(Gsm8kOptions()))
+        ['batch_size', 'data_dir', 'fewshot', 'format_coef', 'group_size', 'recipe']
+    """
+    fields = {
+        name: value
+        for name, value in msgspec.structs.asdict(options).items()
+        if name not in GSM8K_RESUME_MAY_CHANGE
+    }
+    if fields["data_dir"] is not None:
+        fields["data_dir"] = str(Path(fields["data_dir"]).resolve())
+    return {"recipe": "gsm8k", **fields}
+
+
 def check_tinker_api_key(config: TrainConfig) -> None:
     """Fails early when the Tinker backend is chosen without `TINKER_API_KEY` set.
 
@@ -191,55 +234,7 @@ def check_tinker_api_key(config: TrainConfig) -> None:
         )
 
 
-# --- handing the recipe's training client to the loop ------------------------------------------
-
-
-class _HandOffServiceClient:
-    """Delegates to `inner`, except that the first request for the training client the recipe
-    already made (same base model and rank, or same state path) gets that client.
-
-    `shell.train.train` creates its training client from the service client; the recipe needs
-    one earlier, for the tokenizer. Handing the same client over keeps one training session
-    per run (on Tinker, a second LoRA session would be a second billed model).
-    """
-
-    def __init__(
-        self,
-        inner: Any,
-        training_client: Any,
-        *,
-        base_model: str,
-        rank: int,
-        state_path: str | None,
-    ) -> None:
-        self._inner = inner
-        self._client = training_client
-        self._base_model = base_model
-        self._rank = rank
-        self._state_path = state_path
-        self._pending = True
-
-    def _take(self) -> ReadyFuture[Any]:
-        self._pending = False
-        return ReadyFuture(self._client)
-
-    def create_lora_training_client(self, base_model: str, rank: int = 32, **kwargs: Any) -> Any:
-        if (
-            self._pending
-            and self._state_path is None
-            and (base_model, rank) == (self._base_model, self._rank)
-            and not kwargs
-        ):
-            return self._take()
-        return self._inner.create_lora_training_client(base_model=base_model, rank=rank, **kwargs)
-
-    def create_training_client_from_state_with_optimizer(self, path: str, **kwargs: Any) -> Any:
-        if self._pending and path == self._state_path and not kwargs:
-            return self._take()
-        return self._inner.create_training_client_from_state_with_optimizer(path, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+# --- the recipe --------------------------------------------------------------------------------
 
 
 async def _tokenizer_of(training_client: Any, model: str) -> Any:
@@ -250,9 +245,6 @@ async def _tokenizer_of(training_client: Any, model: str) -> Any:
         raise TokenizerUnavailableError(
             f"cannot load the tokenizer of {model!r} from its training client: {err}"
         ) from err
-
-
-# --- the recipe --------------------------------------------------------------------------------
 
 
 async def run_gsm8k(
@@ -275,7 +267,9 @@ async def run_gsm8k(
         The loop's `TrainResult`.
 
     Raises:
-        ConfigError: backend `tinker` without `TINKER_API_KEY` (checked before anything else).
+        ConfigError: backend `tinker` without `TINKER_API_KEY` (checked before anything else);
+            resuming `log_dir` with a changed config field or recipe option (before any data
+            is read).
         DatasetUnavailableError, Gsm8kDataError: the data cannot be read (before any client).
         TokenizerUnavailableError: the training client's tokenizer cannot be loaded.
     """
@@ -283,6 +277,12 @@ async def run_gsm8k(
         options = default_gsm8k_options(config.backend)
     if service_client is None:
         check_tinker_api_key(config)
+    recipe_options = gsm8k_recipe_options(options)
+    if last_checkpoint(config.log_dir) is not None:
+        # `train` checks again; checking here refuses a mixed run before a session is opened.
+        check_resumable_config(
+            Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options
+        )
     splits: Gsm8kSplits = await asyncio.to_thread(
         load_gsm8k_splits,
         data_dir=options.data_dir,
@@ -299,10 +299,8 @@ async def run_gsm8k(
     )
     if service_client is None:
         service_client = make_service_client(config)
-    resume = last_checkpoint(config.log_dir)
-    training_client = await open_training_client(config, service_client, resume)
-    state_path = None if resume is None else resume.state_path
-    tokenizer = await _tokenizer_of(training_client, config.base_model)
+    opened = await open_training_client(config, service_client, last_checkpoint(config.log_dir))
+    tokenizer = await _tokenizer_of(opened.client, config.base_model)
     renderer = get_renderer("role_colon", tokenizer)
     dataset, test_dataset = await Gsm8kDatasetBuilder(
         batch_size=options.batch_size,
@@ -312,19 +310,14 @@ async def run_gsm8k(
         format_coef=options.format_coef,
         preloaded=splits,
     )()
-    handoff = _HandOffServiceClient(
-        service_client,
-        training_client,
-        base_model=config.base_model,
-        rank=config.lora_rank,
-        state_path=state_path,
-    )
     return await train(
         config,
         dataset=dataset,
         test_dataset=test_dataset,
-        service_client=handoff,
+        service_client=service_client,
         tokenizer=tokenizer,
+        training_client=opened,
+        recipe_options=recipe_options,
         console=console,
     )
 

@@ -155,6 +155,31 @@ def test_commands_and_recipes_register_with_one_function(
         cli.train_recipe("bad", help="x", defaults={"nope": 1})(probe)
 
 
+def test_gsm8k_resume_with_a_changed_recipe_flag_exits_with_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "".join(
+        json.dumps({"question": f"{k} + 1?", "answer": f"#### {k + 1}"}) + "\n" for k in range(4)
+    )
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(rows)
+    log_dir = tmp_path / "run"
+    argv = ["train", "gsm8k", "--backend", "fake", "--data-dir", str(data), "--log-dir",
+            str(log_dir), "--cache-dir", str(tmp_path / "cache"), "--max-tokens", "4",
+            "--group-size", "2", "--max-test-problems", "0", "--no-progress"]  # fmt: skip
+    assert cli.main([*argv, "--batch-size", "2", "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert cli.main([*argv, "--batch-size", "1", "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "recipe option batch_size: 2 -> 1" in err
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert cli.main([*argv, "--batch-size", "2", "--max-steps", "2"]) == 0
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1, 2]
+
+
 @pytest.mark.slow
 def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) -> None:
     """SIGKILL a real `rlpure train` process after its first checkpoint, then restart it."""

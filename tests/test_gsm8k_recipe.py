@@ -4,11 +4,13 @@ fakes down to the `forward_backward` / `optim_step` calls, and the offline end-t
 from __future__ import annotations
 
 import asyncio
+import doctest
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import tinker
@@ -66,6 +68,11 @@ def truths() -> dict[str, str]:
 
 
 # --- defaults and option precedence --------------------------------------------------------------
+
+
+def test_docstring_examples_run() -> None:
+    result = doctest.testmod(recipe)
+    assert result.attempted >= 4 and result.failed == 0
 
 
 def test_tinker_defaults_are_the_tutorials() -> None:
@@ -395,28 +402,110 @@ def test_tinker_path_calls_the_sdk_as_the_tutorial(
     assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
 
 
-# --- the hand-off of the recipe's training client ----------------------------------------------
+# --- resuming: one training session, and the recipe's options checked ---------------------------
 
 
-def test_handoff_gives_the_client_once_and_delegates_otherwise() -> None:
-    inner = FakeServiceClient()
-    mine = object()
-    handoff = recipe._HandOffServiceClient(inner, mine, base_model="m", rank=8, state_path=None)
+def write_tiny_gsm8k(folder: Path, *, num_train: int = 8, num_test: int = 2) -> Path:
+    """A GSM8K-schema data folder of `k + k` questions (no hub, no shared data needed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", num_train), ("test", num_test)):
+        rows = [
+            {"question": f"What is {k} + {k}?", "answer": f"{k} + {k} = {2 * k}\n#### {2 * k}"}
+            for k in range(count)
+        ]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
 
-    async def go() -> tuple[Any, Any, Any]:
-        other = await handoff.create_lora_training_client(base_model="m", rank=4)
-        first = await handoff.create_lora_training_client(base_model="m", rank=8)
-        second = await handoff.create_lora_training_client(base_model="m", rank=8)
-        return other, first, second
 
-    other, first, second = asyncio.run(go())
-    assert first is mine
-    assert other is not mine and second is not mine
-    assert [e for e in inner.events if e[0] == "create_lora_training_client"] == [
-        ("create_lora_training_client", "m", 4),
-        ("create_lora_training_client", "m", 8),
+def _tiny_run(log_dir: Path, max_steps: int) -> TrainConfig:
+    return gsm8k_config(
+        "fake",
+        explicit={
+            "log_dir": str(log_dir),
+            "max_steps": max_steps,
+            "max_tokens": 4,
+            "eval_every": 0,
+            "progress": False,
+        },
+    )
+
+
+def test_recipe_records_its_options_and_resumes_in_one_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_tiny_gsm8k(tmp_path / "data")
+    log_dir = tmp_path / "run"
+    store = FakeCheckpointStore()
+    options = default_gsm8k_options(
+        "fake",
+        data_dir=str(data),
+        batch_size=2,
+        group_size=2,
+        max_test_problems=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    first = FakeServiceClient(store=store)
+    asyncio.run(run_gsm8k(_tiny_run(log_dir, 1), options=options, service_client=first))
+    assert json.loads((log_dir / "recipe_options.json").read_text()) == {
+        "recipe": "gsm8k",
+        "data_dir": str(data.resolve()),
+        "batch_size": 2,
+        "group_size": 2,
+        "fewshot": True,
+        "format_coef": 0.1,
+    }
+    assert [e[0] for e in first.events if "training_client" in e[0]] == [
+        "create_lora_training_client"
     ]
-    assert handoff.store is inner.store  # everything else is delegated
+
+    # Same recipe options (data_dir now relative, from another directory); the evaluation size
+    # and the cache folder may change.
+    monkeypatch.chdir(tmp_path)
+    same = msgspec.structs.replace(
+        options, data_dir="data", max_test_problems=0, cache_dir=str(tmp_path / "cache2")
+    )
+    service = FakeServiceClient(store=store)
+    result = asyncio.run(run_gsm8k(_tiny_run(log_dir, 2), options=same, service_client=service))
+    assert (result.start_step, result.end_step) == (1, 2)
+    creates = [e[0] for e in service.events if "training_client" in e[0]]
+    assert creates == ["create_training_client_from_state_with_optimizer"]
+    assert len(service.training_clients) == 1  # the recipe's client is the one the loop used
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "shown"),
+    [
+        ("batch_size", 4, "2 -> 4"),
+        ("group_size", 3, "2 -> 3"),
+        ("fewshot", False, "True -> False"),
+        ("format_coef", 0.5, "0.1 -> 0.5"),
+        ("data_dir", "other", r"'.*data' -> '.*other'"),
+    ],
+)
+def test_resuming_with_a_changed_recipe_option_is_refused_before_any_session(
+    tmp_path: Path, option: str, value: Any, shown: str
+) -> None:
+    data = write_tiny_gsm8k(tmp_path / "data")
+    write_tiny_gsm8k(tmp_path / "other")
+    log_dir = tmp_path / "run"
+    store = FakeCheckpointStore()
+    options = default_gsm8k_options(
+        "fake", data_dir=str(data), batch_size=2, group_size=2, cache_dir=str(tmp_path / "cache")
+    )
+    service = FakeServiceClient(store=store)
+    asyncio.run(run_gsm8k(_tiny_run(log_dir, 1), options=options, service_client=service))
+    metrics = (log_dir / "metrics.jsonl").read_bytes()
+
+    if option == "data_dir":
+        value = str(tmp_path / value)
+    changed = msgspec.structs.replace(options, **{option: value})
+    service = FakeServiceClient(store=store)
+    with pytest.raises(ConfigError, match=rf"{log_dir}: .*recipe option {option}: {shown}"):
+        asyncio.run(run_gsm8k(_tiny_run(log_dir, 2), options=changed, service_client=service))
+    assert service.events == []  # refused before a training session is opened
+    assert (log_dir / "metrics.jsonl").read_bytes() == metrics
+    assert json.loads((log_dir / "recipe_options.json").read_text())[option] != value
 
 
 # --- offline, end to end -------------------------------------------------------------------------

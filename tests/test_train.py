@@ -23,7 +23,7 @@ import shell.train
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
-from shell.checkpoint import CHECKPOINTS_FILE, load_checkpoints
+from shell.checkpoint import CHECKPOINTS_FILE, last_checkpoint, load_checkpoints
 from shell.config import TrainConfig, build_config, config_to_dict
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
@@ -44,6 +44,7 @@ from shell.logs import (
 )
 from shell.train import (
     TrainResult,
+    open_training_client,
     reference_logprobs_D_T,
     split_into_substeps,
     train,
@@ -359,6 +360,90 @@ async def _create(service: FakeServiceClient) -> FakeTrainingClient:
     return await service.create_lora_training_client(base_model="m", rank=4)
 
 
+def test_a_fresh_run_takes_the_client_opened_by_open_training_client(tmp_path: Path) -> None:
+    config = _config(tmp_path / "run")
+    service = FakeServiceClient()
+    opened = asyncio.run(open_training_client(config, service, None))
+    assert opened.resumed_from is None
+    result = _train(config, service, _dataset(2), training_client=opened)
+    assert result.end_step == 2
+    assert [e[0] for e in service.events if e[0].startswith("create_")] == [
+        "create_lora_training_client"
+    ]
+    assert service.training_clients == [opened.client] and opened.client.optim_steps == 2
+
+
+def test_a_resumed_run_takes_the_client_opened_for_its_checkpoint(tmp_path: Path) -> None:
+    """Killed at step 3 (checkpoint at 2), resumed with the caller's client: the same metrics
+    as an uninterrupted run, and no second training client."""
+    options = {"save_every": 2, "kl_penalty_coef": 0.05, "seed": 3}
+    reference_dir = tmp_path / "reference"
+    _train(_config(reference_dir, **options), FakeServiceClient(), _dataset(5))
+
+    config = _config(tmp_path / "killed", **options)
+    store = FakeCheckpointStore()
+    with pytest.raises(_Kill):
+        _train(config, FakeServiceClient(store=store), _KilledAt(_dataset(5), 3))
+    service = FakeServiceClient(store=store)
+    checkpoint = last_checkpoint(config.log_dir)
+    assert checkpoint is not None and checkpoint.step == 2
+    opened = asyncio.run(open_training_client(config, service, checkpoint))
+    assert opened.resumed_from == checkpoint and opened.client.optim_steps == 2
+
+    result = _train(config, service, _dataset(5), training_client=opened)
+    assert (result.start_step, result.end_step) == (2, 5)
+    assert [e[0] for e in service.events if e[0].startswith("create_training")] == [
+        "create_training_client_from_state_with_optimizer"
+    ]
+    assert service.training_clients == [opened.client] and opened.client.optim_steps == 5
+    resumed = [_without_times(r) for r in _metric_lines(tmp_path / "killed")]
+    assert resumed == [_without_times(r) for r in _metric_lines(reference_dir)]
+
+
+def _run_with_two_checkpoints(log_dir: Path) -> tuple[TrainConfig, FakeCheckpointStore]:
+    config = _config(log_dir, save_every=1)
+    store = FakeCheckpointStore()
+    _train(config, FakeServiceClient(store=store), _dataset(2))
+    assert [r.step for r in load_checkpoints(log_dir)] == [1, 2]
+    return build_config(config_to_dict(config), {"max_steps": 3}), store
+
+
+def test_a_resumed_run_refuses_a_client_not_opened_for_its_checkpoint(tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    config, store = _run_with_two_checkpoints(log_dir)
+    older, last = load_checkpoints(log_dir)
+    service = FakeServiceClient(store=store)
+    bare = asyncio.run(_create(service))
+    fresh = asyncio.run(open_training_client(config, service, None))
+    stale = asyncio.run(open_training_client(config, service, older))
+    cases = [
+        (bare, r"resuming from the step-2 checkpoint .*step_000002_final.* bare client"),
+        (fresh, r"opened from no checkpoint \(a fresh run\), but the run starts from the step-2"),
+        (stale, r"opened from the step-1 checkpoint .*step_000001_.*, but the run starts from "),
+    ]
+    metrics_before = (log_dir / "metrics.jsonl").read_bytes()
+    for client, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            _train(config, service, _dataset(3), training_client=client)
+    assert [e for e in service.events if e[0] in ("forward_backward", "save_state")] == []
+    assert (log_dir / "metrics.jsonl").read_bytes() == metrics_before
+    assert load_checkpoints(log_dir)[-1] == last
+    # the client opened for the last checkpoint is taken
+    opened = asyncio.run(open_training_client(config, service, last))
+    assert _train(config, service, _dataset(3), training_client=opened).start_step == 2
+
+
+def test_a_fresh_run_refuses_a_client_opened_from_a_checkpoint(tmp_path: Path) -> None:
+    config, store = _run_with_two_checkpoints(tmp_path / "old")
+    service = FakeServiceClient(store=store)
+    opened = asyncio.run(open_training_client(config, service, last_checkpoint(tmp_path / "old")))
+    with pytest.raises(ConfigError, match=r"opened from the step-2 .*starts from no checkpoint"):
+        _train(_config(tmp_path / "new"), service, _dataset(1), training_client=opened)
+    # a bare client holding those weights starts a fresh run from them, deliberately
+    result = _train(_config(tmp_path / "new"), service, _dataset(1), training_client=opened.client)
+    assert (result.start_step, opened.client.optim_steps) == (0, 3)
+
+
 def test_a_finished_run_is_not_run_again(tmp_path: Path) -> None:
     config = _config(tmp_path / "run")
     service = FakeServiceClient()
@@ -585,6 +670,66 @@ def test_resuming_with_a_config_that_changes_training_is_refused(tmp_path):
         )
     )
     assert (result.start_step, result.end_step) == (2, 4)
+
+
+def test_resuming_with_changed_recipe_options_is_refused(tmp_path: Path) -> None:
+    store = FakeCheckpointStore()
+
+    def run(max_steps: int, **recipe_options: Any) -> TrainResult:
+        return _train(
+            _config(tmp_path, max_steps=max_steps),
+            FakeServiceClient(store=store),
+            _dataset(4),
+            recipe_options=recipe_options,
+        )
+
+    run(2, recipe="toy", batch_size=4, data_dir="/data/a", shape=(1, 2))
+    recorded = json.loads((tmp_path / "recipe_options.json").read_text())
+    assert recorded == {"recipe": "toy", "batch_size": 4, "data_dir": "/data/a", "shape": [1, 2]}
+    with pytest.raises(
+        ConfigError,
+        match=r"recipe option batch_size: 4 -> 8; recipe option data_dir: '/data/a' -> '/data/b'",
+    ):
+        run(4, recipe="toy", batch_size=8, data_dir="/data/b", shape=(1, 2))
+    with pytest.raises(ConfigError, match=r"seed: 0 -> 1; recipe option batch_size: 4 -> 8"):
+        _train(
+            _config(tmp_path, max_steps=4, seed=1),
+            FakeServiceClient(store=store),
+            _dataset(4),
+            recipe_options={"batch_size": 8},
+        )
+    assert [r.step for r in load_checkpoints(tmp_path)] == [2]
+    # unchanged options (a tuple reads back as the recorded list) resume
+    result = run(3, recipe="toy", batch_size=4, data_dir="/data/a", shape=(1, 2))
+    assert (result.start_step, result.end_step) == (2, 3)
+
+
+def test_recipe_options_are_not_checked_without_a_record(tmp_path: Path) -> None:
+    """A log directory written before recipe options were recorded still resumes."""
+    store = FakeCheckpointStore()
+    _train(_config(tmp_path, max_steps=1), FakeServiceClient(store=store), _dataset(2))
+    assert not (tmp_path / "recipe_options.json").exists()
+    result = _train(
+        _config(tmp_path, max_steps=2),
+        FakeServiceClient(store=store),
+        _dataset(2),
+        recipe_options={"batch_size": 8},
+    )
+    assert result.start_step == 1
+    assert json.loads((tmp_path / "recipe_options.json").read_text()) == {"batch_size": 8}
+    # a fresh run without recipe options drops a record an earlier run left behind
+    stale = tmp_path / "stale" / "recipe_options.json"
+    stale.parent.mkdir()
+    stale.write_text('{"batch_size": 2}')
+    _train(_config(stale.parent), FakeServiceClient(), _dataset(1))
+    assert not stale.exists()
+    with pytest.raises(ConfigError, match=r"recipe_options=...\): not JSON-encodable"):
+        _train(
+            _config(tmp_path / "other"),
+            FakeServiceClient(),
+            _dataset(1),
+            recipe_options={"data": object()},
+        )
 
 
 def test_metrics_writer_turns_numpy_and_jax_nan_into_null(tmp_path):
