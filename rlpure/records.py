@@ -25,11 +25,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import msgspec
 import numpy as np
 from msgspec.structs import force_setattr
+from numpy.typing import ArrayLike
 
 __all__ = [
     "PARSE_ERROR_MASKED_METRIC_KEY",
@@ -181,6 +182,10 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
     tokens: np.ndarray
 
+    if TYPE_CHECKING:  # what construction accepts (`__post_init__` converts and validates)
+
+        def __init__(self, *, tokens: ArrayLike) -> None: ...
+
     def __post_init__(self) -> None:
         force_setattr(self, "tokens", _frozen_array(self.tokens, np.int32, "ModelInput", "tokens"))
 
@@ -231,6 +236,17 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     logprobs: np.ndarray | None = None
     stop_reason: Literal["stop", "length"] = "stop"
     sequence_id: str | None = None
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            tokens: ArrayLike,
+            logprobs: ArrayLike | None = None,
+            stop_reason: Literal["stop", "length"] = "stop",
+            sequence_id: str | None = None,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         tokens = _frozen_array(self.tokens, np.int32, "TokensWithLogprobs", "tokens")
@@ -318,6 +334,16 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     final_ob: ModelInput = msgspec.field(default_factory=ModelInput.empty)
     stop_reason: str | None = None
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            transitions: Sequence[Transition],
+            final_ob: ModelInput = ...,
+            stop_reason: str | None = None,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         force_setattr(
             self,
@@ -363,6 +389,17 @@ class TrajectoryGroup(msgspec.Struct, frozen=True, kw_only=True):
     final_rewards_G: tuple[float, ...]
     metrics_G: tuple[Metrics, ...]
     rollout_errors: tuple[RolloutError, ...] = ()
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            trajectories_G: Sequence[Trajectory],
+            final_rewards_G: Sequence[float] | ArrayLike,
+            metrics_G: Sequence[Mapping[str, float | int]],
+            rollout_errors: Sequence[RolloutError] = (),
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         trajs = _tuple_of(self.trajectories_G, Trajectory, "TrajectoryGroup", "trajectories_G")
