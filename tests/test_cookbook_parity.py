@@ -41,9 +41,9 @@ def _check_parity(groups_P, *, exact_advantages: bool):
             np.testing.assert_allclose(ours, adv_G.numpy(), rtol=1e-6, atol=1e-6 * scale)
     # Datums from the cookbook's own advantages, so token arrays compare exactly.
     batch = assemble_batch(groups_P, [a.numpy() for a in cb_advantages])
-    ours = to_tinker_datums(batch)
-    assert len(ours) == len(cb_data)
-    for d, (mine, theirs) in enumerate(zip(ours, cb_data, strict=True)):
+    datums = to_tinker_datums(batch)
+    assert len(datums) == len(cb_data)
+    for d, (mine, theirs) in enumerate(zip(datums, cb_data, strict=True)):
         assert mine.model_input.to_ints() == theirs.model_input.to_ints()
         assert set(mine.loss_fn_inputs) == set(theirs.loss_fn_inputs)
         for key, td in theirs.loss_fn_inputs.items():

@@ -48,8 +48,9 @@ def test_datums_equal_the_reference_element_for_element(groups_P, data):
         if ref["provenance"] is None:
             assert datum.model_input_spans is None and datum.loss_fn_input_spans is None
         else:
-            spans = (datum.model_input_spans, datum.loss_fn_input_spans)
-            labels = tuple(
+            spans = (datum.model_input_spans or [], datum.loss_fn_input_spans or [])
+            assert datum.model_input_spans is not None and datum.loss_fn_input_spans is not None
+            got = tuple(
                 tuple(
                     (
                         "prompt" if isinstance(s, tinker.PromptProvenanceSpan) else "sampled",
@@ -61,11 +62,11 @@ def test_datums_equal_the_reference_element_for_element(groups_P, data):
                 )
                 for runs in spans
             )
-            expected = tuple(
+            want = tuple(
                 tuple((k, q, o + i) for k, q, o, n in runs for i in range(n))
                 for runs in ref["provenance"]
             )
-            assert labels == expected
+            assert got == want
 
 
 @settings(max_examples=30, deadline=None)
@@ -78,7 +79,9 @@ def test_fast_datums_serialise_like_validated_datums(groups_P, data):
     for f, s in zip(fast, slow, strict=True):
         assert _estimate_datum_bytes_count_proto(f) == _estimate_datum_bytes_count_proto(s)
         # The tokens the fast path holds pass the SDK's own validation unchanged.
-        tokens = f.model_input.chunks[0].tokens
+        chunk = f.model_input.chunks[0]
+        assert isinstance(chunk, tinker.EncodedTextChunk)
+        tokens = chunk.tokens
         validated = tinker.ModelInput.model_validate(
             {"chunks": [{"type": "encoded_text", "tokens": [int(t) for t in tokens]}]}
         )

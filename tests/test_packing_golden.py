@@ -252,7 +252,9 @@ def test_provenance_spans_follow_the_cookbook():
 
     traj = Trajectory(transitions=(step(OB1, AC1, "a"), step(OB2, AC2, "b")))
     batch = assemble_batch([_group(traj)], [[1.0]])
-    inputs, targets = batch.provenance_D[0]
+    provenance = batch.provenance_D[0]
+    assert provenance is not None
+    inputs, targets = provenance
     # Full sequence: prompt a[0:5], sampled a[0:3], prompt b[8:10], sampled b[0:2].
     as_tuples = lambda runs: [(r.kind, r.sequence_id, r.offset, r.length) for r in runs]  # noqa: E731
     assert as_tuples(inputs) == [

@@ -24,7 +24,7 @@ def _per_token(provenance) -> tuple | None:
         return None
     out = []
     for runs in provenance:
-        labels = []
+        labels: list[tuple[str, str, int]] = []
         for run in runs:
             kind, sequence_id, offset, length = (
                 (run.kind, run.sequence_id, run.offset, run.length) if hasattr(run, "kind") else run

@@ -72,7 +72,7 @@ def _violations(path: Path) -> list[str]:
             names = [node.module]
         for name in names:
             if name.split(".")[0] in FORBIDDEN_MODULES or name == "os.path":
-                found.append(f"{path.name}:{node.lineno} imports {name}")
+                found.append(f"{path.name}:{getattr(node, 'lineno', '?')} imports {name}")
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:

@@ -484,7 +484,7 @@ def test_int64_token_ids_that_would_wrap_are_refused() -> None:
 
 def test_model_input_append_refuses_fractional_tokens() -> None:
     with pytest.raises(TypeError, match=r"ModelInput\.tokens: token ids must be integers"):
-        ModelInput.from_ints([1]).append([1.7])
+        ModelInput.from_ints([1]).append([1.7])  # type: ignore[list-item]
 
 
 def test_positive_logprobs_are_refused() -> None:
@@ -509,7 +509,7 @@ def test_field_types_are_checked_on_every_record() -> None:
     with pytest.raises(TypeError, match=r"StepResult\.episode_done: expected bool"):
         StepResult(reward=0.0, episode_done="no", next_observation=ob)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"StepResult\.logs\['x'\]: expected str, int or float"):
-        StepResult(reward=0.0, episode_done=True, next_observation=ob, logs={"x": [1]})
+        StepResult(reward=0.0, episode_done=True, next_observation=ob, logs={"x": [1]})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match=r"Trajectory\.stop_reason: expected str or None"):
         Trajectory(transitions=(), stop_reason=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"RolloutError\.error_message: expected str"):
