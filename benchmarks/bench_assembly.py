@@ -100,7 +100,7 @@ def as_cookbook_style(groups: list[TrajectoryGroup]) -> list[Any]:
             ob=SimpleNamespace(tokens=t.ob.to_ints()),
             ac=SimpleNamespace(
                 tokens=t.ac.tokens.tolist(),
-                logprobs=t.ac.logprobs.tolist(),
+                logprobs=None if t.ac.logprobs is None else t.ac.logprobs.tolist(),
                 sequence_id=t.ac.sequence_id,
             ),
             reward=t.reward,
