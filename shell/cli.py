@@ -16,6 +16,10 @@ Conventions:
 - Every `TrainConfig` field is a `--flag` of `rlpure train` and of every recipe, documented
   from `shell.config.FIELD_HELP`. Precedence: defaults < recipe defaults < `--config FILE`
   (TOML/JSON) < flags. The config is validated once, as a whole (`ConfigError` → exit code 2).
+- A recipe passes the options of its own that shape the run to `train(recipe_options=...)`,
+  which records them and refuses a resume that changes one (exit code 2), as it does a changed
+  `TrainConfig` field (see `shell.resume`). The toy recipe records `--groups-per-batch` and
+  `--group-size` (`toy_recipe_options`); `TOY_RESUME_MAY_CHANGE` may change.
 - `--backend tinker` uses the real SDK, which reads `TINKER_API_KEY` from the environment; the
   key is never printed, logged or written to the log directory.
 """
@@ -46,11 +50,13 @@ from shell.config import (
     load_config_file,
 )
 from shell.errors import ConfigError, RlpureError
+from shell.resume import checked_last_checkpoint
 from shell.train import TrainResult, train
 
 __all__ = [
     "COMMANDS",
     "PLUGIN_MODULES",
+    "TOY_RESUME_MAY_CHANGE",
     "TRAIN_RECIPES",
     "Command",
     "TrainRecipe",
@@ -58,6 +64,7 @@ __all__ = [
     "command",
     "main",
     "make_service_client",
+    "toy_recipe_options",
     "train_recipe",
 ]
 
@@ -202,6 +209,31 @@ def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+TOY_RESUME_MAY_CHANGE: frozenset[str] = frozenset({"num_batches", "env_latency"})
+"""Toy options a resumed run may change: `--num-batches` only sets how long the run is (batch `i`
+does not depend on it, like `--max-steps`), `--env-latency` only how long an env step waits."""
+
+_TOY_OPTIONS = ("num_batches", "groups_per_batch", "group_size", "env_latency")
+"""The `argparse` names of `_toy_arguments`' flags."""
+
+
+def toy_recipe_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The toy options `train` records and checks on resume (`train(recipe_options=...)`).
+
+    Every toy flag outside `TOY_RESUME_MAY_CHANGE`, plus `"recipe": "toy"` (so a log directory
+    of another recipe is not resumed as a toy run).
+
+    Examples:
+        >>> args = argparse.Namespace(num_batches=8, groups_per_batch=4, group_size=2)
+        >>> toy_recipe_options(args)
+        {'recipe': 'toy', 'groups_per_batch': 4, 'group_size': 2}
+    """
+    return {
+        "recipe": "toy",
+        **{name: getattr(args, name) for name in _TOY_OPTIONS if name not in TOY_RESUME_MAY_CHANGE},
+    }
+
+
 def _toy_datasets(args: argparse.Namespace) -> tuple[Any, Any]:
     from shell.fakes import ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
 
@@ -233,12 +265,16 @@ def _toy_datasets(args: argparse.Namespace) -> tuple[Any, Any]:
     defaults={"max_tokens": 4, "eval_every": 4, "save_every": 4},
 )
 async def _run_toy(config: TrainConfig, args: argparse.Namespace) -> TrainResult:
+    recipe_options = toy_recipe_options(args)
+    # `train` checks again; checking here refuses a mixed run before a client is made.
+    checked_last_checkpoint(config, recipe_options=recipe_options)
     dataset, test_dataset = _toy_datasets(args)
     return await train(
         config,
         dataset=dataset,
         test_dataset=test_dataset,
         service_client=make_service_client(config),
+        recipe_options=recipe_options,
     )
 
 

@@ -22,18 +22,10 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
 Clients are duck-typed: `tinker.ServiceClient`, `shell.local_backend.LocalServiceClient` and
 `shell.fakes.FakeServiceClient` all work. Resuming: when `log_dir` holds checkpoints, training
 restarts from the last one (weights, optimizer state, step index, the loop's PRNG key) and the
-metrics and samples logged at or after its step are dropped first. A resume is refused
-(`ConfigError`) when the config changes a field outside `RESUME_MAY_CHANGE`, or when the
-caller's recipe options (`train(recipe_options=...)`, recorded in `recipe_options.json`)
-differ from the recorded ones.
-
-The training client: `train` opens it (`open_training_client`), or takes the one a caller
-opened earlier (e.g. to read its tokenizer) with
-`open_training_client(config, service_client, last_checkpoint(config.log_dir))`. That call
-returns an `OpenedTrainingClient`, which names the checkpoint the client was restored from;
-`train` refuses it unless that is `log_dir`'s last checkpoint (or none, for a fresh run), so a
-run never continues a checkpoint's step and PRNG key with other weights. A bare client is
-taken for a fresh run only (its weights are the run's start, whatever they are).
+metrics and samples logged at or after its step are dropped first. What a run records for that
+(`config.json`, `recipe_options.json`), which changes a resume refuses (`ConfigError`), and the
+training client a caller may hand over (`OpenedTrainingClient`) are `shell.resume`'s
+conventions; `train` follows them, and re-exports that module's public names.
 
 Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
 step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`.
@@ -50,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import msgspec
 import numpy as np
 import tinker
@@ -62,17 +53,11 @@ from rlpure import metrics as metrics_lib
 from rlpure.kl import kl_penalty_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import TrajectoryGroup
-from shell.checkpoint import (
-    CheckpointRecord,
-    last_checkpoint,
-    restore_training_client,
-    save_checkpoint,
-)
+from shell.checkpoint import CheckpointRecord, save_checkpoint
 from shell.completers import TinkerTokenCompleter
-from shell.config import TrainConfig, config_to_dict
+from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
-from shell.errors import ConfigError
 from shell.logs import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -83,6 +68,19 @@ from shell.logs import (
     plot_reward_curve,
     truncate_jsonl_by_step,
 )
+from shell.resume import (
+    CONFIG_FILE,
+    RECIPE_OPTIONS_FILE,
+    RESUME_MAY_CHANGE,
+    OpenedTrainingClient,
+    callers_training_client,
+    check_resumable_config,
+    checked_last_checkpoint,
+    open_training_client,
+    prng_key_data,
+    prng_key_from_data,
+    record_run_options,
+)
 from shell.rollouts import (
     GroupOutcome,
     RolloutStrategy,
@@ -90,7 +88,10 @@ from shell.rollouts import (
     do_batch_rollouts,
 )
 
+# CONFIG_FILE ... open_training_client live in `shell.resume`; re-exported for callers of
+# `shell.train` that import them from here.
 __all__ = [
+    "CONFIG_FILE",
     "RECIPE_OPTIONS_FILE",
     "RESUME_MAY_CHANGE",
     "OpenedTrainingClient",
@@ -107,10 +108,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE = "config.json"
-RECIPE_OPTIONS_FILE = "recipe_options.json"
-"""Where `train` records the recipe options it was given (beside `config.json`)."""
 
 
 class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -318,81 +315,6 @@ def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
     return lambda ids: str(tokenizer.decode(list(ids)))
 
 
-class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
-    """A training client and the checkpoint it was restored from (what `train` accepts).
-
-    Attributes:
-        client: the training client (`tinker.TrainingClient` or a duck-typed one).
-        resumed_from: the checkpoint whose weights and optimizer state it holds; None for a
-            new LoRA client.
-    """
-
-    client: Any
-    resumed_from: CheckpointRecord | None
-
-
-async def open_training_client(
-    config: TrainConfig, service_client: Any, resume: CheckpointRecord | None
-) -> OpenedTrainingClient:
-    """The run's training client: restored from `resume` when given, else a new LoRA client.
-
-    Pass `resume=last_checkpoint(config.log_dir)` to open the client `train` would open itself;
-    the result can then be handed to `train(training_client=...)`, which checks that `resume`
-    is still the log directory's last checkpoint.
-    """
-    if resume is not None:
-        client = await restore_training_client(service_client, resume)
-    else:
-        client = await service_client.create_lora_training_client(
-            base_model=config.base_model, rank=config.lora_rank
-        )
-    return OpenedTrainingClient(client=client, resumed_from=resume)
-
-
-def _describe(checkpoint: CheckpointRecord | None) -> str:
-    if checkpoint is None:
-        return "no checkpoint (a fresh run)"
-    return f"the step-{checkpoint.step} checkpoint {checkpoint.state_path}"
-
-
-def _callers_training_client(
-    training_client: Any, *, resume: CheckpointRecord | None, log_dir: Path
-) -> Any:
-    """The client inside the caller's `training_client`, once it is known to fit `resume`.
-
-    Raises:
-        ConfigError: an `OpenedTrainingClient` restored from another checkpoint than `resume`
-            (or from one when `resume` is None), or a bare client while resuming.
-    """
-    if isinstance(training_client, OpenedTrainingClient):
-        opened = training_client.resumed_from
-        if (None if opened is None else opened.state_path) != (
-            None if resume is None else resume.state_path
-        ):
-            raise ConfigError(
-                f"{log_dir}: the training_client passed to train() was opened from "
-                f"{_describe(opened)}, but the run starts from {_describe(resume)}. Open it "
-                "with open_training_client(config, service_client, last_checkpoint(log_dir))."
-            )
-        return training_client.client
-    if resume is not None:
-        raise ConfigError(
-            f"{log_dir}: resuming from {_describe(resume)}, but the training_client passed to "
-            "train() is a bare client whose state is unknown. Pass the OpenedTrainingClient "
-            "of open_training_client(config, service_client, last_checkpoint(log_dir)), or "
-            "no client."
-        )
-    return training_client
-
-
-def _key_data(key: jax.Array) -> tuple[int, ...]:
-    return tuple(int(x) for x in np.asarray(jax.random.key_data(key)).ravel())
-
-
-def _key_from_data(data: Sequence[int]) -> jax.Array:
-    return jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
-
-
 @dataclass
 class _Run:
     """What the loop carries from step to step (shell-side, mutable by design)."""
@@ -491,7 +413,7 @@ async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> Checkpoin
         run.training_client,
         log_dir=run.log_dir,
         step=step,
-        rng_key_data=_key_data(run.key),
+        rng_key_data=prng_key_data(run.key),
         final=final,
         kl_reference_path=run.kl_reference_path,
     )
@@ -504,105 +426,6 @@ def _final_eval_line(metrics: Mapping[str, float]) -> str:
         if key.startswith("test/env/all/") and key.rsplit("/", 1)[-1] in ("total", "correct")
     ]
     return "Final eval | " + " | ".join(shown)
-
-
-RESUME_MAY_CHANGE: frozenset[str] = frozenset(
-    {
-        "log_dir",
-        "max_steps",
-        "eval_every",
-        "save_every",
-        "num_groups_to_log",
-        "progress",
-        "max_concurrent_groups",
-        "rollout_strategy",
-        "max_retries",
-        "rollout_timeout",
-        "min_viable_group",
-    }
-)
-"""Config fields a resumed run may change; any other difference would silently mix two runs."""
-
-
-def _recorded(path: Path) -> dict[str, Any] | None:
-    """The JSON object recorded at `path` (None when there is no such file)."""
-    if not path.exists():
-        return None
-    try:
-        recorded = msgspec.json.decode(path.read_bytes())
-    except msgspec.DecodeError as err:
-        raise ConfigError(f"{path}: unreadable ({err}); cannot check the resumed run") from None
-    if not isinstance(recorded, dict):
-        raise ConfigError(f"{path}: expected a JSON object; cannot check the resumed run")
-    return recorded
-
-
-def _as_json(options: Mapping[str, Any]) -> dict[str, Any]:
-    """`options` as they read back from JSON (tuples become lists), or a `ConfigError`."""
-    try:
-        return msgspec.json.decode(msgspec.json.encode(dict(options)))
-    except (TypeError, msgspec.EncodeError) as err:
-        raise ConfigError(f"train(recipe_options=...): not JSON-encodable: {err}") from None
-
-
-def _changes(
-    recorded: Mapping[str, Any], current: Mapping[str, Any], *, label: str = ""
-) -> list[str]:
-    """`"<label><name>: old -> new"` for each name in both mappings whose values differ.
-
-    A name missing on either side (an option added or removed by a code update) is not a
-    change: there is nothing to compare it with.
-    """
-    return [
-        f"{label}{name}: {recorded[name]!r} -> {current[name]!r}"
-        for name in sorted(current)
-        if name in recorded and recorded[name] != current[name]
-    ]
-
-
-def check_resumable_config(
-    path: Path, config: TrainConfig, *, recipe_options: Mapping[str, Any] | None = None
-) -> None:
-    """Refuses to resume a log directory with options that change how the run trains.
-
-    Compares `config` with the `config.json` at `path` (fields outside `RESUME_MAY_CHANGE`)
-    and `recipe_options` with the `recipe_options.json` beside it (every key both hold). A
-    missing file (a log directory written before it was recorded) is not checked.
-
-    Args:
-        path: the run's `config.json`.
-        config: the config of the resumed run.
-        recipe_options: the recipe's own options that define the run (JSON-able), or None.
-
-    Raises:
-        ConfigError: naming each changed field or recipe option with its recorded and new
-            values; or a recorded file that cannot be read.
-    """
-    changed = []
-    recorded = _recorded(path)
-    if recorded is not None:
-        current = {
-            name: value
-            for name, value in config_to_dict(config).items()
-            if name not in RESUME_MAY_CHANGE
-        }
-        changed += _changes(recorded, current)
-    if recipe_options is not None:
-        recorded_options = _recorded(path.with_name(RECIPE_OPTIONS_FILE))
-        if recorded_options is not None:
-            changed += _changes(recorded_options, _as_json(recipe_options), label="recipe option ")
-    if changed:
-        raise ConfigError(
-            f"{path.parent}: resuming with a different config would mix two runs ("
-            + "; ".join(changed)
-            + "). Use a new --log-dir, or the recorded values."
-        )
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(
-        msgspec.json.format(msgspec.json.encode(data)).decode() + "\n", encoding="utf-8"
-    )
 
 
 async def train(
@@ -653,17 +476,10 @@ async def train(
     """
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    resume = last_checkpoint(log_dir)
-    if resume is not None:
-        check_resumable_config(log_dir / CONFIG_FILE, config, recipe_options=recipe_options)
+    resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     if training_client is not None:
-        training_client = _callers_training_client(training_client, resume=resume, log_dir=log_dir)
-    _write_json(log_dir / CONFIG_FILE, config_to_dict(config))
-    if recipe_options is not None:
-        _write_json(log_dir / RECIPE_OPTIONS_FILE, _as_json(recipe_options))
-    elif resume is None:
-        # a fresh run without recipe options: a record left by an earlier run is not its own
-        (log_dir / RECIPE_OPTIONS_FILE).unlink(missing_ok=True)
+        training_client = callers_training_client(training_client, resume=resume, log_dir=log_dir)
+    record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
     num_steps = len(dataset) if config.max_steps is None else min(config.max_steps, len(dataset))
     start = 0 if resume is None else resume.step
     if start >= num_steps and resume is not None:
@@ -705,7 +521,9 @@ async def train(
         kl_reference_client=kl_reference_client,
         kl_reference_path=kl_reference_path,
         key=(
-            jax.random.key(config.seed) if resume is None else _key_from_data(resume.rng_key_data)
+            jax.random.key(config.seed)
+            if resume is None
+            else prng_key_from_data(resume.rng_key_data)
         ),
         strategy=config.strategy(),
         adam_params=adam_params_from_config(config),

@@ -180,6 +180,53 @@ def test_gsm8k_resume_with_a_changed_recipe_flag_exits_with_code_2(
     assert [r.step for r in load_checkpoints(log_dir)] == [1, 2]
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--group-size", "3", "recipe option group_size: 2 -> 3"),
+        ("--groups-per-batch", "2", "recipe option groups_per_batch: 3 -> 2"),
+    ],
+)
+def test_toy_resume_with_a_changed_recipe_flag_exits_with_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, named: str
+) -> None:
+    log_dir = tmp_path / "run"
+    base = ["train", "toy", "--backend", "fake", "--log-dir", str(log_dir), "--eval-every", "0",
+            "--no-progress", "--num-batches", "4"]  # fmt: skip
+    shape = {"--group-size": "2", "--groups-per-batch": "3"}
+
+    def argv(max_steps: int, **changed: str) -> list[str]:
+        flags = [part for item in {**shape, **changed}.items() for part in item]
+        return [*base, *flags, "--max-steps", str(max_steps)]
+
+    assert cli.main(argv(1)) == 0
+    recorded = json.loads((log_dir / "recipe_options.json").read_text())
+    assert recorded == {"recipe": "toy", "group_size": 2, "groups_per_batch": 3}
+    capsys.readouterr()
+    assert cli.main(argv(2, **{flag: value})) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and named in err
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1]
+    assert json.loads((log_dir / "recipe_options.json").read_text()) == recorded
+    # unchanged options resume; so do changes to what may change (cli.TOY_RESUME_MAY_CHANGE)
+    assert cli.main(argv(2)) == 0
+    assert cli.main([*argv(3), "--num-batches", "6", "--env-latency", "0.001"]) == 0
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1, 2, 3]
+
+
+def test_every_toy_flag_is_recorded_or_allowed_to_change_on_resume() -> None:
+    """A new toy flag must be recorded for the resume check, or declared free to change."""
+    args = cli.build_parser().parse_args(["train", "toy"])
+    not_toy = {*TrainConfig.__struct_fields__, "command", "recipe", "verbose", "config"}
+    toy_flags = set(vars(args)) - not_toy
+    recorded = set(cli.toy_recipe_options(args)) - {"recipe"}
+    assert recorded | cli.TOY_RESUME_MAY_CHANGE == toy_flags
+    assert not recorded & cli.TOY_RESUME_MAY_CHANGE
+    assert cli.toy_recipe_options(args)["recipe"] == "toy"
+
+
 @pytest.mark.slow
 def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) -> None:
     """SIGKILL a real `rlpure train` process after its first checkpoint, then restart it."""
