@@ -25,7 +25,7 @@ Common to both: `--lora-rank 32`, `--learning-rate 4e-5`, `--adam-beta1 0.9`,
 
 The tokenizer and renderer come from the backend's training client (`get_tokenizer()`): the
 recipe opens (or, when `log_dir` holds a checkpoint, restores) the training client itself with
-`shell.train.open_training_client` and hands that same client to the loop, so a run opens
+`shell.resume.open_training_client` and hands that same client to the loop, so a run opens
 exactly one training session. The data is read and validated first, so a bad `--data-dir` fails
 before any session is opened; the Tinker backend fails earlier still, before any data is read,
 when `TINKER_API_KEY` is not set.
@@ -52,18 +52,12 @@ import msgspec
 from rich.console import Console
 
 from rlpure.render import get_renderer
-from shell.checkpoint import last_checkpoint
 from shell.cli import TRAIN_RECIPES, make_service_client, train_recipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
 from shell.gsm8k import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
-from shell.train import (
-    CONFIG_FILE,
-    TrainResult,
-    check_resumable_config,
-    open_training_client,
-    train,
-)
+from shell.resume import checked_last_checkpoint, open_training_client
+from shell.train import TrainResult, train
 
 __all__ = [
     "GSM8K_CONFIG_DEFAULTS",
@@ -278,11 +272,8 @@ async def run_gsm8k(
     if service_client is None:
         check_tinker_api_key(config)
     recipe_options = gsm8k_recipe_options(options)
-    if last_checkpoint(config.log_dir) is not None:
-        # `train` checks again; checking here refuses a mixed run before a session is opened.
-        check_resumable_config(
-            Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options
-        )
+    # `train` checks again; checking here refuses a mixed run before a session is opened.
+    resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     splits: Gsm8kSplits = await asyncio.to_thread(
         load_gsm8k_splits,
         data_dir=options.data_dir,
@@ -299,7 +290,7 @@ async def run_gsm8k(
     )
     if service_client is None:
         service_client = make_service_client(config)
-    opened = await open_training_client(config, service_client, last_checkpoint(config.log_dir))
+    opened = await open_training_client(config, service_client, resume)
     tokenizer = await _tokenizer_of(opened.client, config.base_model)
     renderer = get_renderer("role_colon", tokenizer)
     dataset, test_dataset = await Gsm8kDatasetBuilder(

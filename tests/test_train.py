@@ -18,6 +18,7 @@ import tinker
 from rich.console import Console
 
 import shell.logs
+import shell.policy_update
 import shell.rollouts
 import shell.train
 from rlpure.advantages import compute_advantages
@@ -618,7 +619,9 @@ def test_reward_curve_needs_reward_values(tmp_path: Path) -> None:
     assert not (tmp_path / "curve.png").exists()
 
 
-@pytest.mark.parametrize("module", [shell.rollouts, shell.train, shell.logs])
+@pytest.mark.parametrize(
+    "module", [shell.rollouts, shell.train, shell.policy_update, shell.logs]
+)
 def test_docstring_examples_run(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 
