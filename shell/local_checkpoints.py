@@ -4,25 +4,35 @@ Conventions:
 - Arrays are named by their pytree path under a prefix: `params/...` for the weights and
   `optimizer/...` for the Adam state (present only in `"state"` checkpoints, absent in
   `"sampler"` ones). They are loaded with `allow_pickle=False` and checked, name by name,
-  against the shapes and dtypes of a freshly initialised model of the manifest's config.
-- `manifest.json` records the format tag, the kind, the base model name, the `ModelConfig`,
-  whether optimizer state is present, the optimizer step count (it keys the sampling streams, so
-  a resumed run continues exactly) and the user's metadata.
-- A checkpoint is staged in a hidden sibling directory and renamed into place, so a crash
-  never leaves a half-written checkpoint under the real name (overwriting removes the old
-  one first).
-- Unreadable files, an unknown format tag, a bad config, bad step count and missing or
-  misshapen arrays raise `CheckpointError` naming the checkpoint path.
+  against the shapes and dtypes of the manifest's config (abstract shapes: nothing is
+  allocated before the arrays are known to match).
+- `manifest.json` is a JSON object (`_Manifest`): the format tag, the kind, the base model
+  name, the `ModelConfig`, whether optimizer state is present, the optimizer step count (it keys
+  the sampling streams, so a resumed run continues exactly), the sorted names of the arrays in
+  `arrays.npz` and the user's metadata. Every key is required and strictly typed.
+- Writing is crash-safe: a checkpoint is written (and fsynced) in a fresh hidden sibling
+  `.{name}.tmp-*` and renamed into place, so the real name never holds a half-written one.
+  Overwriting renames the old checkpoint aside (`.{name}.old-*`) first, moves the new one in,
+  and only then deletes the old one; if the move fails the old one is put back. A process killed
+  between the two renames leaves both copies on disk (old under `.old-*`, new under `.tmp-*`),
+  and reading the real name then raises an error that points at them.
+- Every way a checkpoint can be unusable (unreadable or truncated files, a manifest that is not
+  an object, an unknown format tag, a missing or mistyped key, a bad config, arrays that differ
+  from the manifest's list or the config's shapes) raises `CheckpointError` naming the
+  checkpoint path, the file and what is wrong.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import uuid
+import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +46,25 @@ __all__ = ["Checkpoint", "checkpoint_name", "read_checkpoint", "write_checkpoint
 
 _CHECKPOINT_FORMAT = "rlpure-local-checkpoint-v1"
 
+# What `np.load` and reading an npz member raise on a missing, truncated or corrupt file.
+_NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile)
 
-def _tree_to_named_arrays(tree: Any, prefix: str) -> dict[str, np.ndarray]:
-    """Flattens a pytree to `{"prefix/a/0/b": array}` (names from the pytree paths)."""
-    out = {}
+
+class _Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """The contents of `manifest.json` (validated with `msgspec.convert`, strict types)."""
+
+    format: str
+    kind: Literal["state", "sampler"]
+    base_model: str
+    config: model_lib.ModelConfig
+    has_optimizer: bool
+    optim_steps: Annotated[int, msgspec.Meta(ge=0)]
+    arrays: tuple[str, ...]
+    user_metadata: dict[str, str]
+
+
+def _named_leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """Yields `("prefix/a/0/b", leaf)` for every leaf of `tree` (names from the pytree paths)."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         parts = []
         for entry in path:
@@ -47,28 +72,64 @@ def _tree_to_named_arrays(tree: Any, prefix: str) -> dict[str, np.ndarray]:
                 if hasattr(entry, attr):
                     parts.append(str(getattr(entry, attr)))
                     break
-        out["/".join([prefix, *parts])] = np.asarray(leaf)
-    return out
+        yield "/".join([prefix, *parts]), leaf
+
+
+def _tree_to_named_arrays(tree: Any, prefix: str) -> dict[str, np.ndarray]:
+    """Flattens a pytree to `{"prefix/a/0/b": array}`."""
+    return {name: np.asarray(leaf) for name, leaf in _named_leaves(tree, prefix)}
 
 
 def _named_arrays_to_tree(
     template: Any, prefix: str, arrays: Mapping[str, np.ndarray], where: str
 ) -> Any:
-    """Inverse of `_tree_to_named_arrays`, checking names, shapes and dtypes against `template`."""
-    expected = _tree_to_named_arrays(template, prefix)
+    """Inverse of `_tree_to_named_arrays`, checking names, shapes and dtypes against `template`
+    (a pytree of anything with `.shape` and `.dtype`, e.g. `jax.ShapeDtypeStruct`)."""
     leaves = []
-    for name, like in expected.items():
+    for name, like in _named_leaves(template, prefix):
         if name not in arrays:
-            raise CheckpointError(f"{where}: array {name!r} is missing")
+            raise CheckpointError(f"{where}: arrays.npz: array {name!r} is missing")
         got = arrays[name]
         if got.shape != like.shape or got.dtype != like.dtype:
             raise CheckpointError(
-                f"{where}: array {name!r} has shape {got.shape} dtype {got.dtype}, expected "
-                f"{like.shape} {like.dtype}"
+                f"{where}: arrays.npz: array {name!r} has shape {got.shape} dtype {got.dtype}, "
+                f"expected {like.shape} {like.dtype}"
             )
         leaves.append(jnp.asarray(got))
     treedef = jax.tree_util.tree_structure(template)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Makes the renames inside `directory` durable (best effort: not every OS allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(staging: Path, directory: Path) -> None:
+    """Renames the complete `staging` to `directory`; an existing `directory` is renamed aside
+    first and deleted only once the new one is in place (put back if the move fails)."""
+    if not directory.exists():
+        os.replace(staging, directory)
+        _fsync_directory(directory.parent)
+        return
+    aside = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex}"
+    os.replace(directory, aside)
+    try:
+        os.replace(staging, directory)
+    except BaseException:
+        os.replace(aside, directory)
+        raise
+    _fsync_directory(directory.parent)
+    shutil.rmtree(aside)
 
 
 def write_checkpoint(
@@ -79,39 +140,46 @@ def write_checkpoint(
     params: model_lib.Params,
     opt_state: Any | None,
     optim_steps: int,
-    kind: str,
+    kind: Literal["state", "sampler"],
     user_metadata: Mapping[str, str] | None,
 ) -> None:
-    """Writes a checkpoint directory at `directory` (replacing one that exists).
+    """Writes a checkpoint directory at `directory`, replacing one that exists (crash-safe: see
+    the module docstring; the caller decides whether overwriting is allowed).
 
     `opt_state=None` writes weights only (a sampler checkpoint); `kind` is recorded in the
     manifest (`"state"` or `"sampler"`).
     """
-    # Written into a temporary sibling, then renamed into place: a crash never leaves a
-    # half-written checkpoint under the real name.
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex}"
     staging.mkdir()
-    arrays = _tree_to_named_arrays(params, "params")
-    if opt_state is not None:
-        arrays.update(_tree_to_named_arrays(opt_state, "optimizer"))
-    np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]
-    manifest = {
-        "format": _CHECKPOINT_FORMAT,
-        "kind": kind,
-        "base_model": base_model,
-        "config": msgspec.to_builtins(config),
-        "has_optimizer": opt_state is not None,
-        "optim_steps": optim_steps,
-        "arrays": sorted(arrays),
-        "user_metadata": dict(user_metadata or {}),
-    }
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    if directory.exists():  # overwrite=True was checked by the caller
-        shutil.rmtree(directory)
-    os.replace(staging, directory)
+    try:
+        arrays = _tree_to_named_arrays(params, "params")
+        if opt_state is not None:
+            arrays.update(_tree_to_named_arrays(opt_state, "optimizer"))
+        manifest = _Manifest(
+            format=_CHECKPOINT_FORMAT,
+            kind=kind,
+            base_model=base_model,
+            config=config,
+            has_optimizer=opt_state is not None,
+            optim_steps=optim_steps,
+            arrays=tuple(sorted(arrays)),
+            user_metadata=dict(user_metadata or {}),
+        )
+        with open(staging / "arrays.npz", "wb") as file:
+            np.savez(file, **arrays)  # type: ignore[arg-type]
+            file.flush()
+            os.fsync(file.fileno())
+        with open(staging / "manifest.json", "w", encoding="utf-8") as file:
+            json.dump(msgspec.to_builtins(manifest), file, indent=2, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+        _move_into_place(staging, directory)
+    except BaseException:
+        # `staging` holds only this unfinished write; whatever was at `directory` is untouched
+        # (or was put back by `_move_into_place`).
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,50 +187,101 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
 
     base_model: str
     config: model_lib.ModelConfig
-    params: Any
+    params: model_lib.Params
     opt_state: Any | None
     optim_steps: int
+
+
+def _interrupted_overwrite_hint(directory: Path) -> str:
+    """Names the copies an interrupted overwrite of `directory` left behind (or `""`)."""
+    if directory.exists() or not directory.parent.is_dir():
+        return ""
+    pattern = f".{glob.escape(directory.name)}.*-*"
+    leftovers = sorted(str(p) for p in directory.parent.glob(pattern) if p.is_dir())
+    if not leftovers:
+        return ""
+    return (
+        f" (an interrupted write left {leftovers}: an '.old-' copy is the previous checkpoint, "
+        f"a '.tmp-' copy may be incomplete)"
+    )
+
+
+def _read_manifest(directory: Path, where: str) -> _Manifest:
+    """Reads and validates `directory/manifest.json` (see `_Manifest`)."""
+    try:
+        text = (directory / "manifest.json").read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8
+        hint = _interrupted_overwrite_hint(directory)
+        raise CheckpointError(f"{where}: cannot read manifest.json: {err}{hint}") from err
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise CheckpointError(f"{where}: manifest.json is not valid JSON: {err}") from err
+    if not isinstance(raw, dict):
+        raise CheckpointError(
+            f"{where}: manifest.json must hold a JSON object, got {type(raw).__name__} "
+            f"{text[:80]!r}"
+        )
+    if raw.get("format") != _CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{where}: manifest.json: unknown format {raw.get('format')!r} (expected "
+            f"{_CHECKPOINT_FORMAT!r})"
+        )
+    try:
+        return msgspec.convert(raw, _Manifest)
+    except msgspec.ValidationError as err:
+        raise CheckpointError(f"{where}: manifest.json: {err}") from err
 
 
 def read_checkpoint(path: str, *, with_optimizer: bool) -> Checkpoint:
     """Reads and validates the checkpoint directory `path`.
 
     Raises:
-        CheckpointError: unreadable files, unknown format, bad config, missing or misshapen
-            arrays, or no optimizer state when `with_optimizer` is True.
+        CheckpointError: unreadable or truncated files, a malformed manifest (not an object,
+            unknown format, missing or mistyped keys, bad config), arrays that differ from the
+            manifest's list or the config's shapes, or no optimizer state when
+            `with_optimizer` is True. The message names `path`, the file and the fault.
     """
     directory = Path(path)
     where = f"checkpoint {path!r}"
+    manifest = _read_manifest(directory, where)
+    if with_optimizer and not manifest.has_optimizer:
+        raise CheckpointError(f"{where}: holds no optimizer state (a sampler checkpoint?)")
     try:
-        manifest = json.loads((directory / "manifest.json").read_text())
         with np.load(directory / "arrays.npz", allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{where}: cannot read: {err}") from err
-    if manifest.get("format") != _CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{where}: unknown format {manifest.get('format')!r}")
-    try:
-        config = msgspec.convert(manifest["config"], model_lib.ModelConfig)
-    except (KeyError, msgspec.ValidationError) as err:
-        raise CheckpointError(f"{where}: bad model config: {err}") from err
+    except _NPZ_ERRORS as err:
+        raise CheckpointError(f"{where}: cannot read arrays.npz: {err}") from err
+
+    config = manifest.config
     template = jax.eval_shape(lambda: model_lib.init_params(jax.random.key(0), config))
-    template = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), template)
+    expected = {name for name, _ in _named_leaves(template, "params")}
+    opt_template = None
+    if manifest.has_optimizer:
+        opt_template = jax.eval_shape(model_lib.init_optimizer_state, template)
+        expected.update(name for name, _ in _named_leaves(opt_template, "optimizer"))
+    listed = set(manifest.arrays)
+    for fault, names in (
+        ("arrays.npz holds arrays manifest.json does not list", set(arrays) - listed),
+        ("manifest.json lists arrays arrays.npz does not hold", listed - set(arrays)),
+        ("manifest.json lists arrays its config does not have", listed - expected),
+        ("manifest.json does not list arrays its config has", expected - listed),
+    ):
+        if names:
+            shown = sorted(names)
+            more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+            raise CheckpointError(f"{where}: {fault}: {shown[:5]}{more}")
+
     params = _named_arrays_to_tree(template, "params", arrays, where)
     opt_state = None
     if with_optimizer:
-        if not manifest.get("has_optimizer"):
-            raise CheckpointError(f"{where}: holds no optimizer state (a sampler checkpoint?)")
-        opt_template = jax.tree_util.tree_map(np.asarray, model_lib.init_optimizer_state(template))
         opt_state = _named_arrays_to_tree(opt_template, "optimizer", arrays, where)
-    optim_steps = manifest.get("optim_steps", 0)
-    if isinstance(optim_steps, bool) or not isinstance(optim_steps, int) or optim_steps < 0:
-        raise CheckpointError(f"{where}: bad optim_steps {optim_steps!r}")
     return Checkpoint(
-        base_model=str(manifest.get("base_model")),
+        base_model=manifest.base_model,
         config=config,
         params=params,
         opt_state=opt_state,
-        optim_steps=optim_steps,
+        optim_steps=manifest.optim_steps,
     )
 
 

@@ -3,13 +3,20 @@
 Conventions:
 - Local operations complete when called, so most results come back as a `ReadyFuture`: an
   already-resolved `tinker.APIFuture` (`await f`, `f.result()`, `await f.result_async()`,
-  `f.future()` all give the value at once; `timeout` is accepted and ignored).
+  `f.future()` all give the value at once, whatever the `timeout`, as a done
+  `concurrent.futures.Future` does).
 - Client factories return a `ClientFuture`, which also forwards public attribute access to the
   client, as the SDK's back-compat client futures do.
 - Inside a running event loop, requests may be queued on a `TickBatcher` instead: it flushes
   once an event-loop tick passes with no new request, on the loop's thread, so what lands in a
   batch depends only on the order coroutines run, never on wall time. A queued request's
   `QueuedFuture.result()` flushes the queue at once instead of deadlocking the loop.
+- `timeout` (seconds, `None` = no limit) raises the builtin `TimeoutError`, as the SDK's
+  futures do (`concurrent.futures.Future.result`, `asyncio.timeout`). A batch served by
+  `result()` runs on the calling thread and cannot be pre-empted: `timeout <= 0` raises at once
+  without serving it, and a batch that ran longer than `timeout` raises when it returns. The
+  response stays on the future either way, so a later `result()` gives it (as the SDK's future
+  keeps running after a timeout).
 - A failure of the batch's `run` is set on every request of that batch; nothing here is
   thread-safe (one thread, typically the event loop's).
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -72,8 +80,25 @@ class QueuedFuture(tinker.APIFuture[T]):
         self._inner = inner
 
     def result(self, timeout: float | None = None) -> T:
+        """The response, serving the queue now (on this thread) if it has not been served.
+
+        Raises:
+            TimeoutError: `timeout` is `<= 0` and the request has not been served, or serving
+                it took longer than `timeout` seconds (see the module docstring).
+        """
         if not self._inner.done():
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError(
+                    f"QueuedFuture.result: timeout={timeout} and the request is still queued"
+                )
+            start = time.monotonic()
             self._batcher.flush()
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed > timeout:
+                raise TimeoutError(
+                    f"QueuedFuture.result: serving the queued batch took {elapsed:.3f} s, over "
+                    f"timeout={timeout} s (the response stays available)"
+                )
         return self._inner.result()
 
     async def result_async(self, timeout: float | None = None) -> T:
@@ -129,6 +154,10 @@ class TickBatcher(Generic[R, T]):
             return
         try:
             responses = self._run([req for req, _ in live])
+            if len(responses) != len(live):  # else the unanswered futures would never finish
+                raise ValueError(
+                    f"TickBatcher: run returned {len(responses)} responses for {len(live)} requests"
+                )
         except Exception as err:
             for _, fut in live:
                 if not fut.done():

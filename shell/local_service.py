@@ -41,6 +41,15 @@ __all__ = ["LocalServiceClient"]
 _ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
 
 
+def _check_adam_optimizer(optimizer: object, where: str) -> None:
+    """Refuses any optimizer but Adam (`None` means the SDK's default, AdamW)."""
+    if optimizer is not None and not isinstance(optimizer, types.AdamOptimizerConfig):
+        raise NotImplementedError(
+            f"{where}: the local backend supports the Adam optimizer only "
+            f"(None or tinker.types.AdamOptimizerConfig), got {optimizer!r}"
+        )
+
+
 def _floor_power_of_two(n: int) -> int:
     """The largest power of two `<= max(1, n)`."""
     return 1 << (max(1, n).bit_length() - 1)
@@ -217,16 +226,16 @@ class LocalServiceClient:
         train_attn: bool = True,
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
-        optimizer: Any = None,
+        optimizer: types.OptimizerConfig | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
         """A training client on a freshly initialised local model (full fine-tuning: `rank`
         and the `train_*` flags are accepted and ignored).
 
         Raises:
             ConfigError: unknown `base_model` (the message lists the known names).
+            NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`.
         """
-        if optimizer is not None and not isinstance(optimizer, types.AdamOptimizerConfig):
-            raise NotImplementedError("the local backend supports the Adam optimizer only")
+        _check_adam_optimizer(optimizer, "create_lora_training_client.optimizer")
         return ClientFuture(
             self._new_training_client(base_model, params=None, opt_state=None, seed=seed, rank=rank)
         )
@@ -240,13 +249,15 @@ class LocalServiceClient:
         train_attn: bool = True,
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
-        optimizer: Any = None,
+        optimizer: types.OptimizerConfig | None = None,
     ) -> LocalTrainingClient:
         return await self.create_lora_training_client(
             base_model, rank, seed, train_mlp, train_attn, train_unembed, user_metadata, optimizer
         )
 
-    def _from_state(self, path: str, base_model: str | None, with_optimizer: bool) -> Any:
+    def _from_state(
+        self, path: str, *, base_model: str | None, with_optimizer: bool
+    ) -> ClientFuture[LocalTrainingClient]:
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
         name = base_model if base_model is not None else checkpoint.base_model
         if base_model is not None and self.model_configs.get(base_model) != checkpoint.config:
@@ -270,10 +281,18 @@ class LocalServiceClient:
         base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
-        optimizer: Any = None,
+        optimizer: types.OptimizerConfig | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
-        """A training client with the checkpoint's weights and a fresh optimizer."""
-        return self._from_state(path, base_model, with_optimizer=False)
+        """A training client with the checkpoint's weights and a fresh optimizer.
+
+        Raises:
+            CheckpointError: an unusable checkpoint, or one whose config differs from
+                `base_model`'s.
+            NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`
+                (as `create_lora_training_client`).
+        """
+        _check_adam_optimizer(optimizer, "create_training_client_from_state.optimizer")
+        return self._from_state(path, base_model=base_model, with_optimizer=False)
 
     async def create_training_client_from_state_async(
         self,
@@ -281,9 +300,11 @@ class LocalServiceClient:
         base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
-        optimizer: Any = None,
+        optimizer: types.OptimizerConfig | None = None,
     ) -> LocalTrainingClient:
-        return await self.create_training_client_from_state(path, base_model)
+        return await self.create_training_client_from_state(
+            path, base_model, user_metadata, weights_access_token, optimizer
+        )
 
     def create_training_client_from_state_with_optimizer(
         self,
@@ -292,8 +313,9 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
-        """A training client with the checkpoint's weights and Adam state."""
-        return self._from_state(path, base_model, with_optimizer=True)
+        """A training client with the checkpoint's weights and Adam state (the SDK's signature
+        has no `optimizer`: the checkpoint's optimizer is restored)."""
+        return self._from_state(path, base_model=base_model, with_optimizer=True)
 
     async def create_training_client_from_state_with_optimizer_async(
         self,
@@ -302,7 +324,9 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> LocalTrainingClient:
-        return await self.create_training_client_from_state_with_optimizer(path, base_model)
+        return await self.create_training_client_from_state_with_optimizer(
+            path, base_model, user_metadata, weights_access_token
+        )
 
     def create_sampling_client(
         self,

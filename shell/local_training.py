@@ -21,7 +21,7 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import tinker
@@ -152,10 +152,10 @@ class LocalTrainingClient:
     ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
         return self.forward_backward(data, loss_fn, loss_fn_config)
 
-    def forward_backward_custom(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_backward_custom(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("the local backend does not support custom losses")
 
-    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any) -> Any:
+    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("the local backend does not support custom losses")
 
     def _run(

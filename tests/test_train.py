@@ -619,9 +619,7 @@ def test_reward_curve_needs_reward_values(tmp_path: Path) -> None:
     assert not (tmp_path / "curve.png").exists()
 
 
-@pytest.mark.parametrize(
-    "module", [shell.rollouts, shell.train, shell.policy_update, shell.logs]
-)
+@pytest.mark.parametrize("module", [shell.rollouts, shell.train, shell.policy_update, shell.logs])
 def test_docstring_examples_run(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 
