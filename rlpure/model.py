@@ -25,8 +25,9 @@ Conventions:
   tokens, leaving early when every row has stopped. A row stops on a stop token, on a stop
   sequence completed by its generated tokens (the stop token/sequence is *included* in the
   output, as on Tinker), or at its own `max_new_tokens` (`"length"`). Returned logprobs are
-  the model's own, untempered log-softmax of the chosen token — the same quantity
-  `target_logprobs` computes, so on-policy importance ratios are 1 (to float32 rounding).
+  the log-softmax of the chosen token under the tempered distribution it was drawn from, as
+  Tinker reports them; at temperature 1 (or 0, greedy) that is the quantity `target_logprobs`
+  computes, so on-policy importance ratios are 1 (to float32 rounding).
 - Shapes are bucketed by the caller (see `bucket_size`) so a run compiles a handful of times;
   `config` and the number of new tokens are static under `jit`, everything else is traced.
 """
@@ -427,7 +428,7 @@ class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
     Attributes:
         tokens_B_M: int32 `[B, M]` generated tokens, valid on `[0, num_tokens_B[b])`, 0 after.
-        logprobs_B_M: float32 `[B, M]` untempered model logprob of each generated token.
+        logprobs_B_M: float32 `[B, M]` tempered logprob of each generated token (see above).
         num_tokens_B: int32 `[B]` tokens generated per row.
         stopped_B: bool `[B]` True when the row ended on a stop token/sequence (`"stop"`),
             False when it ran out of tokens (`"length"`).
@@ -479,7 +480,9 @@ def sample_tokens(
 
     Prefills the prompts into a KV cache of length `T + max_new_tokens`, then, per step: draw
     the next token of every live row from `softmax(filter(logits) / temperature)` (argmax when
-    the temperature is 0), record its untempered logprob, stop the row if the token is a stop
+    the temperature is 0), record its logprob `log_softmax(logits / temperature)` (as Tinker's
+    sampler reports it: tempered, not renormalised over the top-k/top-p set; at temperature 0
+    the untempered one), stop the row if the token is a stop
     token, if its generated tail now ends with one of its stop sequences, or if it reached its
     `max_new_tokens_B`; feed the token back through one cached decoder step. Exits early when
     every row has stopped.
@@ -547,7 +550,10 @@ def sample_tokens(
         drawn_B = jax.vmap(jax.random.categorical)(step_keys, scaled_B_V)
         token_B = jnp.where(temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
         token_B = token_B.astype(jnp.int32)
-        logprob_B = jax.nn.log_softmax(logits_B_V, axis=-1)[rows, token_B]
+        # The sampled token's logprob under the tempered distribution it was drawn from, as
+        # Tinker reports it (unfiltered by top-k/top-p; untempered when greedy).
+        scaled_logits_B_V = logits_B_V / safe_temp_B[:, None]
+        logprob_B = jax.nn.log_softmax(scaled_logits_B_V, axis=-1)[rows, token_B]
 
         tokens_B_M = state["tokens_B_M"].at[:, step].set(jnp.where(live_B, token_B, 0))
         logprobs_B_M = state["logprobs_B_M"].at[:, step].set(jnp.where(live_B, logprob_B, 0.0))

@@ -180,9 +180,10 @@ FIELD_HELP: Mapping[str, str] = {
     "0.8} (TOML/JSON; on the command line as JSON).",
     "num_substeps": "Split each batch into this many forward_backward + optim_step pairs.",
     "max_tokens": "Maximum number of tokens sampled per action.",
-    "temperature": "Sampling temperature for training rollouts (evaluation is greedy). The "
-    "local backend returns untempered logprobs (the model's own), so with a temperature other "
-    "than 1 its importance ratios are not the sampling ratios.",
+    "temperature": "Sampling temperature for training rollouts (evaluation is greedy). "
+    "Sampled logprobs are those of the tempered distribution (on Tinker and the local "
+    "backend), while training computes the untempered ones: with a temperature other than 1 "
+    "the importance ratio of an on-policy sample is not 1.",
     "advantage_estimator": "group_centered (reward minus group mean, the cookbook's), "
     "group_normalized (GRPO: divided by the group std), batch_normalized, or leave_one_out.",
     "loss_aggregation": "How per-token losses are weighed: token_sum (Tinker's), "

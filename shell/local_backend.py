@@ -33,8 +33,9 @@ Semantics and decisions:
   recompiles). Unknown `loss_fn_inputs` keys are refused with an error naming the datum and key:
   the cookbook's `mask` key is not a Tinker input (its RL loop strips it, `_remove_mask`,
   before `forward_backward`), so sending it is a bug we surface rather than ignore.
-- **Sampling** returns the model's untempered logprob of each sampled token (what training
-  computes; on-policy ratios are 1 to ~1e-6). `temperature=0` is greedy; `top_k`/`top_p` are
+- **Sampling** returns each sampled token's logprob under the tempered distribution it was
+  drawn from, as Tinker does (at temperature 1 this is what training computes: on-policy
+  ratios are 1 to ~1e-6). `temperature=0` is greedy; `top_k`/`top_p` are
   honoured. `stop`: `None` stops at EOS; `[]` disables every stop, EOS included (Tinker's
   documented rule); a non-empty list of token ids or strings stops at those *and* at EOS. Stop
   strings match the UTF-8 bytes of the generated tokens (the tokenizer is byte-level), never

@@ -11,8 +11,9 @@ Conventions:
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
   the client. It never depends on the batch, so batching does not change any result.
-- Returned logprobs are the model's untempered log-probabilities of the sampled tokens
-  (float32); `compute_logprobs` and prompt logprobs reuse the training forward's buckets.
+- Returned logprobs are the sampled tokens' log-probabilities under the tempered
+  distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
+  as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training forward's buckets.
 - Stop conditions: `None` is EOS; `[]` is none at all; token ids or strings stop there and at
   EOS. Stop strings are matched on the encoded tokens of the completion only.
 - The client reads the service's seed and calls its `_sampling_rows` and
@@ -113,7 +114,7 @@ class LocalSamplingClient:
 
         Returns:
             An `APIFuture[tinker.SampleResponse]`; each `SampledSequence` carries int tokens,
-            float32 untempered logprobs and `stop_reason` `"stop"` or `"length"`.
+            float32 tempered logprobs and `stop_reason` `"stop"` or `"length"`.
 
         Raises:
             TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at

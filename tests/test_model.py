@@ -334,3 +334,21 @@ def test_adam_step_matches_float64_reference(clip: float) -> None:
             ref[k] = ref[k] - 0.01 * (m_hat / (np.sqrt(v_hat) + 1e-6) + 0.1 * ref[k])
         for k in ref:
             np.testing.assert_allclose(np.asarray(params[k]), ref[k], rtol=1e-5, atol=1e-6)
+
+
+def test_sampled_logprobs_are_those_of_the_tempered_distribution() -> None:
+    # Tinker reports log p_T(token) = log_softmax(logits / T)[token] for the token it drew.
+    prompts = _prompts(6, n=3)
+    for temperature in (0.5, 2.0):
+        out = _sample(_batch(prompts, temperature=temperature, max_new=[5, 5, 5]))
+        for i, prompt in enumerate(prompts):
+            seq = list(prompt) + out.tokens_B_M[i, :5].tolist()
+            padded = np.zeros((1, 2 * T), np.int32)
+            padded[0, : len(seq)] = seq
+            logits_T_V = np.asarray(M.logits(PARAMS, padded, config=CONFIG), np.float64)[0]
+            for k in range(5):
+                position = len(prompt) - 1 + k
+                scaled_V = logits_T_V[position] / temperature
+                want = scaled_V[seq[position + 1]] - np.log(np.exp(scaled_V - scaled_V.max()).sum())
+                want -= scaled_V.max()
+                assert abs(out.logprobs_B_M[i, k] - want) < 1e-4, (temperature, i, k)
