@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck bench lock
+.PHONY: install demo test lint typecheck bench lock parity
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,19 @@ lock:
 	.lock-venv/bin/pip install --quiet -e '.[test]'
 	(head -3 constraints.txt; .lock-venv/bin/pip freeze --exclude-editable) > constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
+
+# Acceptance checks against the real tinker-cookbook 0.6.1 (not part of CI: it needs torch, a
+# large download where no local wheel exists). Builds ./.cbvenv, then runs the parity tests and
+# the GRPO assembly benchmark with the cookbook's row.
+CBVENV := .cbvenv
+$(CBVENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(CBVENV)
+	$(CBVENV)/bin/pip install --quiet --upgrade pip
+	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
+	$(CBVENV)/bin/pip install --quiet torch==2.13.0 chz pillow blobfile
+	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1
+	touch $(CBVENV)/.installed
+
+parity: $(CBVENV)/.installed
+	$(CBVENV)/bin/pytest -q tests/test_cookbook_parity.py tests/test_cookbook_compat.py
+	$(CBVENV)/bin/python benchmarks/bench_assembly.py --case GRPO

@@ -1,7 +1,7 @@
 """Parity with the real tinker-cookbook 0.6.1 (`rl/data_processing.py`).
 
 The project does not depend on the cookbook (it needs torch); this module is skipped unless
-`tinker_cookbook` is importable. To run it, make a throwaway venv:
+`tinker_cookbook` is importable. To run it: `make parity` (builds ./.cbvenv), or by hand:
 
     python3 -m venv /tmp/cb && /tmp/cb/bin/pip install --no-deps tinker-cookbook==0.6.1
     /tmp/cb/bin/pip install tinker==0.38.0 torch==2.13.0 chz pillow blobfile datasets \
