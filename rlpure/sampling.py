@@ -45,7 +45,7 @@ from rlpure.transformer import (
     unembed,
 )
 
-__all__ = ["SampleBatch", "SampleOutput", "sample_tokens"]
+__all__ = ["SampleBatch", "SampleOutput", "sample_tokens", "tempered_token_logprobs"]
 
 
 class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -129,6 +129,41 @@ def _row_keys(key_material_B_K: jax.Array) -> jax.Array:
     return jax.vmap(one)(key_material_B_K)
 
 
+def tempered_token_logprobs(
+    logits_B_V: jax.Array, temperature_B: jax.Array, token_B: jax.Array
+) -> jax.Array:
+    """`log_softmax(logits / T)[token]` per row: the logprob Tinker reports for a sampled token.
+
+    Computed as `(l_tok - l_max) / T - log(sum_v exp((l_v - l_max) / T))`: the first term is
+    <= 0 and the second >= 0 (the max term is exp(0) = 1) whatever the rounding, so the result
+    is never positive (a naive `log_softmax(logits / T)` comes out a few ulps above 0 for a
+    near-certain token when `T` is not a power of two) and stays finite for tiny `T`. Not
+    renormalised over a top-k/top-p set.
+
+    Args:
+        logits_B_V: float32 `[B, V]` next-token logits.
+        temperature_B: float32 `[B]`, > 0 (pass 1 for greedy rows).
+        token_B: int32 `[B]` the sampled tokens.
+
+    Returns:
+        float32 `[B]`, each <= 0.
+
+    Examples:
+        >>> import numpy as np
+        >>> lp = tempered_token_logprobs(np.array([[0.0, np.log(3.0)]], np.float32),
+        ...                              np.array([1.0], np.float32), np.array([1]))
+        >>> round(float(np.exp(lp[0])), 6)
+        0.75
+    """
+    shifted_B_V = logits_B_V - jnp.max(logits_B_V, axis=-1, keepdims=True)
+    scaled_B_V = shifted_B_V / temperature_B[:, None]
+    log_norm_B = jnp.log(jnp.sum(jnp.exp(scaled_B_V), axis=-1))
+    token_term_B = jnp.take_along_axis(scaled_B_V, token_B[:, None], axis=-1)[:, 0]
+    # The clamp only guards against exp/log approximations that could put exp(0) or log(1) an
+    # ulp off; the algebra above already gives <= 0.
+    return jnp.minimum(token_term_B - log_norm_B, 0.0)
+
+
 @partial(jax.jit, static_argnames=("config", "max_new_tokens"))
 def sample_tokens(
     params: Params, batch: SampleBatch, *, config: ModelConfig, max_new_tokens: int
@@ -207,10 +242,7 @@ def sample_tokens(
         drawn_B = jax.vmap(jax.random.categorical)(step_keys, scaled_B_V)
         token_B = jnp.where(temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
         token_B = token_B.astype(jnp.int32)
-        # The sampled token's logprob under the tempered distribution it was drawn from, as
-        # Tinker reports it (unfiltered by top-k/top-p; untempered when greedy).
-        scaled_logits_B_V = logits_B_V / safe_temp_B[:, None]
-        logprob_B = jax.nn.log_softmax(scaled_logits_B_V, axis=-1)[rows, token_B]
+        logprob_B = tempered_token_logprobs(logits_B_V, safe_temp_B, token_B)
 
         tokens_B_M = state["tokens_B_M"].at[:, step].set(jnp.where(live_B, token_B, 0))
         logprobs_B_M = state["logprobs_B_M"].at[:, step].set(jnp.where(live_B, logprob_B, 0.0))

@@ -352,3 +352,17 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution() -> None:
                 want = scaled_V[seq[position + 1]] - np.log(np.exp(scaled_V - scaled_V.max()).sum())
                 want -= scaled_V.max()
                 assert abs(out.logprobs_B_M[i, k] - want) < 1e-4, (temperature, i, k)
+
+
+def test_sampled_logprobs_never_positive_or_infinite_for_a_confident_model() -> None:
+    # A trained policy is near-certain of many tokens; log_softmax(logits / 0.7) of such a token
+    # used to come out a few ulps above 0, which TokensWithLogprobs refuses. Tiny temperatures
+    # used to give +-inf.
+    peaked = dict(PARAMS)
+    peaked["unembed_D_V"] = PARAMS["unembed_D_V"] * 100.0
+    prompts = _prompts(6, n=3)
+    for temperature in (1e-12, 0.05, 0.3, 0.7, 1.0):
+        out = _sample(_batch(prompts, temperature=temperature, max_new=[16, 16, 16]), peaked)
+        logprobs = out.logprobs_B_M[:3]
+        assert np.all(np.isfinite(logprobs)), temperature
+        assert np.all(logprobs <= 0.0), (temperature, float(logprobs.max()))
