@@ -107,6 +107,16 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "is required for loss_aggregation 'constant_length' and only for it",
         )
         need(
+            self.aggregation_length is None
+            or (finite(self.aggregation_length) and self.aggregation_length > 0),
+            "aggregation_length",
+            "must be finite and > 0",
+        )
+        # config.json records the config as JSON, which has no inf or NaN (they would read back
+        # as null and make every resume look changed); Tinker's requests are JSON too.
+        for key, value in (self.loss_fn_config or {}).items():
+            need(finite(value), "loss_fn_config", f"[{key!r}] must be finite")
+        need(
             finite(self.kl_penalty_coef) and self.kl_penalty_coef >= 0,
             "kl_penalty_coef",
             "must be >= 0",
@@ -114,9 +124,10 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         need(0 <= self.kl_discount <= 1, "kl_discount", "must lie in [0, 1]")
         need(self.max_retries >= 0, "max_retries", "must be >= 0")
         need(
-            self.rollout_timeout is None or self.rollout_timeout > 0,
+            self.rollout_timeout is None
+            or (finite(self.rollout_timeout) and self.rollout_timeout > 0),
             "rollout_timeout",
-            "must be > 0 or null",
+            "must be finite and > 0, or null (no timeout)",
         )
         need(
             self.min_viable_group is None or self.min_viable_group >= 1,

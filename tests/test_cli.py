@@ -89,6 +89,15 @@ def test_json_config_files_load_and_bad_files_are_config_errors(tmp_path: Path) 
         build_config({"num_substeps": 0})
     with pytest.raises(ConfigError, match="aggregation_length"):
         build_config({"loss_aggregation": "constant_length"})
+    # Non-finite floats cannot be recorded in config.json (JSON has no inf/NaN) nor sent to
+    # Tinker, so they are refused up front instead of breaking every later resume.
+    inf = float("inf")
+    with pytest.raises(ConfigError, match=r"aggregation_length: must be finite"):
+        build_config({"loss_aggregation": "constant_length", "aggregation_length": inf})
+    with pytest.raises(ConfigError, match=r"loss_fn_config: \['clip_high_threshold'\] must be"):
+        build_config({"loss_fn_config": {"clip_high_threshold": inf}})
+    with pytest.raises(ConfigError, match=r"rollout_timeout: must be finite"):
+        build_config({"rollout_strategy": "retry", "rollout_timeout": inf})
 
 
 def test_invalid_options_exit_with_code_2(
