@@ -28,9 +28,17 @@ from shell.demo_arithmetic import ArithmeticDataset
 from shell.demo_base_model import BaseModelServiceClient, pretrain_base_model
 from shell.demo_config import DemoConfig, demo_keys
 from shell.logs import METRICS_FILE, read_jsonl
+from shell.resume import checked_last_checkpoint
 from shell.train import train
 
-__all__ = ["PRETRAIN_METRICS_FILE", "SUMMARY_FILE", "run_demo", "run_demo_async"]
+__all__ = [
+    "DEMO_RESUME_MAY_CHANGE",
+    "PRETRAIN_METRICS_FILE",
+    "SUMMARY_FILE",
+    "demo_recipe_options",
+    "run_demo",
+    "run_demo_async",
+]
 
 SUMMARY_FILE = "summary.json"
 PRETRAIN_METRICS_FILE = "pretrain_metrics.jsonl"
@@ -44,6 +52,17 @@ def _accuracy_before_after(metrics_path: Path) -> tuple[float | None, float | No
     before = next((r[key] for r in records if r["step"] == 0 and not r.get("final_eval")), None)
     finals = [r[key] for r in records if r.get("final_eval")]
     return before, (finals[-1] if finals else None)
+
+
+DEMO_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every"})
+"""DemoConfig fields a resumed demo run may change (how long it runs, how often it evaluates)."""
+
+
+def demo_recipe_options(config: DemoConfig) -> dict[str, Any]:
+    """The demo's options recorded for the resume check: every `DemoConfig` field that shapes
+    the run (the split, the corpus, the base model, the batches, the reward)."""
+    fields = msgspec.to_builtins(config)
+    return {"recipe": "demo"} | {k: v for k, v in fields.items() if k not in DEMO_RESUME_MAY_CHANGE}
 
 
 async def run_demo_async(
@@ -70,6 +89,24 @@ async def run_demo_async(
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else log_dir / "base_model"
+    train_config = TrainConfig(
+        log_dir=str(log_dir),
+        backend="local",
+        base_model=config.base_model,
+        seed=seed,
+        max_steps=config.rl_steps,
+        learning_rate=config.rl_lr,
+        adam_eps=1e-8,
+        loss_fn="importance_sampling",
+        max_tokens=config.max_tokens,
+        temperature=1.0,
+        advantage_estimator="group_centered",
+        eval_every=config.eval_every,
+        progress=progress,
+    )
+    recipe_options = demo_recipe_options(config)
+    # Refuse a resume with another recipe before the (cached, but maybe 30 s) pretraining.
+    checked_last_checkpoint(train_config, recipe_options=recipe_options)
     keys = demo_keys(seed)
     split = arithmetic.split_problems(
         keys["split"], max_operand=config.max_operand, num_test=config.num_test
@@ -101,21 +138,6 @@ async def run_demo_async(
         key=None,
         format_coef=config.format_coef,
     )
-    train_config = TrainConfig(
-        log_dir=str(log_dir),
-        backend="local",
-        base_model=config.base_model,
-        seed=seed,
-        max_steps=config.rl_steps,
-        learning_rate=config.rl_lr,
-        adam_eps=1e-8,
-        loss_fn="importance_sampling",
-        max_tokens=config.max_tokens,
-        temperature=1.0,
-        advantage_estimator="group_centered",
-        eval_every=config.eval_every,
-        progress=progress,
-    )
     service = BaseModelServiceClient(
         LocalServiceClient(seed=seed, checkpoint_dir=log_dir / "local_states"),
         base_model=config.base_model,
@@ -128,6 +150,7 @@ async def run_demo_async(
         test_dataset=test_dataset,
         service_client=service,
         tokenizer=tokenizer,
+        recipe_options=recipe_options,
     )
     rl_seconds = time.perf_counter() - rl_start
     before, after = _accuracy_before_after(log_dir / METRICS_FILE)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import jax
+import msgspec
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from rlpure.tokenizer import ByteTokenizer
 from shell import demo
 from shell.demo import ArithmeticDataset, ArithmeticEnv, BaseModelServiceClient, DemoConfig
 from shell.env import EnvGroupBuilder
+from shell.errors import ConfigError
 
 TOKENIZER = ByteTokenizer()
 RENDERER = get_renderer("role_colon", TOKENIZER)
@@ -192,3 +194,17 @@ def test_tiny_demo_writes_its_files_and_is_deterministic(tmp_path: Path) -> None
         for f in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")
     ]
     assert rewards[0] == rewards[1]
+
+    # Resuming the finished run with the same recipe does nothing; with another recipe it is
+    # refused (naming the option) before any pretraining, and the run's files are untouched.
+    resumed = demo.run_demo(
+        seed=0, log_dir=tmp_path / "a", config=TINY, cache_dir=cache, progress=False
+    )
+    assert resumed["resumed_from_step"] == TINY.rl_steps
+    metrics_before = (tmp_path / "a" / "metrics.jsonl").read_bytes()
+    changed = msgspec.structs.replace(TINY, group_size=TINY.group_size + 1)
+    with pytest.raises(ConfigError, match=r"recipe option group_size"):
+        demo.run_demo(
+            seed=0, log_dir=tmp_path / "a", config=changed, cache_dir=cache, progress=False
+        )
+    assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == metrics_before
