@@ -47,7 +47,7 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(CBVENV)
 	$(CBVENV)/bin/pip install --quiet --upgrade pip
 	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
-	$(CBVENV)/bin/pip install --quiet torch==2.13.0 chz pillow blobfile
+	$(CBVENV)/bin/pip install --quiet torch==2.13.0 chz==0.4.0 pillow==13.0.0 blobfile==3.3.0
 	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1
 	touch $(CBVENV)/.installed
 

@@ -233,7 +233,7 @@ def test_check_datum_batch_enforces_the_padding_contract():
     targets[0, 0] = -7
     with pytest.raises(ValueError, match=r"target_tokens_D_T: holds negative token ids"):
         check_datum_batch(_replace(batch, target_tokens_D_T=targets), padding=False)
-    # Without the padding check, values beyond a datum's length are not read...
+    # Without the padding check, non-zero values beyond a datum's length are accepted...
     check_datum_batch(_replace(batch, advantages_D_T=adv), padding=False)
     # ...but shapes, dtypes and finiteness still are.
     adv[0, 0] = np.nan
