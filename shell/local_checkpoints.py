@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -41,6 +42,8 @@ import numpy as np
 
 from rlpure import model as model_lib
 from shell.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Checkpoint", "checkpoint_name", "read_checkpoint", "write_checkpoint"]
 
@@ -129,7 +132,12 @@ def _move_into_place(staging: Path, directory: Path) -> None:
         os.replace(aside, directory)
         raise
     _fsync_directory(directory.parent)
-    shutil.rmtree(aside)
+    try:
+        shutil.rmtree(aside)
+    except OSError as error:  # the new checkpoint is in place: the save did not fail
+        logger.warning(
+            "checkpoint %s saved, but its old copy %s was not deleted: %s", directory, aside, error
+        )
 
 
 def write_checkpoint(

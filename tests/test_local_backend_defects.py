@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
+import logging
 import os
 import shutil
 import time
@@ -607,3 +608,26 @@ def test_a_run_answering_too_few_requests_fails_them_instead_of_hanging() -> Non
                 await asyncio.wait_for(future.result_async(), timeout=5)
 
     asyncio.run(scenario())
+
+
+def test_a_failed_cleanup_of_the_old_copy_does_not_fail_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(tmp_path)
+    path = Path(trainer.save_state("ckpt").result().path)
+    _step(trainer)
+    real_rmtree = shutil.rmtree
+
+    def rmtree(target: Any, *args: Any, **kwargs: Any) -> None:
+        if ".old-" in Path(target).name:
+            raise OSError("injected failure deleting the old copy")
+        real_rmtree(target, *args, **kwargs)
+
+    monkeypatch.setattr(local_checkpoints.shutil, "rmtree", rmtree)
+    with caplog.at_level(logging.WARNING):
+        assert trainer.save_state("ckpt", overwrite=True).result().path == str(path)
+    monkeypatch.undo()
+    checkpoint = read_checkpoint(str(path), with_optimizer=True)
+    assert checkpoint.optim_steps == 1 and _params_equal(checkpoint.params, trainer.params)
+    (aside,) = [name for name in _hidden_siblings(path) if name.startswith(".ckpt.old-")]
+    assert aside in caplog.text and "was not deleted" in caplog.text
