@@ -159,14 +159,21 @@ def rlpure_arrays(groups: list[TrajectoryGroup]) -> DatumBatch:
 
 
 def output_bytes(batch: DatumBatch) -> int:
-    arrays = (
-        batch.input_tokens_D_T,
-        batch.target_tokens_D_T,
-        batch.logprobs_D_T,
-        batch.advantages_D_T,
-        batch.mask_D_T,
-    )
-    return sum(np.asarray(a).nbytes for a in arrays)
+    """Bytes of memory the padded `[D, T]` arrays occupy (views of one buffer counted once: the
+    inputs and targets share theirs), i.e. what the memcpy floor has to write."""
+    buffers: dict[int, int] = {}
+    for name in (
+        "input_tokens_D_T",
+        "target_tokens_D_T",
+        "logprobs_D_T",
+        "advantages_D_T",
+        "mask_D_T",
+    ):
+        root = np.asarray(getattr(batch, name))
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        buffers[id(root)] = root.nbytes
+    return sum(buffers.values())
 
 
 def memcpy_floor(nbytes: int) -> Callable[[], np.ndarray]:

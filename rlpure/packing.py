@@ -6,7 +6,10 @@ Conventions:
   datum is stored shifted: position `i` holds input token `s[i]` and predicts target `s[i+1]`;
   every per-token array (`logprobs`, `advantages`, `mask`) is aligned with the targets, i.e. it
   is the full-sequence array minus its first element. `length_D[d] = L`.
-- Padding: `[D, T]` arrays are zero beyond `length_D[d]`; padded datum rows (index
+- Padding: `[D, T]` arrays are zero beyond `length_D[d]`, with one exception: the inputs and
+  targets are two views of one buffer holding each full sequence, so `input_tokens_D_T[d, L]`
+  holds the datum's last token `s[L]` (what `target_tokens_D_T[d, L - 1]` predicts; no loss
+  reads it). That saves a fifth of the output memory and a copy of it. Padded datum rows (index
   `>= num_datums`) have length 0, every array zero, and `group_idx_D = traj_idx_D = -1`.
   `D` and `T` are rounded up to buckets (`bucket_size`) so a run compiles a handful of times.
 - `mask_D_T` is 1.0 on action tokens that train and 0.0 on observation tokens, on action tokens
@@ -44,7 +47,9 @@ class DatumBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """A padded batch of datums, ready for a loss or for conversion to `tinker.Datum`s.
 
     Attributes:
-        input_tokens_D_T: int32 `[D, T]` model input tokens (full sequence minus its last).
+        input_tokens_D_T: int32 `[D, T]` model input tokens (full sequence minus its last); at
+            position `length_D[d]` the sequence's last token, beyond it 0 (see the module
+            docstring).
         target_tokens_D_T: int32 `[D, T]` targets (full sequence minus its first).
         logprobs_D_T: float32 `[D, T]` sampling logprobs of the targets; 0 on observations.
         advantages_D_T: float32 `[D, T]` advantage of each target; 0 where `mask_D_T` is 0.
@@ -158,6 +163,22 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
     if not padding:
         return
     outside_D_T = np.arange(shape[1])[None, :] >= length_D[:, None]
+    # The one position beyond a datum's length the inputs may use holds its last token, shared
+    # with the targets (or 0, e.g. in a batch built by hand); it is checked here, then cleared
+    # in a copy for the zero check below.
+    inputs_D_T = arrays["input_tokens_D_T"].copy()
+    rows = np.flatnonzero((length_D > 0) & (length_D < shape[1]))
+    at_length = inputs_D_T[rows, length_D[rows]]
+    last_target = arrays["target_tokens_D_T"][rows, length_D[rows] - 1]
+    wrong = (at_length != 0) & (at_length != last_target)
+    if np.any(wrong):
+        d = int(rows[np.argmax(wrong)])
+        raise ValueError(
+            f"DatumBatch.input_tokens_D_T: datum {d} holds {int(inputs_D_T[d, length_D[d]])} at "
+            f"its length {int(length_D[d])}; only 0 or its last target token may be there"
+        )
+    inputs_D_T[rows, length_D[rows]] = 0
+    arrays["input_tokens_D_T"] = inputs_D_T
     for name in _ARRAY_FIELDS_D_T:
         if np.any(arrays[name][outside_D_T]):
             d = int(np.argmax(np.any(arrays[name] * outside_D_T != 0, axis=1)))
@@ -326,22 +347,20 @@ def _pack_segments(
         t_pad = bucket_size(length_max, minimum=min_tokens)
     else:
         d_pad, t_pad = max(num_datums, min_datums), max(length_max, min_tokens)
-    # Unshifted per-sequence arrays with one extra column: the targets and per-token arrays are
-    # their column-shifted views, so each piece is written once. The inputs are one bulk copy
-    # of the token columns with each datum's last token cleared (measured faster than writing
-    # them piece by piece: benchmarks/bench_assembly.py).
+    # Unshifted per-sequence arrays with one extra column: the inputs are their first `t_pad`
+    # columns and the targets and per-token arrays their last `t_pad`, so each piece is written
+    # once (a separate, zero-padded input array cost 20% more memory and ~10% more time).
     width = t_pad + 1
-    # One uninitialised block for all five arrays, viewed per dtype, in which every visible
+    # One uninitialised block for all four arrays, viewed per dtype, in which every visible
     # position is written exactly once. Zeroing it first (np.zeros) cost a whole extra pass over
     # the output, a quarter of the time on the GRPO benchmark batch. Token rows are written
     # piece by piece plus a zero tail per row. The other arrays are non-zero only on action
     # pieces (logprobs) or on trained action pieces (advantages, mask), so each such piece is
     # preceded by one zero write covering everything since the previous one (the previous row's
     # tail and this row's observation tokens together), and the rest is zeroed at the end.
-    block = _empty((5, d_pad * width), np.float32)
+    block = _empty((4, d_pad * width), np.float32)
     tokens = block[0].view(np.int32)
     logprobs, advantages, mask = block[1], block[2], block[3]
-    inputs = block[4].view(np.int32).reshape(d_pad, width)[:, :t_pad]
     # Copies go through flat memoryviews: same bytes, a third of the per-slice overhead of
     # ndarray __setitem__, and no per-row view objects (the loop runs a few thousand small
     # copies; their Python overhead is most of its time). Zeros and ones come from buffers.
@@ -394,11 +413,7 @@ def _pack_segments(
     mask = mask.reshape(d_pad, width)
     length_D = np.zeros(d_pad, np.int32)
     length_D[:num_datums] = [s[0] - 1 for s in segments]
-    inputs[...] = tokens[:, :t_pad]
-    input_tokens = inputs
-    lengths = length_D[:num_datums]
-    inside = lengths < t_pad
-    input_tokens[np.flatnonzero(inside), lengths[inside]] = 0
+    input_tokens = tokens[:, :t_pad]
     group_idx_D = np.full(d_pad, -1, np.int32)
     group_idx_D[:num_datums] = group_idx
     traj_idx_D = np.full(d_pad, -1, np.int32)

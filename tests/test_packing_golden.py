@@ -125,11 +125,16 @@ def test_padding_is_zero_and_rows_beyond_num_datums_are_marked():
     assert batch.length_D.tolist() == [1, 6, 0, 0]
     assert batch.group_idx_D.tolist() == [0, 0, -1, -1]
     assert batch.traj_idx_D.tolist() == [0, 1, -1, -1]
-    for field in ("input_tokens_D_T", "target_tokens_D_T", "logprobs_D_T", "advantages_D_T"):
+    for field in ("target_tokens_D_T", "logprobs_D_T", "advantages_D_T"):
         arr = np.asarray(getattr(batch, field))
         assert not arr[0, 1:].any(), field
         assert not arr[1, 6:].any(), field
         assert not arr[2:].any(), field
+    # The inputs share the targets' buffer: at its length a datum's row holds its last token.
+    inputs = np.asarray(batch.input_tokens_D_T)
+    assert inputs[0, :3].tolist() == [1, 2, 0] and not inputs[0, 2:].any()
+    assert inputs[1, :8].tolist() == [1, 2, 3, 4, 5, 6, 7, 0] and not inputs[1, 7:].any()
+    assert not inputs[2:].any()
 
 
 def test_datum_with_a_single_token_is_refused_naming_the_trajectory():
@@ -229,6 +234,20 @@ def test_check_datum_batch_enforces_the_padding_contract():
         check_datum_batch(_replace(batch, input_tokens_D_T=batch.input_tokens_D_T * 1.5))
     with pytest.raises(ValueError, match=r"num_datums: 3 outside"):
         check_datum_batch(_replace(batch, num_datums=3))
+    # At its length a datum's input row may hold its last token (as assemble_batch leaves it)
+    # or 0, nothing else.
+    wide = assemble_batch([_group(_three_turns())], [[1.0]], min_tokens=32)
+    inputs = np.array(wide.input_tokens_D_T)
+    at_length = int(wide.length_D[0])
+    assert inputs[0, at_length] == wide.target_tokens_D_T[0, at_length - 1]
+    inputs[0, at_length] = 0
+    check_datum_batch(_replace(wide, input_tokens_D_T=inputs))
+    inputs[0, at_length] = 99
+    with pytest.raises(ValueError, match=r"input_tokens_D_T: datum 0 holds 99 at its length"):
+        check_datum_batch(_replace(wide, input_tokens_D_T=inputs))
+    inputs[0, at_length], inputs[0, at_length + 1] = 0, 5
+    with pytest.raises(ValueError, match=r"input_tokens_D_T: datum 0 has non-zero values beyond"):
+        check_datum_batch(_replace(wide, input_tokens_D_T=inputs))
     targets = np.array(batch.target_tokens_D_T)
     targets[0, 0] = -7
     with pytest.raises(ValueError, match=r"target_tokens_D_T: holds negative token ids"):

@@ -109,17 +109,19 @@ def test_datum_invariants(groups_P, data):
         mask_d = batch.mask_D_T[d, :length]
         np.testing.assert_array_equal(batch.advantages_D_T[d, :length], mask_d * adv_d)
         assert set(np.unique(mask_d).tolist()) <= {0.0, 1.0}
-    # Padding never leaks: everything beyond a datum's length and every padded row is zero.
+    # Padding never leaks: everything beyond a datum's length and every padded row is zero,
+    # except that the inputs hold the datum's last token at its length (inputs and targets are
+    # two views of one buffer of full sequences).
     cols = np.arange(t_pad)[None, :]
     outside = cols >= batch.length_D[:, None]
-    for field in (
-        "input_tokens_D_T",
-        "target_tokens_D_T",
-        "logprobs_D_T",
-        "advantages_D_T",
-        "mask_D_T",
-    ):
+    for field in ("target_tokens_D_T", "logprobs_D_T", "advantages_D_T", "mask_D_T"):
         assert not np.asarray(getattr(batch, field))[outside].any(), field
+    inputs = np.array(batch.input_tokens_D_T)
+    for d in range(n):
+        if lengths[d] < t_pad:
+            assert inputs[d, lengths[d]] == batch.target_tokens_D_T[d, lengths[d] - 1]
+            inputs[d, lengths[d]] = 0
+    assert not inputs[outside].any()
     assert (batch.length_D[n:] == 0).all() and (batch.group_idx_D[n:] == -1).all()
     assert d_pad >= n and t_pad >= (lengths.max() if n else 0)
 
