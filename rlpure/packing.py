@@ -162,24 +162,22 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
         )
     if not padding:
         return
-    outside_D_T = np.arange(shape[1])[None, :] >= length_D[:, None]
     # The one position beyond a datum's length the inputs may use holds its last token, shared
-    # with the targets (or 0, e.g. in a batch built by hand); it is checked here, then cleared
-    # in a copy for the zero check below.
-    inputs_D_T = arrays["input_tokens_D_T"].copy()
+    # with the targets (or 0, e.g. in a batch built by hand); the zero check starts after it.
     rows = np.flatnonzero((length_D > 0) & (length_D < shape[1]))
-    at_length = inputs_D_T[rows, length_D[rows]]
+    at_length = arrays["input_tokens_D_T"][rows, length_D[rows]]
     last_target = arrays["target_tokens_D_T"][rows, length_D[rows] - 1]
     wrong = (at_length != 0) & (at_length != last_target)
     if np.any(wrong):
         d = int(rows[np.argmax(wrong)])
         raise ValueError(
-            f"DatumBatch.input_tokens_D_T: datum {d} holds {int(inputs_D_T[d, length_D[d]])} at "
-            f"its length {int(length_D[d])}; only 0 or its last target token may be there"
+            f"DatumBatch.input_tokens_D_T: datum {d} holds {int(at_length[np.argmax(wrong)])} "
+            f"at its length {int(length_D[d])}; only 0 or its last target token may be there"
         )
-    inputs_D_T[rows, length_D[rows]] = 0
-    arrays["input_tokens_D_T"] = inputs_D_T
+    columns_T = np.arange(shape[1])
     for name in _ARRAY_FIELDS_D_T:
+        first_zero_D = length_D + (length_D > 0) if name == "input_tokens_D_T" else length_D
+        outside_D_T = columns_T[None, :] >= first_zero_D[:, None]
         if np.any(arrays[name][outside_D_T]):
             d = int(np.argmax(np.any(arrays[name] * outside_D_T != 0, axis=1)))
             raise ValueError(

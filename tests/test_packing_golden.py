@@ -248,6 +248,10 @@ def test_check_datum_batch_enforces_the_padding_contract():
     inputs[0, at_length], inputs[0, at_length + 1] = 0, 5
     with pytest.raises(ValueError, match=r"input_tokens_D_T: datum 0 has non-zero values beyond"):
         check_datum_batch(_replace(wide, input_tokens_D_T=inputs))
+    inputs[0, at_length + 1] = 0
+    inputs[1, 0] = 5  # a padded row (length 0) has no last token to share
+    with pytest.raises(ValueError, match=r"input_tokens_D_T: datum 1 has non-zero values beyond"):
+        check_datum_batch(_replace(wide, input_tokens_D_T=inputs))
     targets = np.array(batch.target_tokens_D_T)
     targets[0, 0] = -7
     with pytest.raises(ValueError, match=r"target_tokens_D_T: holds negative token ids"):
