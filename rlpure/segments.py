@@ -143,15 +143,6 @@ def _single_turn_segments(
     if ac.logprobs is None:
         raise _missing_logprobs(where, 0)
     n_ob, n_ac = ob.shape[0], ac.tokens.shape[0]
-    sequence_id = ac.sequence_id
-    if n_ob and n_ac and sequence_id is None:  # the hot path: two pieces, >= 2 tokens, no spans
-        return [
-            (
-                n_ob + n_ac,
-                ((0, ob, None, 0.0, 0.0), _action_piece(transition, n_ob, advantage)),
-                None,
-            )
-        ]
     if n_ob and n_ac:
         pieces: list[Piece] = [(0, ob, None, 0.0, 0.0), _action_piece(transition, n_ob, advantage)]
     elif n_ob:
@@ -160,6 +151,7 @@ def _single_turn_segments(
         pieces = [_action_piece(transition, 0, advantage)]
     else:
         return []
+    sequence_id = ac.sequence_id
     spans = None if sequence_id is None else _turn_spans(sequence_id, 0, n_ob, n_ac)
     return [_close_segment(n_ob + n_ac, pieces, spans, where)]
 

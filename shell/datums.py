@@ -59,7 +59,7 @@ def to_tinker_datums(
     input_tokens = np.asarray(batch.input_tokens_D_T, dtype=np.int32)[real]
     # One bulk copy per array: the datums own their loss inputs (the batch's arrays are
     # read-only, and TensorData would otherwise copy each row separately).
-    target_tokens = np.array(batch.target_tokens_D_T[real], dtype=np.int64)
+    target_tokens = np.array(np.asarray(batch.target_tokens_D_T)[real], dtype=np.int64)
     # One allocation for the three float arrays (fewer, larger blocks page-fault less).
     floats = np.empty((3, *target_tokens.shape), np.float32)
     logprobs, advantages, mask = floats
