@@ -50,7 +50,7 @@ from shell.config import (
     load_config_file,
 )
 from shell.errors import ConfigError, RlpureError
-from shell.resume import checked_last_checkpoint
+from shell.resume import checked_last_checkpoint, recipe_options
 from shell.train import TrainResult, train
 
 __all__ = [
@@ -224,14 +224,14 @@ def toy_recipe_options(args: argparse.Namespace) -> dict[str, Any]:
     of another recipe is not resumed as a toy run).
 
     Examples:
-        >>> args = argparse.Namespace(num_batches=8, groups_per_batch=4, group_size=2)
+        >>> args = argparse.Namespace(
+        ...     num_batches=8, groups_per_batch=4, group_size=2, env_latency=0.0
+        ... )
         >>> toy_recipe_options(args)
         {'recipe': 'toy', 'groups_per_batch': 4, 'group_size': 2}
     """
-    return {
-        "recipe": "toy",
-        **{name: getattr(args, name) for name in _TOY_OPTIONS if name not in TOY_RESUME_MAY_CHANGE},
-    }
+    fields = {name: getattr(args, name) for name in _TOY_OPTIONS}
+    return recipe_options("toy", fields, may_change=TOY_RESUME_MAY_CHANGE)
 
 
 def _toy_datasets(args: argparse.Namespace) -> tuple[Any, Any]:

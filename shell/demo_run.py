@@ -28,7 +28,7 @@ from shell.demo_arithmetic import ArithmeticDataset
 from shell.demo_base_model import BaseModelServiceClient, pretrain_base_model
 from shell.demo_config import DemoConfig, demo_keys
 from shell.logs import METRICS_FILE, read_jsonl
-from shell.resume import checked_last_checkpoint
+from shell.resume import checked_last_checkpoint, recipe_options
 from shell.train import train
 
 __all__ = [
@@ -61,8 +61,7 @@ DEMO_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every"})
 def demo_recipe_options(config: DemoConfig) -> dict[str, Any]:
     """The demo's options recorded for the resume check: every `DemoConfig` field that shapes
     the run (the split, the corpus, the base model, the batches, the reward)."""
-    fields = msgspec.to_builtins(config)
-    return {"recipe": "demo"} | {k: v for k, v in fields.items() if k not in DEMO_RESUME_MAY_CHANGE}
+    return recipe_options("demo", msgspec.to_builtins(config), may_change=DEMO_RESUME_MAY_CHANGE)
 
 
 async def run_demo_async(

@@ -56,7 +56,7 @@ from shell.cli import TRAIN_RECIPES, make_service_client, train_recipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
 from shell.gsm8k import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
-from shell.resume import checked_last_checkpoint, open_training_client
+from shell.resume import checked_last_checkpoint, open_training_client, recipe_options
 from shell.train import TrainResult, train
 
 __all__ = [
@@ -201,14 +201,10 @@ def gsm8k_recipe_options(options: Gsm8kOptions) -> dict[str, Any]:
         >>> sorted(gsm8k_recipe_options(Gsm8kOptions()))
         ['batch_size', 'data_dir', 'fewshot', 'format_coef', 'group_size', 'recipe']
     """
-    fields = {
-        name: value
-        for name, value in msgspec.structs.asdict(options).items()
-        if name not in GSM8K_RESUME_MAY_CHANGE
-    }
+    fields = msgspec.structs.asdict(options)
     if fields["data_dir"] is not None:
         fields["data_dir"] = str(Path(fields["data_dir"]).resolve())
-    return {"recipe": "gsm8k", **fields}
+    return recipe_options("gsm8k", fields, may_change=GSM8K_RESUME_MAY_CHANGE)
 
 
 def check_tinker_api_key(config: TrainConfig) -> None:

@@ -32,7 +32,7 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ __all__ = [
     "open_training_client",
     "prng_key_data",
     "prng_key_from_data",
+    "recipe_options",
     "record_run_options",
 ]
 
@@ -177,6 +178,19 @@ def checked_last_checkpoint(
             Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options
         )
     return resume
+
+
+def recipe_options(
+    recipe: str, fields: Mapping[str, Any], *, may_change: Collection[str]
+) -> dict[str, Any]:
+    """What a recipe passes as `train(recipe_options=...)`: `{"recipe": recipe}` plus every
+    field outside `may_change` (those a resumed run may change, e.g. how long it runs).
+
+    Examples:
+        >>> recipe_options("toy", {"group_size": 2, "num_batches": 8}, may_change={"num_batches"})
+        {'recipe': 'toy', 'group_size': 2}
+    """
+    return {"recipe": recipe, **{k: v for k, v in fields.items() if k not in may_change}}
 
 
 # --- recording a run's options -----------------------------------------------------------------
