@@ -52,5 +52,5 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
-	$(CBVENV)/bin/pytest -q tests/test_cookbook_parity.py tests/test_cookbook_compat.py
+	$(CBVENV)/bin/pytest -q tests/shell/test_cookbook_parity.py tests/shell/test_cookbook_compat.py
 	$(CBVENV)/bin/python benchmarks/bench_assembly.py --case GRPO

@@ -7,7 +7,7 @@ ratios measured in the same process (machines here are noisy, so only ratios are
 - `rlpure datums`:   the above + `shell.to_tinker_datums` → `list[tinker.Datum]`.
 - `reference`:       a faithful list-based re-implementation of the cookbook algorithm on
                      cookbook-style records (Python lists of ints), building `tinker.Datum`s
-                     through the SDK's validating constructors (`rlpure.reference`).
+                     through the SDK's validating constructors (`rlpure.testing.reference`).
 - `cookbook 0.6.1`:  the real `tinker_cookbook.rl.data_processing`, when importable (it needs
                      torch; run this script from a throwaway venv that has it).
 - `memcpy floor`:    allocating and writing the same number of bytes as rlpure's padded output.
@@ -33,7 +33,10 @@ import tinker
 from rlpure.advantages import compute_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
-from rlpure.reference import reference_assemble_training_data, reference_group_centered_advantages
+from rlpure.testing.reference import (
+    reference_assemble_training_data,
+    reference_group_centered_advantages,
+)
 from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
 

@@ -1,9 +1,14 @@
 """rlpure: the pure core of RL on language models for the Tinker API.
 
-Immutable records, vectorised advantages, datum assembly, Tinker's losses, KL shaping,
-metrics, prompt rendering and answer grading. Nothing here performs IO, touches the
-network, or imports the effect shell (`shell`). Hypothesis strategies for users' own
-property tests live in `rlpure.testing` (imported separately: it needs hypothesis).
+Immutable records (`rlpure.records`), vectorised advantages and their aggregation
+(`rlpure.advantages`), datum assembly into bucketed padded arrays (`rlpure.packing`), Tinker's
+losses (`rlpure.losses`), KL shaping (`rlpure.kl`), the cookbook's metrics (`rlpure.metrics`)
+and prompt rendering (`rlpure.render`); this package re-exports their public names. Nothing
+here performs IO, touches the network, or imports the effect shell (`shell`).
+
+Beside the RL core, imported on their own: `rlpure.model` (the local backend's transformer,
+sampler, optimiser and byte tokenizer), `rlpure.tasks` (task maths: arithmetic, GSM8K grading)
+and `rlpure.testing` (hypothesis strategies and slow references; it needs hypothesis).
 """
 
 from rlpure.advantages import (
@@ -21,17 +26,7 @@ from rlpure.advantages import (
     pack_rewards,
     remove_constant_reward_groups,
 )
-from rlpure.grading import (
-    GSM8K_QUESTION_SUFFIX,
-    extract_boxed,
-    grade_answer,
-    grade_boxed_response,
-    gsm8k_fewshot_prefix,
-    gsm8k_ground_truth,
-    gsm8k_question,
-    has_boxed_answer,
-    normalize_numeric_answer,
-)
+from rlpure.buckets import bucket_size
 from rlpure.kl import discounted_future_sum, kl_penalty_advantages
 from rlpure.losses import (
     LOSSES,
@@ -52,21 +47,11 @@ from rlpure.metrics import (
     sampling_client_metrics,
     trajectory_metrics,
 )
-from rlpure.model import (
-    MODEL_CONFIGS,
-    ModelConfig,
-    get_model_config,
-    init_params,
-    logits,
-    sample_tokens,
-    target_logprobs,
-)
 from rlpure.packing import (
     DatumBatch,
     DatumProvenance,
     ProvenanceSpan,
     assemble_batch,
-    bucket_size,
     check_datum_batch,
     datum_arrays,
     trajectory_segments,
@@ -92,22 +77,14 @@ from rlpure.render import (
     SupervisedExample,
     get_renderer,
 )
-from rlpure.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
 
 __all__ = [
-    "BOS_ID",
-    "EOS_ID",
-    "GSM8K_QUESTION_SUFFIX",
     "LOSSES",
-    "MODEL_CONFIGS",
-    "PAD_ID",
     "PARSE_ERROR_MASKED_METRIC_KEY",
-    "ByteTokenizer",
     "DatumBatch",
     "DatumProvenance",
     "LossOutput",
     "LossSpec",
-    "ModelConfig",
     "ModelInput",
     "PackedRewards",
     "ParsedResponse",
@@ -141,33 +118,20 @@ __all__ = [
     "dro_quadratic_penalty_loss",
     "encode_json",
     "encode_msgpack",
-    "extract_boxed",
-    "get_model_config",
     "get_renderer",
-    "grade_answer",
-    "grade_boxed_response",
     "group_centered_advantages",
     "group_normalized_advantages",
-    "gsm8k_fewshot_prefix",
-    "gsm8k_ground_truth",
-    "gsm8k_question",
     "gspo_token_clipped_surrogate_loss",
-    "has_boxed_answer",
     "importance_sampling_loss",
-    "init_params",
     "kl_penalty_advantages",
     "kl_sample_train_metrics",
     "leave_one_out_advantages",
-    "logits",
     "loss_fn_inputs_from_batch",
-    "normalize_numeric_answer",
     "pack_rewards",
     "ppo_clipped_surrogate_loss",
     "remove_constant_reward_groups",
     "rollout_error_metrics",
-    "sample_tokens",
     "sampling_client_metrics",
-    "target_logprobs",
     "trajectory_metrics",
     "trajectory_segments",
 ]

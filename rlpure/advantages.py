@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
-from rlpure.packing import DatumBatch, bucket_size
+from rlpure.buckets import bucket_size
+from rlpure.packing import DatumBatch
 from rlpure.records import TrajectoryGroup
 
 __all__ = [

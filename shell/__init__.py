@@ -3,9 +3,9 @@
 Environments and datasets (`shell.env`), async rollouts with failure strategies
 (`shell.rollouts`), the sampler-facing completer (`shell.completers`), conversion of padded
 batches to `tinker.Datum`s (`shell.datums`), records to tinker-cookbook's for parity checks
-(`shell.cookbook`), the GRPO training loop (`shell.train`),
+(`shell.cookbook`), the GRPO training loop (`shell.training`),
 checkpoints, logs, config and the `rlpure` CLI, scripted fakes for tests (`shell.fakes`), and
-the local JAX backend that speaks the Tinker client interface (`shell.local_backend`).
+the local JAX backend that speaks the Tinker client interface (`shell.local`).
 """
 
 from shell.completers import TinkerTokenCompleter, TokenCompleter
@@ -30,8 +30,7 @@ from shell.errors import (
     RlpureError,
     RolloutTimeoutError,
 )
-from shell.gsm8k import Gsm8kDataset, Gsm8kDatasetBuilder, Gsm8kEnv, load_gsm8k
-from shell.local_backend import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 from shell.rollouts import (
     FailFast,
     MinViableGroup,
@@ -41,9 +40,9 @@ from shell.rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
-from shell.train import TrainResult, evaluate, train_step
+from shell.training import TrainResult, evaluate, train, train_step
 
-# `shell.train.train` (the loop) is not re-exported: `shell.train` must stay the module.
+# `shell.training.train` (the loop) is not re-exported: `shell.training` must stay the module.
 
 __all__ = [
     "BelowMinViableGroupError",
@@ -54,9 +53,6 @@ __all__ = [
     "EnvGroupBuilder",
     "FailFast",
     "GroupRolloutError",
-    "Gsm8kDataset",
-    "Gsm8kDatasetBuilder",
-    "Gsm8kEnv",
     "LocalSamplingClient",
     "LocalServiceClient",
     "LocalTrainingClient",
@@ -80,9 +76,9 @@ __all__ = [
     "do_single_rollout",
     "evaluate",
     "load_config_file",
-    "load_gsm8k",
     "to_cookbook_groups",
     "to_tinker_datums",
     "to_tinker_model_input",
+    "train",
     "train_step",
 ]

@@ -1,7 +1,7 @@
 """Training configuration: one frozen msgspec record, loadable from TOML/JSON, CLI overrides.
 
 Conventions:
-- `TrainConfig` holds every option of the loop (`shell.train.train`); `FIELD_HELP` documents
+- `TrainConfig` holds every option of the loop (`shell.training.train`); `FIELD_HELP` documents
   each one (the CLI's `--help` prints it). Unknown keys are refused, values are type-checked by
   msgspec, and range checks raise `ConfigError` naming the field.
 - Precedence: defaults < config file (`.toml` or `.json`) < command-line overrides.

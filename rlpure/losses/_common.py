@@ -1,0 +1,174 @@
+"""What the Tinker losses share: the `LossOutput` record, input checks, masking and ratio metrics.
+
+Used by `rlpure.losses` (the six losses) and `rlpure.losses` (the registry and
+`compute_loss`); see `rlpure.losses` for the notation (`lp`, `q`, `A`, `r`).
+
+Conventions:
+- Every check takes the Tinker loss name first and puts it at the head of its message
+  (`"ppo: input 'advantages' has shape (2, 1), expected (1, 2) ..."`), so an error names the
+  loss, the input and both shapes. Inputs must have the `[D, T]` shape of
+  `target_logprobs_D_T` and are cast to its (floating) dtype.
+- Hyper-parameters are checked only when they are concrete Python numbers: under `jit` they
+  may be traced, and then they pass unchecked.
+- `valid_mask_D_T` (bool/float `[D, T]`, nonzero on real positions; `None` = all) becomes a
+  bool mask; `rl_inputs` zeroes `lp`, `q` and `A` outside it *before* any arithmetic (the
+  "double where" idiom: padding, even NaN/inf, never reaches a value or a gradient).
+- Action positions are valid positions with `A != 0`; `ratio_metrics` reduces over them only
+  (`action_tokens:sum`, `ratio:{mean,min,max}`, `clip_fraction:mean`), giving 1.0 / 0.0 when
+  there are none, and `loss_output` adds the stop-gradient'ed `loss:sum`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import msgspec
+from jax.typing import ArrayLike
+
+__all__ = [
+    "LossOutput",
+    "as_input",
+    "as_logprobs",
+    "check_clip",
+    "check_finite",
+    "loss_output",
+    "ratio_metrics",
+    "rl_inputs",
+    "valid_mask",
+]
+
+
+class LossOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """What a loss returns (Tinker's `loss`, `loss_fn_outputs["logprobs"]` and `metrics`).
+
+    Registered as a pytree, so it can be returned from `jit` and used as the auxiliary output
+    of `jax.value_and_grad(..., has_aux=True)`.
+
+    Attributes:
+        loss: float scalar, the summed loss (differentiable in `target_logprobs_D_T`).
+        target_logprobs_D_T: float `[D, T]`, the learner logprobs passed in (Tinker's
+            per-datum output `logprobs`), unchanged.
+        metrics: scalar diagnostics keyed `name:reduction`; at least `loss:sum`. They are
+            stop-gradient'ed.
+    """
+
+    loss: jax.Array
+    target_logprobs_D_T: jax.Array
+    metrics: dict[str, jax.Array]
+
+
+jax.tree_util.register_dataclass(
+    LossOutput, data_fields=["loss", "target_logprobs_D_T", "metrics"], meta_fields=[]
+)
+
+
+# --- checks and helpers ----------------------------------------------------------------------
+
+
+def as_logprobs(loss: str, target_logprobs_D_T: ArrayLike) -> jax.Array:
+    """`target_logprobs_D_T` as an array, checked to be floating `[D, T]`."""
+    lp = jnp.asarray(target_logprobs_D_T)
+    if lp.ndim != 2:
+        raise ValueError(f"{loss}: target_logprobs_D_T must be [D, T], got shape {lp.shape}")
+    if not jnp.issubdtype(lp.dtype, jnp.floating):
+        raise TypeError(f"{loss}: target_logprobs_D_T must be floating, got dtype {lp.dtype}")
+    return lp
+
+
+def as_input(loss: str, field: str, values: ArrayLike, lp: jax.Array) -> jax.Array:
+    """Input `field` as an array of `lp`'s dtype, checked to have `lp`'s `[D, T]` shape."""
+    arr = jnp.asarray(values)
+    if arr.shape != lp.shape:
+        raise ValueError(
+            f"{loss}: input {field!r} has shape {arr.shape}, expected {lp.shape} "
+            "(the shape of target_logprobs_D_T)"
+        )
+    return arr.astype(lp.dtype)
+
+
+def valid_mask(loss: str, valid_mask_D_T: ArrayLike | None, lp: jax.Array) -> jax.Array:
+    """Bool `[D, T]` mask of real positions: `valid_mask_D_T != 0`, all True when `None`."""
+    if valid_mask_D_T is None:
+        return jnp.ones(lp.shape, bool)
+    valid = jnp.asarray(valid_mask_D_T)
+    if valid.shape != lp.shape:
+        raise ValueError(
+            f"{loss}: valid_mask_D_T has shape {valid.shape}, expected {lp.shape} "
+            "(the shape of target_logprobs_D_T)"
+        )
+    return valid != 0
+
+
+def check_finite(loss: str, key: str, value: Any) -> None:
+    """Checks a hyper-parameter when it is a concrete number (it may be traced under `jit`)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{loss}: config {key!r} must be a real number, got bool")
+    if isinstance(value, (int, float)) and not math.isfinite(value):
+        raise ValueError(f"{loss}: config {key!r} must be finite, got {value}")
+
+
+def check_clip(loss: str, low: Any, high: Any) -> None:
+    """Checks concrete ratio bounds: finite, with `0 <= low <= high`."""
+    check_finite(loss, "clip_low_threshold", low)
+    check_finite(loss, "clip_high_threshold", high)
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not 0 <= low <= high:
+        raise ValueError(
+            f"{loss}: need 0 <= clip_low_threshold <= clip_high_threshold, "
+            f"got clip_low_threshold={low}, clip_high_threshold={high}"
+        )
+
+
+def ratio_metrics(
+    ratio_D_T: jax.Array,
+    action_D_T: jax.Array,
+    *,
+    clip_low: Any = None,
+    clip_high: Any = None,
+) -> dict[str, jax.Array]:
+    """Ratio diagnostics over action positions (1.0 / 0.0 when there are none)."""
+    ratio = jax.lax.stop_gradient(ratio_D_T)
+    count = jnp.sum(action_D_T)
+    has_any = count > 0
+    denom = jnp.maximum(count, 1).astype(ratio.dtype)
+    one = jnp.ones((), ratio.dtype)
+    safe = jnp.where(action_D_T, ratio, one)
+    metrics = {
+        "action_tokens:sum": count.astype(ratio.dtype),
+        "ratio:mean": jnp.where(has_any, jnp.sum(jnp.where(action_D_T, ratio, 0)) / denom, one),
+        "ratio:min": jnp.where(has_any, jnp.min(jnp.where(action_D_T, ratio, jnp.inf)), one),
+        "ratio:max": jnp.where(has_any, jnp.max(jnp.where(action_D_T, ratio, -jnp.inf)), one),
+    }
+    if clip_low is not None:
+        outside = action_D_T & ((safe < clip_low) | (safe > clip_high))
+        metrics["clip_fraction:mean"] = jnp.sum(outside).astype(ratio.dtype) / denom
+    return metrics
+
+
+def loss_output(loss: jax.Array, lp: jax.Array, metrics: dict[str, jax.Array]) -> LossOutput:
+    """`LossOutput` with `metrics` plus the stop-gradient'ed `loss:sum`."""
+    return LossOutput(
+        loss=loss,
+        target_logprobs_D_T=lp,
+        metrics={"loss:sum": jax.lax.stop_gradient(loss), **metrics},
+    )
+
+
+def rl_inputs(
+    loss: str,
+    target_logprobs_D_T: ArrayLike,
+    sampling_logprobs_D_T: ArrayLike,
+    advantages_D_T: ArrayLike,
+    valid_mask_D_T: ArrayLike | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Returns (lp, lp zeroed off-mask, q zeroed, A zeroed, valid, action)."""
+    lp = as_logprobs(loss, target_logprobs_D_T)
+    q = as_input(loss, "logprobs", sampling_logprobs_D_T, lp)
+    adv = as_input(loss, "advantages", advantages_D_T, lp)
+    valid = valid_mask(loss, valid_mask_D_T, lp)
+    lp_v = jnp.where(valid, lp, 0)
+    q_v = jnp.where(valid, q, 0)
+    adv_v = jnp.where(valid, adv, 0)
+    return lp, lp_v, q_v, adv_v, valid, valid & (adv_v != 0)

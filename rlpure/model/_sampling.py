@@ -1,0 +1,294 @@
+"""Sampling from the transformer with a KV cache: `sample_tokens` and its batch records.
+
+The local backend's sampler (`shell.local`) pads requests into a `SampleBatch`, calls
+`sample_tokens` and reads the `SampleOutput`; the model itself is `rlpure.model`.
+
+Conventions:
+- `sample_tokens` prefills the padded prompts once into a KV cache, then decodes one
+  token per row per step inside a `jax.lax.while_loop` over a fixed (bucketed) number of new
+  tokens, leaving early when every row has stopped. A row stops on a stop token, on a stop
+  sequence completed by its generated tokens (the stop token/sequence is *included* in the
+  output, as on Tinker), or at its own `max_new_tokens` (`"length"`). Returned logprobs are
+  the log-softmax of the chosen token under the tempered distribution it was drawn from, as
+  Tinker reports them; at temperature 1 (or 0, greedy) that is the quantity `target_logprobs`
+  computes, so on-policy importance ratios are 1 (to float32 rounding).
+- Axes: `B` rows (one per sample), `T` prompt positions (right-padded, each row at least one
+  real token), `M` the static bucket of new tokens, `V` vocab, `S` stop-sequence slots and `L`
+  their (right-aligned, -1-padded) length; `K` in `key_material_B_K` is the number of words of
+  per-row key material. The KV cache is `[L, B, T + M, H, K]` per keys and values, with `L`
+  the layer axis and `H`, `K` heads and head width, as in `rlpure.model`.
+- Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
+  logprob is unfiltered. Each row's randomness depends on its own key material and the step
+  index only, never on the rest of the batch.
+- Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two); `config` and the
+  number of new tokens are static under `jit`, everything else is traced.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import msgspec
+import numpy as np
+
+from rlpure.model._transformer import (
+    NEG_INF,
+    ModelConfig,
+    Params,
+    attend,
+    finish_block,
+    forward,
+    qkv,
+    unembed,
+)
+
+__all__ = ["SampleBatch", "SampleOutput", "sample_tokens", "tempered_token_logprobs"]
+
+
+class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A padded batch of sampling requests, one row per sample (travels through `jit`).
+
+    Attributes:
+        prompt_tokens_B_T: int32 `[B, T]` right-padded prompts (each row at least 1 token).
+        prompt_length_B: int32 `[B]` real prompt length of each row (≥ 1).
+        max_new_tokens_B: int32 `[B]` tokens each row may generate (0 for padding rows).
+        temperature_B: float32 `[B]`; 0 means greedy (argmax).
+        top_k_B: int32 `[B]`; keep the `k` most likely tokens, `≤ 0` keeps all.
+        top_p_B: float32 `[B]`; nucleus mass kept, `≥ 1` keeps all.
+        key_material_B_K: uint32 `[B, K]` per-row key material `(m_0, …, m_{K−1})`, `K ≥ 1`:
+            the row's key is `key(m_0)` folded (`jax.random.fold_in`) with `m_1`, …, `m_{K−1}`,
+            then with the step index at each step, so a row's draws depend on its material
+            only, never on the rest of the batch.
+        stop_token_mask_B_V: bool `[B, V]`, True for ids that end the row.
+        stop_seqs_B_S_L: int32 `[B, S, L]` stop sequences, **right-aligned**, left-padded with
+            -1 (a wildcard); all -1 for an unused slot.
+        stop_seq_valid_B_S: bool `[B, S]`, True for used slots.
+    """
+
+    prompt_tokens_B_T: jax.Array | np.ndarray
+    prompt_length_B: jax.Array | np.ndarray
+    max_new_tokens_B: jax.Array | np.ndarray
+    temperature_B: jax.Array | np.ndarray
+    top_k_B: jax.Array | np.ndarray
+    top_p_B: jax.Array | np.ndarray
+    key_material_B_K: jax.Array | np.ndarray
+    stop_token_mask_B_V: jax.Array | np.ndarray
+    stop_seqs_B_S_L: jax.Array | np.ndarray
+    stop_seq_valid_B_S: jax.Array | np.ndarray
+
+
+class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """What `sample_tokens` returns.
+
+    Attributes:
+        tokens_B_M: int32 `[B, M]` generated tokens, valid on `[0, num_tokens_B[b])`, 0 after.
+        logprobs_B_M: float32 `[B, M]` tempered logprob of each generated token (see above).
+        num_tokens_B: int32 `[B]` tokens generated per row.
+        stopped_B: bool `[B]` True when the row ended on a stop token/sequence (`"stop"`),
+            False when it ran out of tokens (`"length"`).
+    """
+
+    tokens_B_M: jax.Array
+    logprobs_B_M: jax.Array
+    num_tokens_B: jax.Array
+    stopped_B: jax.Array
+
+
+for _record in (SampleBatch, SampleOutput):
+    jax.tree_util.register_dataclass(
+        _record, data_fields=list(_record.__struct_fields__), meta_fields=[]
+    )
+
+
+def _filter_logits(logits_B_V: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array) -> jax.Array:
+    """Masks logits outside each row's top-k set and top-p nucleus to `NEG_INF`."""
+    v = logits_B_V.shape[-1]
+    sorted_B_V = -jnp.sort(-logits_B_V, axis=-1)
+    k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
+    kth_B = jnp.take_along_axis(sorted_B_V, (k_B - 1)[:, None], axis=-1)
+    probs_B_V = jax.nn.softmax(sorted_B_V, axis=-1)
+    mass_before_B_V = jnp.cumsum(probs_B_V, axis=-1) - probs_B_V
+    keep_sorted = mass_before_B_V < top_p_B[:, None]
+    n_keep_B = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
+    pth_B = jnp.take_along_axis(sorted_B_V, (n_keep_B - 1)[:, None], axis=-1)
+    pth_B = jnp.where(top_p_B[:, None] >= 1.0, -jnp.inf, pth_B)
+    threshold_B = jnp.maximum(kth_B, pth_B)
+    return jnp.where(logits_B_V >= threshold_B, logits_B_V, NEG_INF)
+
+
+def _row_keys(key_material_B_K: jax.Array) -> jax.Array:
+    def one(material_K: jax.Array) -> jax.Array:
+        key = jax.random.key(material_K[0])
+        for k in range(1, material_K.shape[0]):
+            key = jax.random.fold_in(key, material_K[k])
+        return key
+
+    return jax.vmap(one)(key_material_B_K)
+
+
+def tempered_token_logprobs(
+    logits_B_V: jax.Array, temperature_B: jax.Array, token_B: jax.Array
+) -> jax.Array:
+    """`log_softmax(logits / T)[token]` per row: the logprob Tinker reports for a sampled token.
+
+    Computed as `(l_tok - l_max) / T - log(sum_v exp((l_v - l_max) / T))`: the first term is
+    <= 0 and the second >= 0 (the max term is exp(0) = 1) whatever the rounding, so the result
+    is never positive (a naive `log_softmax(logits / T)` comes out a few ulps above 0 for a
+    near-certain token when `T` is not a power of two) and stays finite for tiny `T`. Not
+    renormalised over a top-k/top-p set.
+
+    Args:
+        logits_B_V: float32 `[B, V]` next-token logits.
+        temperature_B: float32 `[B]`, > 0 (pass 1 for greedy rows).
+        token_B: int32 `[B]` the sampled tokens.
+
+    Returns:
+        float32 `[B]`, each <= 0.
+
+    Examples:
+        >>> import numpy as np
+        >>> lp = tempered_token_logprobs(np.array([[0.0, np.log(3.0)]], np.float32),
+        ...                              np.array([1.0], np.float32), np.array([1]))
+        >>> round(float(np.exp(lp[0])), 6)
+        0.75
+    """
+    shifted_B_V = logits_B_V - jnp.max(logits_B_V, axis=-1, keepdims=True)
+    scaled_B_V = shifted_B_V / temperature_B[:, None]
+    log_norm_B = jnp.log(jnp.sum(jnp.exp(scaled_B_V), axis=-1))
+    token_term_B = jnp.take_along_axis(scaled_B_V, token_B[:, None], axis=-1)[:, 0]
+    # The clamp only guards against exp/log approximations that could put exp(0) or log(1) an
+    # ulp off; the algebra above already gives <= 0.
+    return jnp.minimum(token_term_B - log_norm_B, 0.0)
+
+
+@partial(jax.jit, static_argnames=("config", "max_new_tokens"))
+def sample_tokens(
+    params: Params, batch: SampleBatch, *, config: ModelConfig, max_new_tokens: int
+) -> SampleOutput:
+    """Samples up to `max_new_tokens` tokens for every row of `batch` (jitted).
+
+    Prefills the prompts into a KV cache of length `T + max_new_tokens`, then, per step: draw
+    the next token of every live row from `softmax(filter(logits) / temperature)` (argmax when
+    the temperature is 0), record its logprob `log_softmax(logits / temperature)` (as Tinker's
+    sampler reports it: tempered, not renormalised over the top-k/top-p set; at temperature 0
+    the untempered one), stop the row if the token is a stop
+    token, if its generated tail now ends with one of its stop sequences, or if it reached its
+    `max_new_tokens_B`; feed the token back through one cached decoder step. Exits early when
+    every row has stopped.
+
+    Args:
+        params: model params.
+        batch: the padded requests (see `SampleBatch`); `B` and `T` should be bucketed.
+        config: model shape (static).
+        max_new_tokens: `M`, the static bucket ≥ every `max_new_tokens_B` (static).
+
+    Returns:
+        `SampleOutput` with `[B, M]` tokens/logprobs, `[B]` counts and stop flags.
+    """
+    prompt_B_T = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
+    length_B = jnp.asarray(batch.prompt_length_B, jnp.int32)
+    max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
+    temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
+    stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
+    stop_seqs_B_S_L = jnp.asarray(batch.stop_seqs_B_S_L, jnp.int32)
+    stop_valid_B_S = jnp.asarray(batch.stop_seq_valid_B_S, bool)
+    top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
+    top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
+    b, t = prompt_B_T.shape
+    m = max_new_tokens
+    cache_len = t + m
+    window = stop_seqs_B_S_L.shape[-1]
+    rows = jnp.arange(b)
+
+    # Prefill: full causal pass over the padded prompts; cache their keys/values.
+    logits_B_T_V, kv = forward(params, prompt_B_T, config)
+    pad = ((0, 0), (0, 0), (0, m), (0, 0), (0, 0))
+    cache = (jnp.pad(kv[0], pad), jnp.pad(kv[1], pad))  # each [L, B, T + M, H, K]
+    logits_B_V = logits_B_T_V[rows, length_B - 1]
+    keys_B = _row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32))
+    needs_filter = jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0)
+
+    state = {
+        "step": jnp.zeros((), jnp.int32),
+        "logits_B_V": logits_B_V,
+        "cache": cache,
+        "done_B": max_new_B <= 0,
+        "stopped_B": jnp.zeros((b,), bool),
+        "num_B": jnp.zeros((b,), jnp.int32),
+        "tokens_B_M": jnp.zeros((b, m), jnp.int32),
+        "logprobs_B_M": jnp.zeros((b, m), jnp.float32),
+        "tail_B_L": jnp.full((b, window), -2, jnp.int32),
+    }
+
+    def cond(state: dict[str, Any]) -> jax.Array:
+        return (state["step"] < m) & ~jnp.all(state["done_B"])
+
+    def body(state: dict[str, Any]) -> dict[str, Any]:
+        step = state["step"]
+        live_B = ~state["done_B"]
+        logits_B_V = state["logits_B_V"]
+        step_keys = jax.vmap(lambda key: jax.random.fold_in(key, step))(keys_B)
+        safe_temp_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
+        filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
+            needs_filter,
+            lambda x: _filter_logits(x, top_k_B, top_p_B),
+            lambda x: x,
+            logits_B_V,
+        )
+        scaled_B_V = filtered_B_V / safe_temp_B[:, None]
+        drawn_B = jax.vmap(jax.random.categorical)(step_keys, scaled_B_V)
+        token_B = jnp.where(temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
+        token_B = token_B.astype(jnp.int32)
+        logprob_B = tempered_token_logprobs(logits_B_V, safe_temp_B, token_B)
+
+        tokens_B_M = state["tokens_B_M"].at[:, step].set(jnp.where(live_B, token_B, 0))
+        logprobs_B_M = state["logprobs_B_M"].at[:, step].set(jnp.where(live_B, logprob_B, 0.0))
+        num_B = state["num_B"] + live_B.astype(jnp.int32)
+        tail_B_L = jnp.concatenate([state["tail_B_L"][:, 1:], token_B[:, None]], axis=1)
+        seq_hit_B_S = jnp.all(
+            (stop_seqs_B_S_L == -1) | (stop_seqs_B_S_L == tail_B_L[:, None, :]), axis=-1
+        )
+        hit_B = stop_mask_B_V[rows, token_B] | jnp.any(seq_hit_B_S & stop_valid_B_S, axis=-1)
+        stopped_B = state["stopped_B"] | (live_B & hit_B)
+        done_B = state["done_B"] | (live_B & (hit_B | (num_B >= max_new_B)))
+
+        # One cached decoder step on the new token at position length + step.
+        pos_B = length_B + step
+        x = params["embed_V_D"][token_B][:, None, :]
+        allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= pos_B[:, None])[:, None, :]
+
+        def block(
+            x: jax.Array, layer_and_cache: tuple[Params, jax.Array, jax.Array]
+        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            layer, k_cache, v_cache = layer_and_cache
+            q, k, v = qkv(layer, x, pos_B[:, None], config)
+            k_cache = k_cache.at[rows, pos_B].set(k[:, 0])
+            v_cache = v_cache.at[rows, pos_B].set(v[:, 0])
+            x = finish_block(layer, x, attend(q, k_cache, v_cache, allowed_B_1_S), config)
+            return x, (k_cache, v_cache)
+
+        x, new_cache = jax.lax.scan(block, x, (params["layers"], *state["cache"]))
+        next_logits_B_V = unembed(params, x, config)[:, 0]
+
+        return {
+            "step": step + 1,
+            "logits_B_V": next_logits_B_V,
+            "cache": new_cache,
+            "done_B": done_B,
+            "stopped_B": stopped_B,
+            "num_B": num_B,
+            "tokens_B_M": tokens_B_M,
+            "logprobs_B_M": logprobs_B_M,
+            "tail_B_L": jnp.where(live_B[:, None], tail_B_L, state["tail_B_L"]),
+        }
+
+    final: dict[str, Any] = jax.lax.while_loop(cond, body, state)
+    return SampleOutput(
+        tokens_B_M=final["tokens_B_M"],
+        logprobs_B_M=final["logprobs_B_M"],
+        num_tokens_B=final["num_B"],
+        stopped_B=final["stopped_B"],
+    )

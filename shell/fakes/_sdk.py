@@ -1,0 +1,438 @@
+"""A scripted Tinker SDK stand-in: fake service, training and sampling clients.
+
+Re-exported by `shell.fakes`. `FakeServiceClient` → `FakeTrainingClient` →
+`FakeSamplingClient` — the subset of the Tinker SDK the loop uses, with the SDK's own types
+(`tinker.SampleResponse`, `tinker.AdamParams`, `tinker.Datum`, `tinker.ForwardBackwardOutput`),
+SDK 0.38 calling conventions (methods return a `tinker.APIFuture` at once; await it), and an
+ordered `events` log of every call, submit and await. `forward_backward` checks the `Datum`s as
+the SDK would send them: it builds the SDK's `ForwardBackwardRequest`, serialises it with the
+SDK's own wire encoder, and checks the bytes equal those of the same datums rebuilt through the
+SDK's pydantic-validating constructors.
+
+Conventions: the fake sampler draws 1–`max_tokens` (at most 4) tokens uniformly from
+`[0, vocab_size)` with a `numpy` generator seeded by `SamplingParams.seed` (or the client's own
+seed); with temperature 0 it returns the single token `prompt[-1] % vocab_size`. Logprobs are
+those of a uniform distribution, `-log(vocab_size)`, so sampling and "training" logprobs agree.
+Saved states live in a `FakeCheckpointStore` that outlives clients, as a server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import math
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import tinker
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.types import (
+    ForwardBackwardInput,
+    ForwardBackwardRequest,
+    LoadWeightsResponse,
+    SaveWeightsForSamplerResponse,
+    SaveWeightsResponse,
+)
+
+from rlpure.model import ByteTokenizer
+
+__all__ = [
+    "FakeCheckpointStore",
+    "FakeFuture",
+    "FakeSamplingClient",
+    "FakeServiceClient",
+    "FakeTrainingClient",
+]
+
+T = TypeVar("T")
+
+
+class FakeFuture(tinker.APIFuture[T]):
+    """An `APIFuture` holding a ready value; awaiting it logs `("await", label)` in `events`."""
+
+    def __init__(self, value: T, *, events: list[tuple[Any, ...]], label: str) -> None:
+        self._value = value
+        self._events = events
+        self.label = label
+
+    async def result_async(self, timeout: float | None = None) -> T:
+        self._events.append(("await", self.label))
+        await asyncio.sleep(0)
+        return self._value
+
+    def result(self, timeout: float | None = None) -> T:
+        self._events.append(("await", self.label))
+        return self._value
+
+    def future(self) -> concurrent.futures.Future[T]:
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        done.set_result(self._value)
+        return done
+
+
+class _LatentFuture(tinker.APIFuture[T]):
+    """An `APIFuture` whose value an `async` function computes when first awaited."""
+
+    def __init__(self, make: Callable[[], Awaitable[T]]) -> None:
+        self._make = make
+
+    async def result_async(self, timeout: float | None = None) -> T:
+        return await self._make()
+
+    def result(self, timeout: float | None = None) -> T:
+        raise RuntimeError("fake futures are awaited, not waited on with .result()")
+
+    def future(self) -> concurrent.futures.Future[T]:
+        raise RuntimeError("fake futures are awaited, not converted")
+
+
+class FakeCheckpointStore:
+    """Saved training states by path; shared by clients, so it survives a "restart".
+
+    With `file`, states are also kept in that JSON file (rewritten atomically on each save), so
+    a new process — e.g. a run restarted after a kill — sees the states saved before it.
+    """
+
+    def __init__(self, file: str | os.PathLike[str] | None = None) -> None:
+        self.file = None if file is None else Path(file)
+        self.states: dict[str, dict[str, Any]] = {}
+        if self.file is not None and self.file.exists():
+            self.states = json.loads(self.file.read_text(encoding="utf-8"))
+
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        self.states[path] = dict(state)
+        if self.file is not None:
+            tmp = self.file.with_name(self.file.name + ".tmp")
+            tmp.write_text(json.dumps(self.states), encoding="utf-8")
+            os.replace(tmp, self.file)
+
+    def load(self, path: str) -> dict[str, Any]:
+        if path not in self.states:
+            raise FileNotFoundError(f"no saved state at {path}")
+        return self.states[path]
+
+
+class FakeSamplingClient:
+    """`sample` / `compute_logprobs` of `tinker.SamplingClient` (SDK 0.38: futures at once).
+
+    Attributes:
+        version: number of optimizer steps behind these weights.
+        sample_calls: `(prompt tokens, num_samples, sampling_params)` of every call.
+    """
+
+    def __init__(
+        self,
+        *,
+        version: int = 0,
+        vocab_size: int = 16,
+        seed: int = 0,
+        events: list[tuple[Any, ...]] | None = None,
+        fail_at: Mapping[int, BaseException] | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.version = version
+        self.vocab_size = vocab_size
+        self.events = events if events is not None else []
+        self.fail_at = dict(fail_at or {})
+        self.latency = latency
+        self.sample_calls: list[tuple[list[int], int, tinker.SamplingParams]] = []
+        self._rng = np.random.default_rng(seed)
+
+    def sample(
+        self,
+        prompt: tinker.ModelInput,
+        num_samples: int,
+        sampling_params: tinker.SamplingParams,
+        **_: Any,
+    ) -> tinker.APIFuture[tinker.SampleResponse]:
+        """Validates the request at once (as the SDK does), samples when awaited."""
+        if not isinstance(prompt, tinker.ModelInput):
+            raise TypeError(f"sample.prompt: expected tinker.ModelInput, got {type(prompt)}")
+        if not isinstance(sampling_params, tinker.SamplingParams):
+            raise TypeError("sample.sampling_params: expected tinker.SamplingParams")
+        return _LatentFuture(lambda: self._sample(prompt, num_samples, sampling_params))
+
+    async def _sample(
+        self,
+        prompt: tinker.ModelInput,
+        num_samples: int,
+        sampling_params: tinker.SamplingParams,
+    ) -> tinker.SampleResponse:
+        n = len(self.sample_calls)
+        tokens_in = prompt.to_ints()
+        self.sample_calls.append((tokens_in, num_samples, sampling_params))
+        self.events.append(("sample", self.version, len(tokens_in), num_samples))
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if n in self.fail_at:
+            raise self.fail_at[n]
+        rng = (
+            self._rng
+            if sampling_params.seed is None
+            else np.random.default_rng(sampling_params.seed)
+        )
+        max_tokens = min(4, sampling_params.max_tokens or 4)
+        sequences = []
+        for i in range(num_samples):
+            if sampling_params.temperature == 0:
+                tokens = np.asarray([tokens_in[-1] % self.vocab_size if tokens_in else 0])
+            else:
+                length = int(rng.integers(1, max_tokens + 1))
+                tokens = rng.integers(0, self.vocab_size, size=length)
+            sequences.append(
+                tinker.SampledSequence(
+                    stop_reason="stop",
+                    sequence_id=f"v{self.version}-c{n}-s{i}",
+                    tokens_np=tokens.astype(np.int32),
+                    logprobs_np=np.full(len(tokens), -math.log(self.vocab_size), np.float32),
+                )
+            )
+        return tinker.SampleResponse(sequences=sequences)
+
+    def compute_logprobs(self, prompt: tinker.ModelInput) -> tinker.APIFuture[list[float | None]]:
+        """Logprob of each prompt token under the fake reference: `-log(V) - 0.1` (None first)."""
+        tokens = prompt.to_ints()
+        self.events.append(("compute_logprobs", self.version, len(tokens)))
+        logprobs: list[float | None] = [None]
+        logprobs += [-math.log(self.vocab_size) - 0.1] * (len(tokens) - 1)
+        return FakeFuture(logprobs, events=self.events, label="compute_logprobs")
+
+
+_LOSS_INPUTS = {
+    "cross_entropy": {"target_tokens", "weights"},
+    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
+    "ppo": {"target_tokens", "logprobs", "advantages"},
+    "cispo": {"target_tokens", "logprobs", "advantages"},
+    "dro": {"target_tokens", "logprobs", "advantages"},
+    "gspo": {"target_tokens", "logprobs", "advantages"},
+}
+
+
+class FakeTrainingClient:
+    """The training-client subset the loop uses, recording every call in `events`.
+
+    Events: `("forward_backward", n_datums, loss_fn, loss_fn_config)`,
+    `("optim_step", adam_params)`, `("await", label)`, `("save_state", name)`,
+    `("load_state_with_optimizer", path)`, `("save_weights_and_get_sampling_client", version)`.
+    Methods return futures at once, as SDK 0.38 does (`forward_backward(...)` submits; the
+    result is awaited later).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_model: str,
+        rank: int,
+        store: FakeCheckpointStore,
+        events: list[tuple[Any, ...]],
+        vocab_size: int = 16,
+        seed: int = 0,
+        forward_backward_error: BaseException | None = None,
+    ) -> None:
+        self.base_model = base_model
+        self.rank = rank
+        self.store = store
+        self.events = events
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.forward_backward_error = forward_backward_error
+        self.optim_steps = 0
+        self.sent_data: list[list[tinker.Datum]] = []
+        self._requests = itertools.count(1)
+
+    def forward_backward(
+        self,
+        data: list[tinker.Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> FakeFuture[tinker.ForwardBackwardOutput]:
+        n = next(self._requests)
+        self.events.append(("forward_backward", len(data), loss_fn, loss_fn_config))
+        if self.forward_backward_error is not None:
+            raise self.forward_backward_error
+        if not data:
+            raise ValueError("No data provided")  # what the SDK raises
+        expected = _LOSS_INPUTS.get(loss_fn)
+        for d, datum in enumerate(data):
+            if not isinstance(datum, tinker.Datum):
+                raise TypeError(f"forward_backward.data[{d}]: expected tinker.Datum")
+            keys = set(datum.loss_fn_inputs)
+            if expected is not None and keys != expected:
+                raise ValueError(
+                    f"forward_backward.data[{d}].loss_fn_inputs: keys {sorted(keys)} != "
+                    f"{sorted(expected)} for loss_fn {loss_fn!r}"
+                )
+            for key, td in datum.loss_fn_inputs.items():
+                if td.shape != [datum.model_input.length]:
+                    raise ValueError(
+                        f"forward_backward.data[{d}].loss_fn_inputs[{key!r}]: shape {td.shape} "
+                        f"!= model_input length {datum.model_input.length}"
+                    )
+        # The SDK's own request record and wire encoder (what a real call would send).
+        request = ForwardBackwardRequest(
+            forward_backward_input=ForwardBackwardInput(
+                data=data,
+                loss_fn=loss_fn,  # type: ignore[arg-type]
+                loss_fn_config=loss_fn_config,
+            ),
+            model_id="fake-model",
+            seq_id=n,
+        )
+        wire = forward_backward_request_to_proto(request).SerializeToString()
+        # The same datums rebuilt through the SDK's validating constructors (pydantic
+        # `ModelInput.from_ints`, list-based `loss_fn_inputs`) must encode to the same bytes.
+        validated = [
+            tinker.Datum(
+                model_input=tinker.ModelInput.from_ints(
+                    [int(t) for t in datum.model_input.to_ints()]
+                ),
+                loss_fn_inputs={  # lists are coerced by `Datum.__post_init__`
+                    k: td.tolist()  # type: ignore[misc]
+                    for k, td in datum.loss_fn_inputs.items()
+                },
+                model_input_spans=datum.model_input_spans,
+                loss_fn_input_spans=datum.loss_fn_input_spans,
+            )
+            for datum in data
+        ]
+        check = dataclasses.replace(
+            request,
+            forward_backward_input=dataclasses.replace(
+                request.forward_backward_input, data=validated
+            ),
+        )
+        if forward_backward_request_to_proto(check).SerializeToString() != wire:
+            raise ValueError("forward_backward: datums differ from their SDK-validated form")
+        self.sent_data.append(list(data))
+        outputs = []
+        loss = 0.0
+        for datum in data:
+            logprobs = datum.loss_fn_inputs.get("logprobs")
+            arr = (
+                logprobs.to_numpy()
+                if logprobs is not None
+                else np.full(datum.model_input.length, -math.log(self.vocab_size), np.float32)
+            )
+            outputs.append({"logprobs": tinker.TensorData.from_numpy(arr.astype(np.float32))})
+            loss -= float(arr.sum())
+        result = tinker.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord",
+            loss_fn_outputs=outputs,
+            metrics={"loss:sum": loss},
+        )
+        return FakeFuture(result, events=self.events, label=f"forward_backward#{n}")
+
+    def optim_step(self, adam_params: tinker.AdamParams) -> FakeFuture[tinker.OptimStepResponse]:
+        if not isinstance(adam_params, tinker.AdamParams):
+            raise TypeError("optim_step.adam_params: expected tinker.AdamParams")
+        n = next(self._requests)
+        self.events.append(("optim_step", adam_params))
+        self.optim_steps += 1
+        response = tinker.OptimStepResponse(metrics={"optim/step": float(self.optim_steps)})
+        return FakeFuture(response, events=self.events, label=f"optim_step#{n}")
+
+    def save_weights_and_get_sampling_client(
+        self, name: str | None = None
+    ) -> FakeFuture[FakeSamplingClient]:
+        self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
+        client = FakeSamplingClient(
+            version=self.optim_steps,
+            vocab_size=self.vocab_size,
+            seed=self.seed + self.optim_steps,
+            events=self.events,
+        )
+        return FakeFuture(client, events=self.events, label="sampling_client")
+
+    def save_state(
+        self, name: str, ttl_seconds: int | None = None
+    ) -> FakeFuture[SaveWeightsResponse]:
+        path = f"fake://{self.base_model}/state/{name}"
+        self.events.append(("save_state", name))
+        self.store.save(path, {"optim_steps": self.optim_steps})
+        return FakeFuture(SaveWeightsResponse(path=path), events=self.events, label="save_state")
+
+    def save_weights_for_sampler(
+        self, name: str, ttl_seconds: int | None = None
+    ) -> FakeFuture[SaveWeightsForSamplerResponse]:
+        path = f"fake://{self.base_model}/sampler/{name}"
+        self.events.append(("save_weights_for_sampler", name))
+        self.store.save(path, {"optim_steps": self.optim_steps})
+        response = SaveWeightsForSamplerResponse(path=path)
+        return FakeFuture(response, events=self.events, label="save_weights_for_sampler")
+
+    def load_state_with_optimizer(self, path: str) -> FakeFuture[LoadWeightsResponse]:
+        self.events.append(("load_state_with_optimizer", path))
+        self.optim_steps = int(self.store.load(path)["optim_steps"])
+        return FakeFuture(LoadWeightsResponse(path=path), events=self.events, label="load_state")
+
+    def get_tokenizer(self) -> ByteTokenizer:
+        return ByteTokenizer()
+
+
+class FakeServiceClient:
+    """`tinker.ServiceClient` stand-in: creates fake training and sampling clients.
+
+    Attributes:
+        events: one ordered log shared by every client this service created.
+        training_clients: the training clients created, in order.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: FakeCheckpointStore | None = None,
+        vocab_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        self.store = store if store is not None else FakeCheckpointStore()
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.events: list[tuple[Any, ...]] = []
+        self.training_clients: list[FakeTrainingClient] = []
+
+    def _training_client(self, base_model: str, rank: int) -> FakeTrainingClient:
+        client = FakeTrainingClient(
+            base_model=base_model,
+            rank=rank,
+            store=self.store,
+            events=self.events,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+        )
+        self.training_clients.append(client)
+        return client
+
+    def create_lora_training_client(
+        self, base_model: str, rank: int = 32, **_: Any
+    ) -> FakeFuture[FakeTrainingClient]:
+        self.events.append(("create_lora_training_client", base_model, rank))
+        client = self._training_client(base_model, rank)
+        return FakeFuture(client, events=self.events, label="training_client")
+
+    def create_training_client_from_state_with_optimizer(
+        self, path: str, **_: Any
+    ) -> FakeFuture[FakeTrainingClient]:
+        """A training client restored from `path` (weights and optimizer state)."""
+        self.events.append(("create_training_client_from_state_with_optimizer", path))
+        state = self.store.load(path)
+        base_model = path.removeprefix("fake://").split("/state/")[0]
+        client = self._training_client(base_model, 0)
+        client.optim_steps = int(state["optim_steps"])
+        return FakeFuture(client, events=self.events, label="training_client")
+
+    def create_sampling_client(
+        self, model_path: str | None = None, base_model: str | None = None, **_: Any
+    ) -> FakeFuture[FakeSamplingClient]:
+        """A sampler on saved sampler weights (`model_path`) or on the base model (version -1)."""
+        self.events.append(("create_sampling_client", base_model, model_path))
+        version = -1 if model_path is None else int(self.store.load(model_path)["optim_steps"])
+        client = FakeSamplingClient(
+            version=version, vocab_size=self.vocab_size, seed=self.seed, events=self.events
+        )
+        return FakeFuture(client, events=self.events, label="sampling_client")

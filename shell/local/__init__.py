@@ -1,0 +1,106 @@
+"""A local, offline stand-in for the Tinker service: the SDK's clients over `rlpure.model`.
+
+Swap `tinker.ServiceClient()` for `LocalServiceClient(seed=...)` and Tinker code runs on the CPU
+with a small JAX transformer, deterministically, with no API key. The clients accept and return
+the real `tinker` types (`ModelInput`, `Datum`, `TensorData`, `SamplingParams`, `AdamParams`,
+`SampleResponse`, `ForwardBackwardOutput`, `OptimStepResponse`, ...), with the SDK 0.38.0
+method names, signatures and return conventions:
+
+- `forward_backward`, `optim_step`, `sample`, `save_state`, ... return an `APIFuture`
+  (a `tinker.APIFuture`: `await f`, `await f.result_async()`, `f.result()`, `f.future()`).
+  The deprecated `*_async` variants are `async def`s that return what the SDK's do:
+  `await forward_backward_async(...)` gives the `APIFuture`; `await sample_async(...)` gives
+  the `SampleResponse`; `await create_lora_training_client_async(...)` gives the client.
+- `create_lora_training_client`, `create_sampling_client` and
+  `save_weights_and_get_sampling_client` return a future of the client that can be awaited,
+  `.result()`-ed, or (deprecated, as in the SDK) used as the client directly.
+
+Semantics and decisions:
+- **Full fine-tuning, not LoRA.** `rank`, `train_mlp`, `train_attn`, `train_unembed` are
+  accepted for compatibility and ignored; every weight trains. `base_model` names a config of
+  `rlpure.model.MODEL_CONFIGS` (`"rlpure/tiny"`, `"rlpure/small"`) or of the service's
+  `model_configs`; checkpoints carry their own config. There are no pretrained
+  local weights: a service's *base model* is `init_params(key(service seed))`, and, as LoRA
+  clients on Tinker all start from the same base function, every training client and
+  `create_sampling_client(base_model=...)` of the service starts from those weights, unless
+  `seed` is passed to `create_lora_training_client` (then `init_params(key(seed))`).
+- **Training ops run eagerly, in call order**, when called (the SDK orders them by request id
+  on the server; here the order of calls is the order of execution). Gradients of the summed
+  loss accumulate across `forward_backward` calls until `optim_step` applies them (AdamW,
+  `torch.optim.AdamW` semantics, global-norm clipping first; see `rlpure.model`).
+- **Losses** are `rlpure.losses.compute_loss`: `cross_entropy`, `importance_sampling`, `ppo`,
+  `cispo`, `dro`, `gspo`. `loss_fn_config` values are static under `jit` (a new value
+  recompiles). Unknown `loss_fn_inputs` keys are refused with an error naming the datum and key:
+  the cookbook's `mask` key is not a Tinker input (its RL loop strips it, `_remove_mask`,
+  before `forward_backward`), so sending it is a bug we surface rather than ignore.
+- **Sampling** returns each sampled token's logprob under the tempered distribution it was
+  drawn from, as Tinker does (at temperature 1 this is what training computes: on-policy
+  ratios are 1 to ~1e-6). `temperature=0` is greedy; `top_k`/`top_p` are
+  honoured. `stop`: `None` stops at EOS; `[]` disables every stop, EOS included (Tinker's
+  documented rule); a non-empty list of token ids or strings stops at those *and* at EOS. Stop
+  strings match the UTF-8 bytes of the generated tokens (the tokenizer is byte-level), never
+  across the prompt boundary. The stop token or string is included in the returned tokens, as
+  on Tinker. `max_tokens=None` means "until the context (`max_seq_len`) is full".
+- **Batching**: inside a running event loop, `sample` requests are queued and served together:
+  the queue is flushed once an event-loop tick passes with no new request, so the
+  `asyncio.gather` of 32 prompts × 8 samples becomes one jitted call (or a few, at most
+  `max_batch_rows` rows each). The flush runs on the event loop thread, so batch composition
+  depends only on the order coroutines run, never on wall time: runs are reproducible. Outside a
+  running loop, `sample` computes at once. `future.result()` on a queued request flushes the
+  queue immediately instead of deadlocking.
+- **Determinism**: same service seed and same sequence of calls ⇒ identical tokens, logprobs
+  and weights, and a run resumed from `save_state` (same seed) continues exactly as the
+  uninterrupted run would have. A sample's randomness depends only on its key material, never
+  on its batch: `SamplingParams.seed=s` keys sample `i` with `(s, 0, 0, 0, 0, i)`; otherwise
+  request `r` of a sampling client uses `(service seed, *stream, r, i)` where the client's
+  `stream` is `(1, optimizer steps so far, index of the sampling client since that step)` for
+  `save_weights_and_get_sampling_client` (the step count is checkpointed) and
+  `(2, index among the service's create_sampling_client calls, 0)` otherwise. Sampling
+  clients of different training clients at the same step share streams (their weights
+  differ).
+- **Shapes are bucketed** (powers of two on batch rows, prompt length, new tokens, datums and
+  datum length), so a run compiles a handful of times. Large calls are split to bound memory
+  (`max_batch_tokens` for sampling, `max_train_tokens` for `forward_backward`, whose chunks'
+  gradients add up and whose metrics merge by their `:sum`/`:mean`/`:min`/`:max` suffix).
+- **Checkpoints** (`save_state`, `save_weights_for_sampler`) are directories holding
+  `arrays.npz` (loaded with `allow_pickle=False`) and `manifest.json`; the returned path is the
+  directory's absolute filesystem path, accepted by `load_state`,
+  `create_training_client_from_state[_with_optimizer]` and `create_sampling_client`. As in the
+  SDK, `load_state` restores weights only and `load_state_with_optimizer` weights and Adam
+  state. They live under `checkpoint_dir` (default: a fresh temporary directory per service).
+- Clients are not thread-safe: use them from one thread (typically the event loop's).
+- Not supported (raise `NotImplementedError`): custom losses, `topk_*` logprobs,
+  `target_prompt_logprobs`, `prompt_alt_tokens_k`, non-Adam optimizers, multimodal chunks.
+
+Layout (this module is the public entry point; import the clients from here):
+- `shell.local`: `LocalServiceClient`, the factories, the seed and memory budgets;
+- `shell.local`: `LocalTrainingClient`;
+- `shell.local`: `LocalSamplingClient` and its request validation and batching;
+- `shell.local`: the jitted forward/backward stages and metric merging;
+- `shell.local`: validation of Tinker inputs and packing of datums;
+- `shell.local`: the checkpoint directory format;
+- `shell.local`: `ReadyFuture`, the client futures and the per-tick batcher.
+"""
+
+from __future__ import annotations
+
+# `model_lib` is reached through this module by tests (`monkeypatch.setattr(lb.model_lib, ...)`).
+from rlpure import model as model_lib  # noqa: F401
+from shell.local import _train_steps
+from shell.local._futures import ReadyFuture as ReadyFuture  # imported from here by shell code
+from shell.local._sampling import LocalSamplingClient
+from shell.local._service import LocalServiceClient
+from shell.local._training import LocalTrainingClient
+
+__all__ = [
+    "LocalSamplingClient",
+    "LocalServiceClient",
+    "LocalTrainingClient",
+]
+
+# The names these objects had when they lived here; tests count the jitted stages' traces and
+# check metric merging through them.
+_model_forward_vjp = _train_steps.model_forward_vjp
+_loss_and_logprob_grad = _train_steps.loss_and_logprob_grad
+_model_backward = _train_steps.model_backward
+_merge_metrics = _train_steps.merge_metrics

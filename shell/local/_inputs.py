@@ -1,0 +1,195 @@
+"""Validating Tinker request inputs at the edge, and packing datums into bucketed arrays.
+
+Conventions:
+- Every check raises at submission, before any state changes, with a message that names the
+  offending argument by its path (`Datum[3].loss_fn_inputs['weights']`, `sample.prompt`, ...):
+  `TypeError` for a wrong type, `ValueError` for a bad value, `NotImplementedError` for what the
+  local backend does not support (non-token chunks, sparse tensors, custom losses).
+- Token ids are int64 on the host and must lie in `[0, vocab_size)`.
+- `pack_data` keeps Tinker's shifted alignment: input position `i` predicts
+  `loss_fn_inputs["target_tokens"][i]`, and every `loss_fn_inputs` tensor is 1-D with the
+  length of its `model_input`. Datums are right-padded to `[D, T]`, both axes bucketed to
+  powers of two (`T` at least 16) so that training compiles a handful of times; `valid_D_T` is
+  1.0 on real positions and 0.0 on padding and on the padded rows `D >= len(data)`.
+- Packing is host-side numpy (memory movement, not maths).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.buckets import bucket_size
+from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES
+
+__all__ = [
+    "PackedData",
+    "check_token_range",
+    "loss_config_key",
+    "model_input_tokens",
+    "pack_data",
+    "row_bucket",
+    "to_float",
+]
+
+
+def row_bucket(n: int, *, minimum: int = 8) -> int:
+    """The local backend's padded size for `n` rows or positions: the next power of two, at least
+    `minimum` (`rlpure.buckets.bucket_size` with one step per octave).
+
+    Examples:
+        >>> [row_bucket(n) for n in (0, 1, 8, 9, 100)]
+        [8, 8, 8, 16, 128]
+    """
+    return bucket_size(n, minimum=minimum, steps_per_octave=1)
+
+
+def model_input_tokens(model_input: Any, where: str) -> np.ndarray:
+    """The int64 `[N]` token ids of a token-only `tinker.ModelInput` (`where` names it)."""
+    if not isinstance(model_input, types.ModelInput):
+        raise TypeError(f"{where}: expected tinker.ModelInput, got {type(model_input).__name__}")
+    for i, chunk in enumerate(model_input.chunks):
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise NotImplementedError(
+                f"{where}.chunks[{i}]: {type(chunk).__name__} is not supported by the local "
+                "backend (token chunks only)"
+            )
+    return np.asarray(model_input.to_ints(), np.int64).reshape(-1)
+
+
+def check_token_range(tokens: np.ndarray, vocab_size: int, where: str) -> None:
+    """Raises `ValueError` naming the first token of `tokens` outside `[0, vocab_size)`."""
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        bad = int(np.argmax((tokens < 0) | (tokens >= vocab_size)))
+        raise ValueError(
+            f"{where}: token {int(tokens[bad])} at position {bad} is outside [0, {vocab_size})"
+        )
+
+
+def to_float(value: Any, where: str) -> float:
+    """`value` as a finite float; bools, non-numbers and non-finite values are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"{where}: expected a finite number, got {out}")
+    return out
+
+
+class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """`tinker.Datum`s packed to bucketed `[D, T]` arrays (host-side numpy)."""
+
+    input_D_T: np.ndarray
+    inputs: dict[str, np.ndarray]
+    valid_D_T: np.ndarray
+    length_D: np.ndarray
+
+
+def pack_data(
+    data: Sequence[types.Datum], loss_fn: str, config: model_lib.ModelConfig
+) -> PackedData:
+    """Validates `data` and packs it right-padded into bucketed arrays."""
+    if isinstance(data, types.Datum) or not isinstance(data, Sequence):
+        raise TypeError("forward_backward: data must be a list of tinker.Datum")
+    if not data:
+        raise ValueError("forward_backward: no data provided")
+    if loss_fn not in LOSSES:
+        if loss_fn == "custom":
+            raise NotImplementedError("the local backend does not support custom losses")
+        raise ValueError(f"unknown loss_fn {loss_fn!r}; known losses: {sorted(LOSSES)}")
+    tokens_D: list[np.ndarray] = []
+    inputs_D: list[dict[str, np.ndarray]] = []
+    keys: frozenset[str] | None = None
+    for d, datum in enumerate(data):
+        where = f"Datum[{d}]"
+        if not isinstance(datum, types.Datum):
+            raise TypeError(f"{where}: expected tinker.Datum, got {type(datum).__name__}")
+        tokens = model_input_tokens(datum.model_input, f"{where}.model_input")
+        if tokens.size == 0:
+            raise ValueError(f"{where}.model_input: empty")
+        if tokens.size > config.max_seq_len:
+            raise ValueError(
+                f"{where}.model_input: length {tokens.size} exceeds the model's max_seq_len "
+                f"{config.max_seq_len}"
+            )
+        check_token_range(tokens, config.vocab_size, f"{where}.model_input")
+        arrays = {}
+        for key, tensor in datum.loss_fn_inputs.items():
+            if key not in KNOWN_LOSS_INPUTS:
+                hint = (
+                    " (the cookbook's 'mask' is not a Tinker input; strip it before "
+                    "forward_backward as tinker_cookbook.rl.train._remove_mask does)"
+                    if key == "mask"
+                    else ""
+                )
+                raise ValueError(
+                    f"{where}.loss_fn_inputs: unknown key {key!r}; Tinker inputs are "
+                    f"{sorted(KNOWN_LOSS_INPUTS)}{hint}"
+                )
+            if tensor.sparse_crow_indices is not None:
+                raise NotImplementedError(f"{where}.loss_fn_inputs[{key!r}]: sparse TensorData")
+            arr = np.asarray(tensor.to_numpy())
+            if arr.shape != tokens.shape:
+                raise ValueError(
+                    f"{where}.loss_fn_inputs[{key!r}]: shape {arr.shape} != model_input "
+                    f"shape {tokens.shape}"
+                )
+            if key == "target_tokens":
+                if arr.dtype.kind not in "iu":
+                    raise TypeError(
+                        f"{where}.loss_fn_inputs['target_tokens']: expected integer token ids, "
+                        f"got dtype {arr.dtype}"
+                    )
+                check_token_range(
+                    arr, config.vocab_size, f"{where}.loss_fn_inputs['target_tokens']"
+                )
+            elif not np.all(np.isfinite(arr)):
+                raise ValueError(f"{where}.loss_fn_inputs[{key!r}]: non-finite values")
+            arrays[key] = arr
+        if keys is None:
+            keys = frozenset(arrays)
+        elif frozenset(arrays) != keys:
+            raise ValueError(
+                f"{where}.loss_fn_inputs: keys {sorted(arrays)} differ from Datum[0]'s "
+                f"{sorted(keys)}"
+            )
+        tokens_D.append(tokens)
+        inputs_D.append(arrays)
+    assert keys is not None
+    missing = [k for k in LOSSES[loss_fn].required_inputs if k not in keys]
+    if missing:
+        raise ValueError(f"{loss_fn}: every datum needs loss_fn_inputs {missing}")
+    n_d = row_bucket(len(data))
+    n_t = row_bucket(max(t.size for t in tokens_D), minimum=16)
+    input_D_T = np.zeros((n_d, n_t), np.int32)
+    valid_D_T = np.zeros((n_d, n_t), np.float32)
+    inputs = {
+        key: np.zeros((n_d, n_t), np.int32 if key == "target_tokens" else np.float32)
+        for key in sorted(keys)
+    }
+    length_D = np.zeros(len(data), np.int64)
+    for d, (tokens, arrays) in enumerate(zip(tokens_D, inputs_D, strict=True)):
+        n = tokens.size
+        length_D[d] = n
+        input_D_T[d, :n] = tokens
+        valid_D_T[d, :n] = 1.0
+        for key, arr in arrays.items():
+            inputs[key][d, :n] = arr
+    return PackedData(input_D_T=input_D_T, inputs=inputs, valid_D_T=valid_D_T, length_D=length_D)
+
+
+def loss_config_key(loss_fn_config: Mapping[str, Any] | None) -> tuple[tuple[str, float], ...]:
+    """`loss_fn_config` as sorted `(name, value)` pairs: hashable, so static under `jit`."""
+    if loss_fn_config is None:
+        return ()
+    if not isinstance(loss_fn_config, Mapping):
+        raise TypeError("loss_fn_config: expected a mapping of name to number")
+    return tuple(
+        sorted((str(k), to_float(v, f"loss_fn_config[{k!r}]")) for k, v in loss_fn_config.items())
+    )

@@ -1,0 +1,386 @@
+"""The local backend's sampling client: `sample` and `compute_logprobs` on fixed weights.
+
+Conventions:
+- A `sample` call is validated at submission into a `_SampleRequest` (prompt `[T]`, one row of
+  key material per sample `[N, K]`, stop conditions), then served: at once outside a running
+  event loop, or queued on a `TickBatcher` and served with the other requests of the same
+  tick inside one. Rows (one per sample) are padded to power-of-two buckets (rows, prompt
+  length, new tokens, stop sequences and their window) and served in order, in chunks of at
+  most the service's `_sampling_rows(...)` rows; a request's samples may span chunks.
+- Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
+  `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
+  client's requests, `i` is the sample's index and `stream` is given by the factory that made
+  the client. It never depends on the batch, so batching does not change any result.
+- Returned logprobs are the sampled tokens' log-probabilities under the tempered
+  distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
+  as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training forward's buckets.
+- Stop conditions: `None` is EOS; `[]` is none at all; token ids or strings stop there and at
+  EOS. Stop strings are matched on the encoded tokens of the completion only.
+- The client reads the service's seed and calls its `_sampling_rows` and
+  `_next_sample_request_index` (the service owns the memory budget and the request counter).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+import tinker
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.model import EOS_ID, ByteTokenizer
+from shell.local._futures import ReadyFuture, TickBatcher, running_loop
+from shell.local._inputs import check_token_range, model_input_tokens, row_bucket, to_float
+from shell.local._train_steps import model_forward_vjp
+
+if TYPE_CHECKING:
+    from shell.local._service import LocalServiceClient
+
+__all__ = ["LocalSamplingClient"]
+
+_UINT32 = 1 << 32
+
+
+class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """One validated `sample` call: its prompt and per-row settings, before batching."""
+
+    prompt_T: np.ndarray
+    num_samples: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    key_material_N_K: np.ndarray
+    stop_token_ids: tuple[int, ...]
+    stop_sequences: tuple[tuple[int, ...], ...]
+    include_prompt_logprobs: bool
+    request_index: int
+
+
+class LocalSamplingClient:
+    """Samples from a fixed snapshot of weights (the SDK's `SamplingClient`).
+
+    Create it with `LocalTrainingClient.save_weights_and_get_sampling_client()` or
+    `LocalServiceClient.create_sampling_client(...)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        service: LocalServiceClient,
+        base_model: str,
+        config: model_lib.ModelConfig,
+        params: model_lib.Params,
+        stream: tuple[int, int, int] = (2, 0, 0),
+    ) -> None:
+        """Internal: use the factory methods. `stream` names this client's random stream
+        (see "Random streams" in this module's docstring)."""
+        self._service = service
+        self._base_model = base_model
+        self._config = config
+        self._params = params
+        self._stream = stream
+        self._requests = 0
+        self._tokenizer = ByteTokenizer()
+        self._batcher: TickBatcher[_SampleRequest, types.SampleResponse] | None = None
+
+    # -- SDK surface --
+
+    def get_tokenizer(self) -> ByteTokenizer:
+        return self._tokenizer
+
+    def get_base_model(self) -> str:
+        return self._base_model
+
+    async def get_base_model_async(self) -> str:
+        return self._base_model
+
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> tinker.APIFuture[types.SampleResponse]:
+        """Draws `num_samples` completions of `prompt` (see the module docstring for semantics).
+
+        Returns:
+            An `APIFuture[tinker.SampleResponse]`; each `SampledSequence` carries int tokens,
+            float32 tempered logprobs and `stop_reason` `"stop"` or `"length"`.
+
+        Raises:
+            TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at
+                submission).
+            NotImplementedError: for top-k logprobs, target prompt logprobs, alt tokens.
+        """
+        for name, value in (
+            ("topk_prompt_logprobs", topk_prompt_logprobs),
+            ("topk_sample_logprobs", topk_sample_logprobs),
+            ("prompt_alt_tokens_k", prompt_alt_tokens_k),
+        ):
+            if value:
+                raise NotImplementedError(f"sample: {name} is not supported by the local backend")
+        if target_prompt_logprobs is not None:
+            raise NotImplementedError("sample: target_prompt_logprobs is not supported locally")
+        if prompt_logprobs_last_n is not None:
+            raise NotImplementedError("sample: prompt_logprobs_last_n is not supported locally")
+        request = self._make_request(
+            prompt, num_samples, sampling_params, include_prompt_logprobs=include_prompt_logprobs
+        )
+        loop = running_loop()
+        if loop is None:
+            return ReadyFuture(self._run_requests([request])[0])
+        if self._batcher is None or self._batcher.loop is not loop:
+            self._batcher = TickBatcher(loop, self._run_requests)
+        return self._batcher.submit(request)
+
+    async def sample_async(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> types.SampleResponse:
+        """`await sample(...)` (the SDK's deprecated async form; returns the response)."""
+        return await self.sample(
+            prompt,
+            num_samples,
+            sampling_params,
+            include_prompt_logprobs,
+            topk_prompt_logprobs,
+            topk_sample_logprobs,
+            target_prompt_logprobs,
+            prompt_alt_tokens_k,
+            prompt_logprobs_last_n,
+        )
+
+    def compute_logprobs(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> tinker.APIFuture[list[float | None]]:
+        """Logprob of every prompt token given the ones before it (`None` for the first)."""
+        tokens = model_input_tokens(prompt, "compute_logprobs.prompt")
+        check_token_range(tokens, self._config.vocab_size, "compute_logprobs.prompt")
+        if tokens.size > self._config.max_seq_len:
+            raise ValueError(
+                f"compute_logprobs.prompt: length {tokens.size} exceeds max_seq_len "
+                f"{self._config.max_seq_len}"
+            )
+        n = int(tokens.size)
+        if prompt_logprobs_last_n is not None and not 1 <= prompt_logprobs_last_n <= n - 1:
+            raise ValueError(
+                f"compute_logprobs: prompt_logprobs_last_n must be in [1, {n - 1}], "
+                f"got {prompt_logprobs_last_n}"
+            )
+        values = self._prompt_logprobs(tokens)
+        out: list[float | None] = [None if math.isnan(x) else float(x) for x in values]
+        if prompt_logprobs_last_n is not None:
+            skipped: list[float | None] = [None] * (n - prompt_logprobs_last_n)
+            out = skipped + out[n - prompt_logprobs_last_n :]
+        return ReadyFuture(out)
+
+    async def compute_logprobs_async(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> list[float | None]:
+        return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
+
+    # -- internals --
+
+    def _make_request(
+        self,
+        prompt: Any,
+        num_samples: Any,
+        params: Any,
+        *,
+        include_prompt_logprobs: bool,
+    ) -> _SampleRequest:
+        config = self._config
+        tokens = model_input_tokens(prompt, "sample.prompt")
+        if tokens.size == 0:
+            raise ValueError("sample.prompt: empty prompt")
+        check_token_range(tokens, config.vocab_size, "sample.prompt")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"sample.num_samples: expected an int >= 1, got {num_samples!r}")
+        if not isinstance(params, types.SamplingParams):
+            raise TypeError(
+                f"sample.sampling_params: expected tinker.SamplingParams, got "
+                f"{type(params).__name__}"
+            )
+        room = config.max_seq_len - int(tokens.size)
+        if params.max_tokens is None:
+            max_new = room
+        else:
+            max_new = int(params.max_tokens)
+            if max_new < 1:
+                raise ValueError(f"SamplingParams.max_tokens: expected >= 1, got {max_new}")
+        if max_new > room or room < 1:
+            raise ValueError(
+                f"sample: prompt length {tokens.size} + max_tokens {max_new} exceeds the "
+                f"model's context length {config.max_seq_len}"
+            )
+        temperature = to_float(params.temperature, "SamplingParams.temperature")
+        if temperature < 0:
+            raise ValueError(f"SamplingParams.temperature: expected >= 0, got {temperature}")
+        top_p = to_float(params.top_p, "SamplingParams.top_p")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p: expected in (0, 1], got {top_p}")
+        top_k = int(params.top_k)
+        stop_ids, stop_seqs = self._stop_conditions(params.stop)
+        request_index = self._service._next_sample_request_index()
+        if params.seed is not None:
+            material = (int(params.seed), 0, 0, 0, 0)
+        else:
+            material = (self._service.seed, *self._stream, self._requests)
+        self._requests += 1
+        key_material = np.array(
+            [[m % _UINT32 for m in material] + [i] for i in range(num_samples)], np.uint32
+        )
+        return _SampleRequest(
+            prompt_T=tokens.astype(np.int32),
+            num_samples=num_samples,
+            max_new_tokens=max_new,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            key_material_N_K=key_material,
+            stop_token_ids=stop_ids,
+            stop_sequences=stop_seqs,
+            include_prompt_logprobs=bool(include_prompt_logprobs),
+            request_index=request_index,
+        )
+
+    def _stop_conditions(self, stop: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        if stop is None:
+            return (EOS_ID,), ()
+        if isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop)
+        if not stop:
+            return (), ()
+        if all(isinstance(s, str) for s in stop):
+            seqs = []
+            for s in stop:
+                encoded = tuple(self._tokenizer.encode(s, add_special_tokens=False))
+                if not encoded:
+                    raise ValueError("SamplingParams.stop: empty stop string")
+                seqs.append(encoded)
+            return (EOS_ID,), tuple(seqs)
+        if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+            ids = np.asarray(stop, np.int64)
+            check_token_range(ids, self._config.vocab_size, "SamplingParams.stop")
+            return tuple(sorted({EOS_ID, *map(int, stop)})), ()
+        raise TypeError("SamplingParams.stop: expected strings or token ids, not a mix")
+
+    def _prompt_logprobs(self, tokens: np.ndarray) -> np.ndarray:
+        """float32 `[N]`: NaN at 0, then `log p(tokens[i] | tokens[:i])`."""
+        n = int(tokens.size)
+        out = np.full(n, np.nan, np.float32)
+        if n < 2:
+            return out
+        # The training forward's buckets, so scoring shares its compiled executable.
+        width = row_bucket(n - 1, minimum=16)
+        inputs = np.zeros((row_bucket(1), width), np.int32)
+        targets = np.zeros_like(inputs)
+        inputs[0, : n - 1] = tokens[:-1]
+        targets[0, : n - 1] = tokens[1:]
+        lp, _ = model_forward_vjp(self._params, inputs, targets, config=self._config)
+        out[1:] = np.asarray(lp)[0, : n - 1]
+        return out
+
+    def _run_requests(self, requests: list[_SampleRequest]) -> list[types.SampleResponse]:
+        """Serves `requests` with as few jitted calls as the memory limits allow.
+
+        Rows (one per sample) are served in order, in chunks of at most `_sampling_rows` rows;
+        a request's samples may span chunks.
+        """
+        rows = [(r, i) for r in requests for i in range(r.num_samples)]
+        prompt_width = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
+        new_width = row_bucket(max(r.max_new_tokens for r in requests), minimum=16)
+        per_chunk = self._service._sampling_rows(self._config, prompt_width, new_width)
+        sequences: list[types.SampledSequence] = []
+        for start in range(0, len(rows), per_chunk):
+            sequences.extend(self._run_rows(rows[start : start + per_chunk]))
+        responses = []
+        start = 0
+        for r in requests:
+            prompt_lp = self._prompt_logprobs(r.prompt_T) if r.include_prompt_logprobs else None
+            responses.append(
+                types.SampleResponse(
+                    sequences=sequences[start : start + r.num_samples],
+                    prompt_logprobs_np=prompt_lp,
+                )
+            )
+            start += r.num_samples
+        return responses
+
+    def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:
+        """One jitted `sample_tokens` call for `rows` (request, sample index), padded to buckets."""
+        config = self._config
+        requests = [r for r, _ in rows]
+        b = row_bucket(len(rows))
+        t = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
+        m = row_bucket(max(r.max_new_tokens for r in requests), minimum=16)
+        n_seqs = row_bucket(max(len(r.stop_sequences) for r in requests), minimum=4)
+        window = row_bucket(
+            max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8
+        )
+        prompt_B_T = np.zeros((b, t), np.int32)
+        length_B = np.ones(b, np.int32)
+        max_new_B = np.zeros(b, np.int32)
+        temperature_B = np.zeros(b, np.float32)
+        top_k_B = np.zeros(b, np.int32)
+        top_p_B = np.ones(b, np.float32)
+        key_material_B_K = np.zeros((b, requests[0].key_material_N_K.shape[1]), np.uint32)
+        stop_mask_B_V = np.zeros((b, config.vocab_size), bool)
+        stop_seqs_B_S_L = np.full((b, n_seqs, window), -1, np.int32)
+        stop_valid_B_S = np.zeros((b, n_seqs), bool)
+        for row, (r, i) in enumerate(rows):
+            prompt_B_T[row, : r.prompt_T.size] = r.prompt_T
+            length_B[row] = r.prompt_T.size
+            max_new_B[row] = r.max_new_tokens
+            temperature_B[row] = r.temperature
+            top_k_B[row] = r.top_k
+            top_p_B[row] = r.top_p
+            key_material_B_K[row] = r.key_material_N_K[i]
+            stop_mask_B_V[row, list(r.stop_token_ids)] = True
+            for s, seq in enumerate(r.stop_sequences):
+                stop_seqs_B_S_L[row, s, window - len(seq) :] = seq
+                stop_valid_B_S[row, s] = True
+        batch = model_lib.SampleBatch(
+            prompt_tokens_B_T=prompt_B_T,
+            prompt_length_B=length_B,
+            max_new_tokens_B=max_new_B,
+            temperature_B=temperature_B,
+            top_k_B=top_k_B,
+            top_p_B=top_p_B,
+            key_material_B_K=key_material_B_K,
+            stop_token_mask_B_V=stop_mask_B_V,
+            stop_seqs_B_S_L=stop_seqs_B_S_L,
+            stop_seq_valid_B_S=stop_valid_B_S,
+        )
+        out = model_lib.sample_tokens(self._params, batch, config=config, max_new_tokens=m)
+        tokens_B_M = np.asarray(out.tokens_B_M)
+        logprobs_B_M = np.asarray(out.logprobs_B_M)
+        num_B = np.asarray(out.num_tokens_B)
+        stopped_B = np.asarray(out.stopped_B)
+        return [
+            types.SampledSequence(
+                stop_reason="stop" if stopped_B[row] else "length",
+                sequence_id=f"local-{r.request_index}-{i}",
+                tokens_np=tokens_B_M[row, : num_B[row]].copy(),
+                logprobs_np=logprobs_B_M[row, : num_B[row]].copy(),
+            )
+            for row, (r, i) in enumerate(rows)
+        ]

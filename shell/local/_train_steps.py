@@ -1,0 +1,119 @@
+"""The jitted stages of the local backend's `forward` and `forward_backward`.
+
+`forward_backward` runs in three jitted stages so that the expensive model graph compiles once
+per `(D, T)` bucket and is shared by every loss:
+
+1. `model_forward_vjp`: the model forward, returning the targets' logprobs and the VJP closure
+   (residual activations);
+2. `loss_and_logprob_grad`: the loss and its gradient with respect to those logprobs
+   (elementwise maths; one cheap compile per loss and config);
+3. `model_backward`: the VJP of the model applied to that gradient, added to the accumulated
+   gradient.
+
+The chain rule makes this exactly `value_and_grad` of `loss(target_logprobs(params))`.
+
+Conventions: arrays are padded `[D, T]` batches from `shell.local.pack_data` (position
+`i` predicts target `i`; `valid_D_T` masks padding). A batch too large for memory is split into
+row chunks whose gradients add up and whose metrics `merge_metrics` combines by their
+`name:reduction` suffix.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rlpure import model as model_lib
+from rlpure.losses import compute_loss
+
+__all__ = [
+    "loss_and_logprob_grad",
+    "merge_metrics",
+    "model_backward",
+    "model_forward_vjp",
+    "zeros_like_tree",
+]
+
+
+@partial(jax.jit, static_argnames="config")
+def model_forward_vjp(
+    params: model_lib.Params,
+    input_D_T: jax.Array,
+    target_D_T: jax.Array,
+    *,
+    config: model_lib.ModelConfig,
+) -> tuple[jax.Array, Any]:
+    """Stage 1: float32 `lp_D_T` (log-probability of `target_D_T`) and the VJP closure.
+
+    `config` is static under `jit`.
+    """
+    return jax.vjp(lambda p: model_lib.target_logprobs_fn(p, input_D_T, target_D_T, config), params)
+
+
+@partial(jax.jit, static_argnames=("loss_fn", "loss_config", "with_grad"))
+def loss_and_logprob_grad(
+    lp_D_T: jax.Array,
+    inputs: dict[str, jax.Array],
+    valid_D_T: jax.Array,
+    *,
+    loss_fn: str,
+    loss_config: tuple[tuple[str, float], ...],
+    with_grad: bool,
+) -> tuple[Any, jax.Array | None]:
+    """Stage 2: the loss output and, if `with_grad`, its gradient with respect to `lp_D_T`.
+
+    `loss_fn`, `loss_config` and `with_grad` are static under `jit`; `valid_D_T` is 1.0 on
+    real positions, 0.0 on padding.
+    """
+
+    def loss(lp_D_T: jax.Array) -> tuple[jax.Array, Any]:
+        out = compute_loss(loss_fn, lp_D_T, inputs, dict(loss_config), valid_mask_D_T=valid_D_T)
+        return out.loss, out
+
+    if not with_grad:
+        return loss(lp_D_T)[1], None
+    (_, out), dlp_D_T = jax.value_and_grad(loss, has_aux=True)(lp_D_T)
+    return out, dlp_D_T
+
+
+@jax.jit
+def model_backward(vjp: Any, dlp_D_T: jax.Array, grads_acc: model_lib.Params) -> model_lib.Params:
+    """Stage 3: `grads_acc` plus the parameter gradient the VJP gives for `dlp_D_T`."""
+    (grads,) = vjp(dlp_D_T)
+    return jax.tree_util.tree_map(jnp.add, grads_acc, grads)
+
+
+@jax.jit
+def zeros_like_tree(params: model_lib.Params) -> model_lib.Params:
+    """A zero gradient shaped like `params`."""
+    return jax.tree_util.tree_map(jnp.zeros_like, params)
+
+
+def merge_metrics(chunks: list[dict[str, float]]) -> dict[str, float]:
+    """Merges per-chunk loss metrics by their `name:reduction` suffix.
+
+    `:sum` adds, `:min`/`:max` take the extreme, `:mean` is weighted by the chunk's
+    `action_tokens:sum` (the positions the losses' means run over) when it is positive, else
+    by chunk. A single chunk is returned unchanged.
+    """
+    if len(chunks) == 1:
+        return chunks[0]
+    weights = [c.get("action_tokens:sum", 0.0) for c in chunks]
+    if sum(weights) <= 0:
+        weights = [1.0] * len(chunks)
+    out = {}
+    for key in chunks[0]:
+        values = [c[key] for c in chunks]
+        reduction = key.rsplit(":", 1)[-1]
+        if reduction == "min":
+            out[key] = min(values)
+        elif reduction == "max":
+            out[key] = max(values)
+        elif reduction == "mean":
+            out[key] = sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
+        else:
+            out[key] = sum(values)
+    return out

@@ -1,0 +1,410 @@
+"""The local backend's training client: forward/backward, AdamW steps, weights and checkpoints.
+
+Conventions:
+- Full fine-tuning: every weight trains; the LoRA `rank` is recorded for `get_info` only.
+- Operations run eagerly, in call order, and return a `ReadyFuture`. Gradients of the summed
+  loss accumulate across `forward_backward` calls until `optim_step` applies them (AdamW with
+  global-norm clipping, `rlpure.model.apply_adam_update`) and clears them; a call refused by
+  validation accumulates nothing.
+- A `forward_backward` batch is split into row chunks of at most the service's
+  `_training_rows(...)` datums (a memory bound); their gradients add up and their metrics merge
+  by suffix, so chunking does not change the result beyond float rounding.
+- Weights are an immutable pytree, replaced (never mutated) by `optim_step` and the loads, so a
+  sampling client's snapshot never changes under it.
+- The optimizer step count is part of the client's state and of its checkpoints: sampling
+  clients made by `save_weights_and_get_sampling_client` take the stream
+  `(1, steps so far, index since that step)`.
+- Checkpoints go where the service's `_checkpoint_path(...)` says; `load_state` restores
+  weights only (fresh Adam state), `load_state_with_optimizer` weights and Adam state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import numpy as np
+import tinker
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.model import ByteTokenizer
+from shell.errors import CheckpointError
+from shell.local._checkpoints import read_checkpoint, write_checkpoint
+from shell.local._futures import ClientFuture, ReadyFuture
+from shell.local._inputs import loss_config_key, pack_data, to_float
+from shell.local._sampling import LocalSamplingClient
+from shell.local._train_steps import (
+    loss_and_logprob_grad,
+    merge_metrics,
+    model_backward,
+    model_forward_vjp,
+    zeros_like_tree,
+)
+
+if TYPE_CHECKING:
+    from shell.local._service import LocalServiceClient
+
+__all__ = ["LocalTrainingClient"]
+
+
+class LocalTrainingClient:
+    """Trains a local model (the SDK's `TrainingClient`; full fine-tuning, see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        service: LocalServiceClient,
+        base_model: str,
+        config: model_lib.ModelConfig,
+        params: model_lib.Params,
+        opt_state: Any,
+        model_id: str,
+        lora_rank: int,
+        optim_steps: int = 0,
+    ) -> None:
+        self._service = service
+        self._base_model = base_model
+        self._config = config
+        self._params = params
+        self._opt_state = opt_state
+        self._grads: model_lib.Params | None = None
+        self._tokenizer = ByteTokenizer()
+        self.model_id = model_id
+        self._lora_rank = lora_rank
+        self._optim_steps = optim_steps  # checkpointed: keys the sampling streams
+        self._samplers_this_step = 0
+
+    @property
+    def params(self) -> model_lib.Params:
+        """The current weights (an immutable pytree; replaced, never mutated, by `optim_step`)."""
+        return self._params
+
+    @property
+    def config(self) -> model_lib.ModelConfig:
+        return self._config
+
+    def get_tokenizer(self) -> ByteTokenizer:
+        return self._tokenizer
+
+    def get_info(self) -> types.GetInfoResponse:
+        return types.GetInfoResponse(
+            model_data=types.ModelData(
+                arch="rlpure-transformer", model_name=self._base_model, tokenizer_id="rlpure/byte"
+            ),
+            model_id=self.model_id,
+            is_lora=False,
+            lora_rank=self._lora_rank,
+            model_name=self._base_model,
+        )
+
+    async def get_info_async(self) -> types.GetInfoResponse:
+        return self.get_info()
+
+    # -- forward / backward --
+
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        """Loss, logprobs and metrics without gradients."""
+        return ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=False))
+
+    async def forward_async(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        return self.forward(data, loss_fn, loss_fn_config)
+
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        """Computes the summed loss and adds its gradient to the accumulated gradient.
+
+        Args:
+            data: datums; `model_input` of length `N_d` and every `loss_fn_inputs` tensor 1-D of
+                length `N_d` (Tinker's shifted alignment: input position `i` predicts
+                `target_tokens[i]`).
+            loss_fn: a loss of `rlpure.losses.LOSSES`.
+            loss_fn_config: loss hyper-parameters (e.g. `clip_low_threshold`).
+
+        Returns:
+            `APIFuture[ForwardBackwardOutput]`: `loss_fn_outputs[d]["logprobs"]` is a float32
+            `TensorData` of length `N_d`; `metrics` holds `loss:sum` and the loss's metrics.
+
+        Raises:
+            TypeError, ValueError: malformed data (naming the datum and key) or config.
+        """
+        return ReadyFuture(self._run(data, loss_fn, loss_fn_config, backward=True))
+
+    async def forward_backward_async(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward(data, loss_fn, loss_fn_config)
+
+    def forward_backward_custom(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError("the local backend does not support custom losses")
+
+    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError("the local backend does not support custom losses")
+
+    def _run(
+        self,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, Any] | None,
+        *,
+        backward: bool,
+    ) -> types.ForwardBackwardOutput:
+        packed = pack_data(data, loss_fn, self._config)
+        loss_config = loss_config_key(loss_fn_config)
+        n_d, n_t = packed.input_D_T.shape
+        rows = self._service._training_rows(self._config, n_d, n_t)
+        grads = self._grads
+        lp_chunks, metric_chunks = [], []
+        for start in range(0, n_d, rows):
+            part = slice(start, start + rows)
+            inputs = {key: value[part] for key, value in packed.inputs.items()}
+            lp_D_T, vjp = model_forward_vjp(
+                self._params,
+                packed.input_D_T[part],
+                inputs["target_tokens"],
+                config=self._config,
+            )
+            out, dlp_D_T = loss_and_logprob_grad(
+                lp_D_T,
+                inputs,
+                packed.valid_D_T[part],
+                loss_fn=loss_fn,
+                loss_config=loss_config,
+                with_grad=backward,
+            )
+            if backward:
+                if grads is None:
+                    grads = zeros_like_tree(self._params)
+                grads = model_backward(vjp, dlp_D_T, grads)
+            lp_chunks.append(np.asarray(out.target_logprobs_D_T))
+            metric_chunks.append({key: float(value) for key, value in out.metrics.items()})
+        if backward:
+            self._grads = grads
+        lp_D_T = np.concatenate(lp_chunks)
+        metrics = merge_metrics(metric_chunks)
+        outputs = [
+            {"logprobs": types.TensorData.from_numpy(lp_D_T[d, :n].astype(np.float32))}
+            for d, n in enumerate(packed.length_D)
+        ]
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics=metrics
+        )
+
+    # -- optimiser --
+
+    def optim_step(
+        self,
+        optim_params: types.AdamParams | None = None,
+        *,
+        adam_params: types.AdamParams | None = None,
+    ) -> tinker.APIFuture[types.OptimStepResponse]:
+        """Applies one AdamW step with the gradients accumulated since the last step.
+
+        Honours `learning_rate`, `beta1`, `beta2`, `eps`, `weight_decay` (decoupled) and
+        `grad_clip_norm` (0 = off); changing them never recompiles. With no accumulated
+        gradient the step uses zeros (Adam's momentum still moves the weights).
+
+        Returns:
+            `APIFuture[OptimStepResponse]` with metric `grad_norm` (before clipping).
+        """
+        if optim_params is not None and adam_params is not None:
+            raise ValueError("Specify optim_params or legacy adam_params, not both")
+        params = optim_params if optim_params is not None else adam_params
+        if not isinstance(params, types.AdamParams):
+            raise NotImplementedError(
+                f"optim_step: the local backend supports tinker.AdamParams only, got "
+                f"{type(params).__name__}"
+            )
+        hyper = model_lib.AdamHyperparams(
+            learning_rate=to_float(params.learning_rate, "AdamParams.learning_rate"),
+            beta1=to_float(params.beta1, "AdamParams.beta1"),
+            beta2=to_float(params.beta2, "AdamParams.beta2"),
+            eps=to_float(params.eps, "AdamParams.eps"),
+            weight_decay=to_float(params.weight_decay, "AdamParams.weight_decay"),
+            grad_clip_norm=to_float(params.grad_clip_norm, "AdamParams.grad_clip_norm"),
+        )
+        grads = self._grads if self._grads is not None else zeros_like_tree(self._params)
+        self._params, self._opt_state, grad_norm = model_lib.apply_adam_update(
+            self._params, self._opt_state, grads, hyper
+        )
+        self._grads = None
+        self._optim_steps += 1
+        self._samplers_this_step = 0
+        return ReadyFuture(types.OptimStepResponse(metrics={"grad_norm": float(grad_norm)}))
+
+    async def optim_step_async(
+        self,
+        optim_params: types.AdamParams | None = None,
+        *,
+        adam_params: types.AdamParams | None = None,
+    ) -> tinker.APIFuture[types.OptimStepResponse]:
+        return self.optim_step(optim_params, adam_params=adam_params)
+
+    # -- weights and checkpoints --
+
+    def _sampling_client(self) -> LocalSamplingClient:
+        stream = (1, self._optim_steps, self._samplers_this_step)
+        self._samplers_this_step += 1
+        return LocalSamplingClient(
+            service=self._service,
+            base_model=self._base_model,
+            config=self._config,
+            params=self._params,
+            stream=stream,
+        )
+
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        kind: str = "snapshot",
+    ) -> ClientFuture[LocalSamplingClient]:
+        """A sampling client on a snapshot of the current weights (nothing written to disk).
+
+        `kind="inflight"` is accepted and also gives a snapshot (which satisfies the SDK's
+        "these weights or newer" contract).
+        """
+        if kind not in ("snapshot", "inflight"):
+            raise ValueError(f"kind: expected 'snapshot' or 'inflight', got {kind!r}")
+        return ClientFuture(self._sampling_client())
+
+    async def save_weights_and_get_sampling_client_async(
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        kind: str = "snapshot",
+    ) -> LocalSamplingClient:
+        return await self.save_weights_and_get_sampling_client(
+            name, retry_config, record_stability_info, kind
+        )
+
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> tinker.APIFuture[types.SaveWeightsResponse]:
+        """Saves weights and Adam state; `.path` is the checkpoint directory's absolute path.
+
+        Raises:
+            FileExistsError: if the checkpoint exists and `overwrite` is False.
+        """
+        directory = self._service._checkpoint_path(self.model_id, "state", name, overwrite)
+        write_checkpoint(
+            directory,
+            base_model=self._base_model,
+            config=self._config,
+            params=self._params,
+            opt_state=self._opt_state,
+            optim_steps=self._optim_steps,
+            kind="state",
+            user_metadata=user_metadata,
+        )
+        return ReadyFuture(types.SaveWeightsResponse(path=str(directory)))
+
+    async def save_state_async(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> tinker.APIFuture[types.SaveWeightsResponse]:
+        return self.save_state(name, ttl_seconds, overwrite, user_metadata)
+
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> tinker.APIFuture[types.SaveWeightsForSamplerResponse]:
+        """Saves the weights (no optimizer state) for `create_sampling_client(model_path=...)`."""
+        directory = self._service._checkpoint_path(self.model_id, "sampler", name, True)
+        write_checkpoint(
+            directory,
+            base_model=self._base_model,
+            config=self._config,
+            params=self._params,
+            opt_state=None,
+            optim_steps=self._optim_steps,
+            kind="sampler",
+            user_metadata=user_metadata,
+        )
+        return ReadyFuture(types.SaveWeightsForSamplerResponse(path=str(directory)))
+
+    async def save_weights_for_sampler_async(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> tinker.APIFuture[types.SaveWeightsForSamplerResponse]:
+        return self.save_weights_for_sampler(name, ttl_seconds, user_metadata)
+
+    def create_sampling_client(
+        self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
+    ) -> ClientFuture[LocalSamplingClient]:
+        return self._service.create_sampling_client(model_path=model_path)
+
+    async def create_sampling_client_async(
+        self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
+    ) -> LocalSamplingClient:
+        return await self.create_sampling_client(model_path)
+
+    def _load(self, path: str, *, with_optimizer: bool) -> types.LoadWeightsResponse:
+        checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
+        if checkpoint.config != self._config:
+            raise CheckpointError(
+                f"checkpoint {path!r}: model config {checkpoint.config} does not match this "
+                f"client's {self._config}"
+            )
+        self._params = checkpoint.params
+        self._opt_state = (
+            checkpoint.opt_state
+            if with_optimizer
+            else model_lib.init_optimizer_state(checkpoint.params)
+        )
+        self._grads = None
+        self._optim_steps = checkpoint.optim_steps
+        self._samplers_this_step = 0
+        return types.LoadWeightsResponse(path=path, model_id=self.model_id)
+
+    def load_state(
+        self, path: str, weights_access_token: str | None = None
+    ) -> tinker.APIFuture[types.LoadWeightsResponse]:
+        """Loads weights only (the optimizer restarts), as the SDK's `load_state` does."""
+        return ReadyFuture(self._load(path, with_optimizer=False))
+
+    async def load_state_async(
+        self, path: str, weights_access_token: str | None = None
+    ) -> tinker.APIFuture[types.LoadWeightsResponse]:
+        return self.load_state(path)
+
+    def load_state_with_optimizer(
+        self, path: str, weights_access_token: str | None = None
+    ) -> tinker.APIFuture[types.LoadWeightsResponse]:
+        """Loads weights and Adam state: training continues exactly as if never interrupted."""
+        return ReadyFuture(self._load(path, with_optimizer=True))
+
+    async def load_state_with_optimizer_async(
+        self, path: str, weights_access_token: str | None = None
+    ) -> tinker.APIFuture[types.LoadWeightsResponse]:
+        return self.load_state_with_optimizer(path)

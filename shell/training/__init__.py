@@ -1,0 +1,57 @@
+"""The training loop and everything a run keeps in its log directory.
+
+- `_loop`: `train` (the synchronous GRPO loop, resumable), `evaluate`, `TrainResult`.
+- `_policy_update`: one optimisation step on a step's groups (`train_on_groups`: advantages →
+  datums → `forward_backward` + `optim_step` → metrics) and its parts.
+- `_resume`: what a log dir records (`config.json`, `recipe_options.json`), which changes a
+  resume refuses, and the training client a caller may hand over (`OpenedTrainingClient`).
+- `_checkpoints`: `save_state` plus a `checkpoints.jsonl` record; restoring the last one.
+- `_logs`: `metrics.jsonl`, `samples.jsonl`, the progress line and the reward curve.
+
+Each part's docstring states its conventions.
+"""
+
+from __future__ import annotations
+
+from shell.training._checkpoints import (
+    CHECKPOINTS_FILE,
+    CheckpointRecord,
+    last_checkpoint,
+    load_checkpoints,
+)
+from shell.training._logs import METRICS_FILE, REWARD_CURVE_FILE, SAMPLES_FILE, read_jsonl
+from shell.training._loop import TrainResult, evaluate, train
+from shell.training._policy_update import TrainStepOutput, train_on_groups, train_step
+from shell.training._resume import (
+    CONFIG_FILE,
+    RECIPE_OPTIONS_FILE,
+    RESUME_MAY_CHANGE,
+    OpenedTrainingClient,
+    checked_last_checkpoint,
+    open_training_client,
+    recipe_options,
+)
+
+__all__ = [
+    "CHECKPOINTS_FILE",
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "RECIPE_OPTIONS_FILE",
+    "RESUME_MAY_CHANGE",
+    "REWARD_CURVE_FILE",
+    "SAMPLES_FILE",
+    "CheckpointRecord",
+    "OpenedTrainingClient",
+    "TrainResult",
+    "TrainStepOutput",
+    "checked_last_checkpoint",
+    "evaluate",
+    "last_checkpoint",
+    "load_checkpoints",
+    "open_training_client",
+    "read_jsonl",
+    "recipe_options",
+    "train",
+    "train_on_groups",
+    "train_step",
+]

@@ -1,0 +1,255 @@
+"""One optimisation step of the GRPO loop: trajectory groups → datums → train → metrics.
+
+What `shell.training.train` does with a step's successful groups (`train_on_groups`), and its
+parts: optional removal of constant-reward groups → advantages (`rlpure.advantages`, the
+configured estimator) → one padded batch (`rlpure.packing.assemble_batch`) → loss aggregation
+→ optional KL shaping against a reference sampler (`reference_logprobs_D_T`, `rlpure.kl`) →
+`tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input) → `train_step` →
+metrics → a sampling client of the trained weights.
+
+Conventions:
+- Alignment: every `[D, T]` array is aligned with the batch's targets, as in
+  `rlpure.packing` — entry `[d, t]` belongs to target token `t + 1` of datum `d`'s full
+  sequence `s` (position `t` predicts `s[t + 1]`), and is 0 on padding (`t >= length_D[d]`
+  or `d >= num_datums`).
+- Substeps: `train_step` splits the datums into `min(num_substeps, len(datums))` contiguous,
+  near-equal slices (`split_into_substeps`), one `forward_backward` + `optim_step` each. All
+  calls are **submitted first, then awaited** in submission order, SDK 0.38 style (each call
+  returns an `APIFuture` at once; the service orders them by request id). There is no retry
+  loop around SDK calls: the SDK retries transient failures itself.
+- Metrics written into the step's dict: `train/<key>` per `forward_backward` metric (summed
+  over substeps for `:sum` keys, averaged otherwise), `optim/<key>` from the last
+  `optim_step`, `optim/kl_sample_train_v1|v2` and `optim/entropy` (`rlpure.metrics`),
+  `batch/num_datums`, `batch/num_trained_groups`, and `kl_policy_base` when KL-shaped;
+  `progress/no_signal = 1` instead when `train_on_groups` skips a step without signal.
+- Clients are duck-typed: a `tinker.TrainingClient` / `SamplingClient` or any client with the
+  same methods (`shell.local`, `shell.fakes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import tinker
+
+from rlpure import advantages as advantages_lib
+from rlpure import metrics as metrics_lib
+from rlpure.kl import kl_penalty_advantages
+from rlpure.packing import DatumBatch, assemble_batch
+from rlpure.records import TrajectoryGroup
+from shell.config import TrainConfig
+from shell.datums import to_tinker_datums
+
+__all__ = [
+    "TrainStepOutput",
+    "adam_params_from_config",
+    "reference_logprobs_D_T",
+    "split_into_substeps",
+    "train_on_groups",
+    "train_step",
+]
+
+
+class TrainStepOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """Results of one training step's `forward_backward` and `optim_step` calls, in order."""
+
+    forward_backward: tuple[Any, ...]
+    optim_step: tuple[Any, ...]
+
+
+def adam_params_from_config(config: TrainConfig) -> tinker.AdamParams:
+    """The `tinker.AdamParams` of a config (lr, betas, eps, weight decay, grad-clip norm)."""
+    return tinker.AdamParams(
+        learning_rate=config.learning_rate,
+        beta1=config.adam_beta1,
+        beta2=config.adam_beta2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        grad_clip_norm=config.grad_clip_norm,
+    )
+
+
+def split_into_substeps(items: Sequence[Any], num_substeps: int) -> list[list[Any]]:
+    """Splits `items` into `min(num_substeps, len(items))` contiguous, near-equal slices.
+
+    Examples:
+        >>> split_into_substeps(list(range(5)), 2)
+        [[0, 1, 2], [3, 4]]
+    """
+    if num_substeps < 1:
+        raise ValueError(f"split_into_substeps: num_substeps must be >= 1, got {num_substeps}")
+    parts = min(num_substeps, len(items))
+    if parts == 0:
+        return []
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        out.append(list(items[start : start + size]))
+        start += size
+    return out
+
+
+async def train_step(
+    training_client: Any,
+    datums: Sequence[tinker.Datum],
+    *,
+    adam_params: tinker.AdamParams,
+    loss_fn: str,
+    loss_fn_config: Mapping[str, float] | None = None,
+    num_substeps: int = 1,
+) -> TrainStepOutput:
+    """One optimisation step: `forward_backward` + `optim_step` per substep, pipelined.
+
+    Every call is submitted before any result is awaited (each returns an `APIFuture` at once),
+    so the service sees the whole step queued; results are then awaited in submission order.
+    There is no retry loop: the SDK retries transient failures itself.
+
+    Args:
+        training_client: a `tinker.TrainingClient` or a client with the same methods.
+        datums: the step's datums.
+        adam_params: optimizer hyper-parameters.
+        loss_fn: Tinker loss name.
+        loss_fn_config: loss options (e.g. clip thresholds), or None.
+        num_substeps: number of contiguous datum slices, each with its own optimizer step.
+
+    Returns:
+        The `ForwardBackwardOutput` and `OptimStepResponse` of each substep.
+    """
+    submitted = []
+    for chunk in split_into_substeps(list(datums), num_substeps):
+        fb_future = training_client.forward_backward(chunk, loss_fn, loss_fn_config)
+        optim_future = training_client.optim_step(adam_params)
+        submitted.append((fb_future, optim_future))
+    forward_backward, optim_step = [], []
+    for fb_future, optim_future in submitted:
+        forward_backward.append(await fb_future)
+        optim_step.append(await optim_future)
+    return TrainStepOutput(forward_backward=tuple(forward_backward), optim_step=tuple(optim_step))
+
+
+def _full_sequence(batch: DatumBatch, d: int) -> list[int]:
+    """Datum `d`'s whole token sequence `s` (inputs plus the last target), length `L + 1`."""
+    length = int(batch.length_D[d])
+    inputs = np.asarray(batch.input_tokens_D_T)[d, :length]
+    last = np.asarray(batch.target_tokens_D_T)[d, length - 1 : length]
+    return np.concatenate([inputs, last]).tolist()
+
+
+async def reference_logprobs_D_T(reference_client: Any, batch: DatumBatch) -> np.ndarray:
+    """Reference-model logprobs of every datum's targets, aligned and padded like the batch.
+
+    Submits one `compute_logprobs` per datum (all at once, then awaits them); entry `[d, t]`
+    is the reference logprob of target `t` of datum `d` (`compute_logprobs(s)[1:]`), 0 on
+    padding.
+
+    Returns:
+        float32 `[D, T]`.
+    """
+    num_d, num_t = batch.shape
+    futures = [
+        reference_client.compute_logprobs(tinker.ModelInput.from_ints(_full_sequence(batch, d)))
+        for d in range(batch.num_datums)
+    ]
+    results = await asyncio.gather(*futures)
+    out = np.zeros((num_d, num_t), np.float32)
+    for d, logprobs in enumerate(results):
+        row = [0.0 if lp is None else float(lp) for lp in logprobs[1:]]
+        out[d, : len(row)] = row
+    return out
+
+
+def _training_logprobs_D_T(step: TrainStepOutput, batch: DatumBatch) -> np.ndarray:
+    """The trainer's logprobs of each datum's targets (from `loss_fn_outputs`), `[D, T]`."""
+    outputs = [o for fb in step.forward_backward for o in fb.loss_fn_outputs]
+    out = np.zeros(batch.shape, np.float32)
+    for d, output in enumerate(outputs):
+        row = np.asarray(output["logprobs"].to_numpy(), np.float32)
+        out[d, : row.shape[0]] = row
+    return out
+
+
+def _train_output_metrics(step: TrainStepOutput) -> dict[str, float]:
+    """Loss metrics summed over substeps (`:sum` keys) or averaged; optimizer metrics last."""
+    out: dict[str, float] = {}
+    seen: dict[str, list[float]] = {}
+    for fb in step.forward_backward:
+        for key, value in (fb.metrics or {}).items():
+            seen.setdefault(key, []).append(float(value))
+    for key, values in seen.items():
+        out[f"train/{key}"] = sum(values) if key.endswith(":sum") else sum(values) / len(values)
+    if step.optim_step and step.optim_step[-1].metrics:
+        for key, value in step.optim_step[-1].metrics.items():
+            out[f"optim/{key}" if not key.startswith("optim/") else key] = float(value)
+    return out
+
+
+async def train_on_groups(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    training_client: Any,
+    kl_reference_client: Any,
+    config: TrainConfig,
+    adam_params: tinker.AdamParams,
+    metrics: dict[str, Any],
+) -> Any:
+    """Advantages → batch → (KL) → datums → train step; returns the new sampling client.
+
+    Returns None, without training, when `remove_constant_reward_groups` is on, there is no
+    KL shaping and every group is constant: the cookbook's filter keeps one such group so the
+    list is not empty, but training on it sends all-zero advantages (a billed call on Tinker,
+    and Adam's momentum still moves the weights). Tutorial 104 skips such a step too.
+
+    Args:
+        groups: the step's successful trajectory groups (at least one).
+        training_client: the run's training client.
+        kl_reference_client: sampling client of the KL reference (used when
+            `config.kl_penalty_coef > 0`, else ignored).
+        config: the run's options (estimator, aggregation, KL, loss, substeps).
+        adam_params: optimizer hyper-parameters (`adam_params_from_config(config)`).
+        metrics: the step's metrics, updated in place with the keys in the module docstring
+            (or `progress/no_signal = 1` when the step is not trained).
+
+    Returns:
+        A sampling client of the trained weights, or None when the step was not trained.
+    """
+    if config.remove_constant_reward_groups:
+        if config.kl_penalty_coef == 0 and all(
+            len(set(g.get_total_rewards())) <= 1 for g in groups
+        ):
+            metrics["progress/no_signal"] = 1
+            return None
+        groups = advantages_lib.remove_constant_reward_groups(groups)
+    advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
+    batch = assemble_batch(groups, advantages_P_G)
+    batch = advantages_lib.aggregate_advantages(
+        batch, mode=config.loss_aggregation, length=config.aggregation_length
+    )
+    if config.kl_penalty_coef > 0:
+        ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
+        batch, kl_metrics = kl_penalty_advantages(
+            batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
+        )
+        metrics.update({k: float(v) for k, v in kl_metrics.items()})
+    datums = to_tinker_datums(batch, include_mask=False)
+    metrics["batch/num_datums"] = len(datums)
+    metrics["batch/num_trained_groups"] = len(groups)
+    step_output = await train_step(
+        training_client,
+        datums,
+        adam_params=adam_params,
+        loss_fn=config.loss_fn,
+        loss_fn_config=config.loss_fn_config,
+        num_substeps=config.num_substeps,
+    )
+    metrics.update(_train_output_metrics(step_output))
+    metrics.update(
+        metrics_lib.kl_sample_train_metrics(
+            batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
+        )
+    )
+    return await training_client.save_weights_and_get_sampling_client()

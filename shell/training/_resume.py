@@ -1,0 +1,325 @@
+"""Restoring and recording a run: what a log directory holds so a later `train` can continue it.
+
+Conventions:
+- What is recorded where, all under the run's `log_dir`:
+  - `config.json` (`CONFIG_FILE`): the whole `TrainConfig` (`config_to_dict`), rewritten at
+    the start of every `train` call, fresh or resumed.
+  - `recipe_options.json` (`RECIPE_OPTIONS_FILE`): the recipe's own options that define the run
+    (`train(recipe_options=...)`), as they read back from JSON (a tuple becomes a list). A
+    resumed run given none keeps the record; a fresh run given none removes a record an earlier
+    run left behind, since it is not its own.
+  - `checkpoints.jsonl` (`shell.training`): one record per saved state, with the step, the
+    state path, the KL reference's weights and the loop's PRNG key as `rng_key_data` — the
+    uint32 words of `jax.random.key_data(key)`, flattened (`prng_key_data`), restored with
+    `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same per-step
+    seeds as an uninterrupted one.
+- What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
+  long it runs, how often it evaluates and saves, how rollouts are scheduled and retried), and
+  the options a recipe leaves out of `recipe_options` (e.g. the evaluation set's size). Any
+  other difference is refused with a `ConfigError` naming each changed field or option with its
+  recorded and new values (`check_resumable_config`, or `checked_last_checkpoint` for a
+  `log_dir`), before a session is opened. A name only one side holds (a field added or removed
+  by a code update) and a missing record (a log directory written before it was recorded) are
+  not compared.
+- The client contract: `open_training_client(config, service_client, resume)` opens the run's
+  training client — restored from the checkpoint `resume` (weights and optimizer state), or a
+  new LoRA client when `resume` is None — and returns it as an `OpenedTrainingClient` naming
+  that checkpoint. `train(training_client=...)` takes such a client only when it was opened
+  from `log_dir`'s last checkpoint (or from none, for a fresh run), so a run never continues a
+  checkpoint's step and PRNG key with other weights; a bare client is taken for a fresh run
+  only (its weights are the run's start, whatever they are), see `callers_training_client`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import msgspec
+import numpy as np
+
+from shell.config import TrainConfig, config_to_dict
+from shell.errors import ConfigError
+from shell.training._checkpoints import CheckpointRecord, last_checkpoint, restore_training_client
+
+__all__ = [
+    "CONFIG_FILE",
+    "RECIPE_OPTIONS_FILE",
+    "RESUME_MAY_CHANGE",
+    "OpenedTrainingClient",
+    "callers_training_client",
+    "check_resumable_config",
+    "checked_last_checkpoint",
+    "open_training_client",
+    "prng_key_data",
+    "prng_key_from_data",
+    "recipe_options",
+    "record_run_options",
+]
+
+CONFIG_FILE = "config.json"
+"""Where `train` records its `TrainConfig` (in the run's `log_dir`)."""
+RECIPE_OPTIONS_FILE = "recipe_options.json"
+"""Where `train` records the recipe options it was given (beside `config.json`)."""
+
+RESUME_MAY_CHANGE: frozenset[str] = frozenset(
+    {
+        "log_dir",
+        "max_steps",
+        "eval_every",
+        "save_every",
+        "num_groups_to_log",
+        "progress",
+        "max_concurrent_groups",
+        "rollout_strategy",
+        "max_retries",
+        "rollout_timeout",
+        "min_viable_group",
+    }
+)
+"""Config fields a resumed run may change; any other difference would silently mix two runs."""
+
+
+# --- checking a resumed run's options ----------------------------------------------------------
+
+
+def _recorded(path: Path) -> dict[str, Any] | None:
+    """The JSON object recorded at `path` (None when there is no such file)."""
+    if not path.exists():
+        return None
+    try:
+        recorded = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError as err:
+        raise ConfigError(f"{path}: unreadable ({err}); cannot check the resumed run") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{path}: expected a JSON object; cannot check the resumed run")
+    return recorded
+
+
+def _as_json(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` as they read back from JSON (tuples become lists), or a `ConfigError`."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(dict(options)))
+    except (TypeError, msgspec.EncodeError) as err:
+        raise ConfigError(f"train(recipe_options=...): not JSON-encodable: {err}") from None
+
+
+def _changes(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], *, label: str = ""
+) -> list[str]:
+    """`"<label><name>: old -> new"` for each name in both mappings whose values differ.
+
+    A name missing on either side (an option added or removed by a code update) is not a
+    change: there is nothing to compare it with.
+    """
+    return [
+        f"{label}{name}: {recorded[name]!r} -> {current[name]!r}"
+        for name in sorted(current)
+        if name in recorded and recorded[name] != current[name]
+    ]
+
+
+def check_resumable_config(
+    path: Path, config: TrainConfig, *, recipe_options: Mapping[str, Any] | None = None
+) -> None:
+    """Refuses to resume a log directory with options that change how the run trains.
+
+    Compares `config` with the `config.json` at `path` (fields outside `RESUME_MAY_CHANGE`)
+    and `recipe_options` with the `recipe_options.json` beside it (every key both hold). A
+    missing file (a log directory written before it was recorded) is not checked.
+
+    Args:
+        path: the run's `config.json`.
+        config: the config of the resumed run.
+        recipe_options: the recipe's own options that define the run (JSON-able), or None.
+
+    Raises:
+        ConfigError: naming each changed field or recipe option with its recorded and new
+            values; or a recorded file that cannot be read.
+    """
+    changed = []
+    recorded = _recorded(path)
+    if recorded is not None:
+        current = {
+            name: value
+            for name, value in config_to_dict(config).items()
+            if name not in RESUME_MAY_CHANGE
+        }
+        changed += _changes(recorded, current)
+    if recipe_options is not None:
+        recorded_options = _recorded(path.with_name(RECIPE_OPTIONS_FILE))
+        if recorded_options is not None:
+            changed += _changes(recorded_options, _as_json(recipe_options), label="recipe option ")
+    if changed:
+        raise ConfigError(
+            f"{path.parent}: resuming with a different config would mix two runs ("
+            + "; ".join(changed)
+            + "). Use a new --log-dir, or the recorded values."
+        )
+
+
+def checked_last_checkpoint(
+    config: TrainConfig, *, recipe_options: Mapping[str, Any] | None = None
+) -> CheckpointRecord | None:
+    """`config.log_dir`'s last checkpoint (None: a fresh run), once the run may resume it.
+
+    What `train` starts from; a recipe calls it before opening clients so that a resume with
+    changed options is refused before any session is opened (`train` checks again).
+
+    Raises:
+        ConfigError: see `check_resumable_config`.
+    """
+    resume = last_checkpoint(config.log_dir)
+    if resume is not None:
+        check_resumable_config(
+            Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options
+        )
+    return resume
+
+
+def recipe_options(
+    recipe: str, fields: Mapping[str, Any], *, may_change: Collection[str]
+) -> dict[str, Any]:
+    """What a recipe passes as `train(recipe_options=...)`: `{"recipe": recipe}` plus every
+    field outside `may_change` (those a resumed run may change, e.g. how long it runs).
+
+    Examples:
+        >>> recipe_options("toy", {"group_size": 2, "num_batches": 8}, may_change={"num_batches"})
+        {'recipe': 'toy', 'group_size': 2}
+    """
+    return {"recipe": recipe, **{k: v for k, v in fields.items() if k not in may_change}}
+
+
+# --- recording a run's options -----------------------------------------------------------------
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(
+        msgspec.json.format(msgspec.json.encode(data)).decode() + "\n", encoding="utf-8"
+    )
+
+
+def record_run_options(
+    log_dir: Path,
+    config: TrainConfig,
+    *,
+    recipe_options: Mapping[str, Any] | None,
+    resuming: bool,
+) -> None:
+    """Writes `config.json` and `recipe_options.json` (see the module docstring).
+
+    Args:
+        log_dir: the run's log directory (it exists).
+        config: the run's config.
+        recipe_options: the recipe's own options (JSON-able), or None.
+        resuming: whether the run continues a checkpoint of `log_dir` (then a recorded
+            `recipe_options.json` stays when `recipe_options` is None; a fresh run drops it).
+
+    Raises:
+        ConfigError: `recipe_options` that cannot be encoded as JSON (after `config.json` is
+            written).
+    """
+    _write_json(log_dir / CONFIG_FILE, config_to_dict(config))
+    if recipe_options is not None:
+        _write_json(log_dir / RECIPE_OPTIONS_FILE, _as_json(recipe_options))
+    elif not resuming:
+        # a fresh run without recipe options: a record left by an earlier run is not its own
+        (log_dir / RECIPE_OPTIONS_FILE).unlink(missing_ok=True)
+
+
+# --- the PRNG key in a checkpoint record -------------------------------------------------------
+
+
+def prng_key_data(key: jax.Array) -> tuple[int, ...]:
+    """The uint32 words of a typed jax PRNG key, flattened (`CheckpointRecord.rng_key_data`).
+
+    Examples:
+        >>> data = prng_key_data(jax.random.key(0))
+        >>> prng_key_data(prng_key_from_data(data)) == data
+        True
+    """
+    return tuple(int(x) for x in np.asarray(jax.random.key_data(key)).ravel())
+
+
+def prng_key_from_data(data: Sequence[int]) -> jax.Array:
+    """The typed jax PRNG key whose words `prng_key_data` returned."""
+    return jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
+
+
+# --- the training client -----------------------------------------------------------------------
+
+
+class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
+    """A training client and the checkpoint it was restored from (what `train` accepts).
+
+    Attributes:
+        client: the training client (`tinker.TrainingClient` or a duck-typed one).
+        resumed_from: the checkpoint whose weights and optimizer state it holds; None for a
+            new LoRA client.
+    """
+
+    client: Any
+    resumed_from: CheckpointRecord | None
+
+
+async def open_training_client(
+    config: TrainConfig, service_client: Any, resume: CheckpointRecord | None
+) -> OpenedTrainingClient:
+    """The run's training client: restored from `resume` when given, else a new LoRA client.
+
+    Pass `resume=last_checkpoint(config.log_dir)` to open the client `train` would open itself;
+    the result can then be handed to `train(training_client=...)`, which checks that `resume`
+    is still the log directory's last checkpoint.
+    """
+    if resume is not None:
+        client = await restore_training_client(service_client, resume)
+    else:
+        client = await service_client.create_lora_training_client(
+            base_model=config.base_model, rank=config.lora_rank
+        )
+    return OpenedTrainingClient(client=client, resumed_from=resume)
+
+
+def _describe(checkpoint: CheckpointRecord | None) -> str:
+    if checkpoint is None:
+        return "no checkpoint (a fresh run)"
+    return f"the step-{checkpoint.step} checkpoint {checkpoint.state_path}"
+
+
+def callers_training_client(
+    training_client: Any, *, resume: CheckpointRecord | None, log_dir: Path
+) -> Any:
+    """The client inside the caller's `training_client`, once it is known to fit `resume`.
+
+    Args:
+        training_client: what the caller passed as `train(training_client=...)`: an
+            `OpenedTrainingClient` or a bare client.
+        resume: `log_dir`'s last checkpoint (None for a fresh run).
+        log_dir: the run's log directory (named in the error).
+
+    Raises:
+        ConfigError: an `OpenedTrainingClient` restored from another checkpoint than `resume`
+            (or from one when `resume` is None), or a bare client while resuming.
+    """
+    if isinstance(training_client, OpenedTrainingClient):
+        opened = training_client.resumed_from
+        if (None if opened is None else opened.state_path) != (
+            None if resume is None else resume.state_path
+        ):
+            raise ConfigError(
+                f"{log_dir}: the training_client passed to train() was opened from "
+                f"{_describe(opened)}, but the run starts from {_describe(resume)}. Open it "
+                "with open_training_client(config, service_client, last_checkpoint(log_dir))."
+            )
+        return training_client.client
+    if resume is not None:
+        raise ConfigError(
+            f"{log_dir}: resuming from {_describe(resume)}, but the training_client passed to "
+            "train() is a bare client whose state is unknown. Pass the OpenedTrainingClient "
+            "of open_training_client(config, service_client, last_checkpoint(log_dir)), or "
+            "no client."
+        )
+    return training_client

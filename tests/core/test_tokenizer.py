@@ -1,0 +1,90 @@
+"""Tests for `rlpure.model.ByteTokenizer`: exact round trips, special tokens, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlpure.model import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+
+TOK = ByteTokenizer()
+# Any Unicode text UTF-8 can encode (lone surrogates cannot be, and are refused).
+texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts)
+def test_round_trip_without_special_tokens(text: str) -> None:
+    ids = TOK.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode("utf-8"))
+    assert TOK.decode(ids) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts)
+def test_round_trip_with_bos(text: str) -> None:
+    ids = TOK.encode(text)
+    assert ids[0] == BOS_ID
+    assert TOK.decode(ids, skip_special_tokens=True) == text
+    assert TOK.decode(ids) == "<|bos|>" + text
+
+
+def _split_runs_decode(ids: list[int]) -> str:
+    """Slow reference: decode each maximal run of byte ids separately, skip specials."""
+    out, run = [], bytearray()
+    for i in ids:
+        if i < 256:
+            run.append(i)
+        else:
+            out.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+    out.append(run.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, VOCAB_SIZE - 1), max_size=64))
+def test_decode_any_ids_matches_run_by_run_reference(ids: list[int]) -> None:
+    assert TOK.decode(ids, skip_special_tokens=True) == _split_runs_decode(ids)
+    with_specials = TOK.decode(ids)
+    assert isinstance(with_specials, str)
+    assert with_specials.count("<|eos|>") >= ids.count(EOS_ID)
+
+
+def test_golden_values() -> None:
+    assert TOK.encode("hi") == [BOS_ID, 104, 105]
+    assert TOK.encode("é", add_special_tokens=False) == [0xC3, 0xA9]
+    assert TOK.decode([BOS_ID, 104, EOS_ID, PAD_ID]) == "<|bos|>h<|eos|><|pad|>"
+    assert TOK.decode([0xFF, 104]) == "\ufffdh"  # invalid UTF-8 → replacement char
+    assert TOK.decode([0xC3, EOS_ID, 0xA9], skip_special_tokens=True) == "\ufffd\ufffd"
+    assert TOK.decode(np.array([104, 105], np.int32)) == "hi"
+    assert TOK.decode(104) == "h"
+    assert TOK.decode([]) == ""
+    assert TOK.encode("<|eos|>", add_special_tokens=False) == list(b"<|eos|>")
+    assert TOK.batch_decode([[104], [105, EOS_ID]], skip_special_tokens=True) == ["h", "i"]
+    assert TOK.convert_ids_to_tokens([104, EOS_ID]) == ["<0x68>", "<|eos|>"]
+
+
+def test_hf_like_attributes() -> None:
+    assert (TOK.bos_token_id, TOK.eos_token_id, TOK.pad_token_id) == (256, 257, 258)
+    assert TOK.vocab_size == len(TOK) == VOCAB_SIZE == 259
+    assert TOK.name_or_path == "rlpure/byte"
+    assert TOK.eos_token == "<|eos|>" and TOK.bos_token == "<|bos|>"
+    assert ByteTokenizer() == TOK and hash(ByteTokenizer()) == hash(TOK)
+
+
+def test_bad_input_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"id 300 at position 1"):
+        TOK.decode([104, 300])
+    with pytest.raises(ValueError, match=r"id -1 at position 0"):
+        TOK.decode([-1])
+    with pytest.raises(TypeError, match="expected str"):
+        TOK.encode(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        TOK.encode("\ud800")
+    with pytest.raises(TypeError, match="integers"):
+        TOK.decode([1.5, 2.0])
+    with pytest.raises(ValueError, match="1-D"):
+        TOK.decode([[1, 2]])

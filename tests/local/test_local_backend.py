@@ -1,0 +1,700 @@
+"""Tests for `shell.local`: Tinker's client interface over the local JAX model.
+
+Covers the SDK's return conventions with the real `tinker` types, sampler/trainer logprob
+agreement, learning under cross-entropy, exact resume from `save_state`, determinism by seed,
+stop strings and stop token ids, micro-batching of concurrent requests, datum validation, every
+loss, gradient accumulation, the optimiser wiring and the trace-count bound.
+
+All calls stay inside a few shape buckets (≤ 8 sample rows, prompts ≤ 16 tokens, ≤ 16 new
+tokens, ≤ 8 datums of ≤ 16 tokens), so the file compiles a handful of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.model import EOS_ID, ByteTokenizer
+from shell import local as lb
+from shell.errors import CheckpointError, ConfigError
+from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+
+MODEL = "rlpure/tiny"
+TOK = ByteTokenizer()
+
+
+def _trainer(seed: int = 0, tmp_path: Path | None = None) -> LocalTrainingClient:
+    service = LocalServiceClient(seed=seed, checkpoint_dir=tmp_path)
+    return service.create_lora_training_client(base_model=MODEL, rank=8).result()
+
+
+def _prompt(text: str) -> types.ModelInput:
+    return types.ModelInput.from_ints(TOK.encode(text))
+
+
+def _td(values: Any, dtype: Any = np.float32) -> types.TensorData:
+    return types.TensorData.from_numpy(np.asarray(values, dtype))
+
+
+def _lps(seq: types.SampledSequence) -> list[float]:
+    assert seq.logprobs is not None
+    return seq.logprobs
+
+
+def _traces(jitted: Any) -> int:
+    return int(jitted._cache_size())
+
+
+def _sft_datum(text: str, n_prompt: int = 2) -> types.Datum:
+    seq = TOK.encode(text)
+    n = len(seq) - 1
+    weights = np.r_[np.zeros(n_prompt), np.ones(n - n_prompt)]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": _td(seq[1:], np.int64), "weights": _td(weights)},
+    )
+
+
+def _rl_datum(
+    prompt: list[int], tokens: list[int], logprobs: list[float], advantage: float
+) -> types.Datum:
+    seq = prompt + tokens
+    n_prompt = len(prompt) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={
+            "target_tokens": _td(seq[1:], np.int64),
+            "logprobs": _td([0.0] * n_prompt + logprobs),
+            "advantages": _td([0.0] * n_prompt + [advantage] * len(tokens)),
+        },
+    )
+
+
+def _params_equal(a: Any, b: Any) -> bool:
+    return all(
+        np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    )
+
+
+TEXTS = ["ab=1", "cd=22", "ef=333", "gh=4444", "ij=5", "kl=66", "mn=777", "op=8888"]
+SP16 = types.SamplingParams(max_tokens=16, temperature=1.0, stop=[])
+# Short enough that prompt + completion stays in the 16-token training bucket.
+SP10 = types.SamplingParams(max_tokens=10, temperature=1.0, stop=[])
+
+
+# --- the SDK's shapes and conventions ---------------------------------------------------------
+
+
+def test_async_api_mirrors_the_sdk_with_real_tinker_types() -> None:
+    async def main() -> None:
+        service = LocalServiceClient(seed=0)
+        trainer = await service.create_lora_training_client_async(base_model=MODEL, rank=4)
+        assert isinstance(trainer, LocalTrainingClient)
+        assert isinstance(
+            await service.create_lora_training_client(base_model=MODEL), LocalTrainingClient
+        )
+        assert trainer.get_tokenizer().decode(trainer.get_tokenizer().encode("x")) == "<|bos|>x"
+        assert trainer.get_info().model_data.model_name == MODEL
+
+        fb = await trainer.forward_backward_async([_sft_datum("hi=1")], loss_fn="cross_entropy")
+        assert isinstance(fb, tinker.APIFuture)
+        out = await fb.result_async()
+        assert isinstance(out, types.ForwardBackwardOutput)
+        assert out is fb.result() and out is fb.future().result() and out is await fb
+        (output,) = out.loss_fn_outputs
+        assert isinstance(output["logprobs"], types.TensorData)
+        assert output["logprobs"].to_numpy().shape == (len(TOK.encode("hi=1")) - 1,)
+        assert out.metrics["loss:sum"] > 0
+
+        step = await trainer.optim_step_async(types.AdamParams(learning_rate=1e-3))
+        assert isinstance(await step.result_async(), types.OptimStepResponse)
+
+        sampler = await trainer.save_weights_and_get_sampling_client_async()
+        assert isinstance(sampler, LocalSamplingClient)
+        response = await sampler.sample_async(
+            prompt=_prompt("q"), num_samples=3, sampling_params=SP16
+        )
+        assert isinstance(response, types.SampleResponse) and len(response.sequences) == 3
+        for seq in response.sequences:
+            assert isinstance(seq, types.SampledSequence)
+            assert seq.stop_reason == "length" and len(seq.tokens) == 16
+            assert seq.logprobs is not None and len(seq.logprobs) == 16
+        future = sampler.sample(_prompt("q"), 1, SP16)
+        assert isinstance(future, tinker.APIFuture)
+        assert isinstance(await future, types.SampleResponse)
+        # The deprecated direct use of the client future still works, as in the SDK.
+        assert trainer.save_weights_and_get_sampling_client().get_base_model() == MODEL
+
+    asyncio.run(main())
+
+
+def test_sync_api_and_service_helpers() -> None:
+    service = LocalServiceClient(seed=0)
+    names = [m.model_name for m in service.get_server_capabilities().supported_models]
+    assert MODEL in names
+    trainer = service.create_lora_training_client(base_model=MODEL).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    response = sampler.sample(_prompt("q"), 2, SP16).result()
+    assert len(response.sequences) == 2
+    # Every client of a service starts from the same base weights (as LoRA on one base).
+    second = service.create_lora_training_client(base_model=MODEL).result()
+    assert _params_equal(second.params, trainer.params)
+    assert not _params_equal(
+        service.create_lora_training_client(base_model=MODEL, seed=1).result().params,
+        trainer.params,
+    )
+    base = service.create_sampling_client(base_model=MODEL).result()
+    seeded = types.SamplingParams(max_tokens=16, seed=2, stop=[])
+    assert (
+        base.sample(_prompt("q"), 1, seeded).result().sequences[0].tokens
+        == sampler.sample(_prompt("q"), 1, seeded).result().sequences[0].tokens
+    )
+    with pytest.raises(ConfigError, match="known models"):
+        service.create_lora_training_client(base_model="Qwen/Qwen3-8B")
+    with pytest.raises(NotImplementedError, match="AdamParams"):
+        trainer.optim_step(types.DimuonParams(learning_rate=0.1))  # type: ignore[arg-type]
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+
+def test_sampler_logprobs_equal_training_logprobs_on_policy() -> None:
+    trainer = _trainer()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    data, sampled = [], []
+    for text in ("1+1=", "22+3=", "x"):
+        prompt = TOK.encode(text)
+        response = sampler.sample(
+            types.ModelInput.from_ints(prompt), 2, SP10, include_prompt_logprobs=True
+        ).result()
+        computed = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+        prompt_logprobs = response.prompt_logprobs
+        assert prompt_logprobs is not None
+        assert computed[0] is None and prompt_logprobs[0] is None
+        np.testing.assert_allclose(
+            np.asarray(computed[1:], float), np.asarray(prompt_logprobs[1:], float), atol=1e-6
+        )
+        for seq in response.sequences:
+            data.append(_rl_datum(prompt, seq.tokens, _lps(seq), 1.0))
+            sampled.append((len(prompt) - 1, np.asarray(seq.logprobs)))
+    out = trainer.forward(data, "importance_sampling").result()
+    for output, (start, logprobs) in zip(out.loss_fn_outputs, sampled, strict=True):
+        np.testing.assert_allclose(output["logprobs"].to_numpy()[start:], logprobs, atol=1e-5)
+    assert out.metrics["ratio:min"] == pytest.approx(1.0, abs=1e-4)
+    assert out.metrics["ratio:max"] == pytest.approx(1.0, abs=1e-4)
+
+
+def _valid_utf8_window(tokens: list[int]) -> str:
+    """The text of the longest window (≤ 3 tokens, not at the start) that is valid UTF-8."""
+    for width in (3, 2, 1):
+        for start in range(2, len(tokens) - width + 1):
+            window = tokens[start : start + width]
+            if all(t < 256 for t in window):
+                try:
+                    return bytes(window).decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+    raise AssertionError(f"no valid UTF-8 window in {tokens}")
+
+
+def test_stop_strings_and_stop_token_ids_are_honoured_and_included() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    greedy = types.SamplingParams(max_tokens=16, temperature=0.0, stop=[])
+    free = sampler.sample(_prompt("stop test"), 1, greedy).result().sequences[0]
+    assert free.stop_reason == "length" and len(free.tokens) == 16
+    # A stop token id: generation ends after its first occurrence, which is included.
+    token = free.tokens[5]
+    cut = free.tokens.index(token) + 1
+    params = types.SamplingParams(max_tokens=16, temperature=0.0, stop=[token])
+    seq = sampler.sample(_prompt("stop test"), 1, params).result().sequences[0]
+    assert seq.tokens == free.tokens[:cut] and seq.stop_reason == "stop"
+    # A stop string: generation ends once the decoded tail contains it, string included.
+    stop_text = _valid_utf8_window(free.tokens)
+    stop_ids = TOK.encode(stop_text, add_special_tokens=False)
+    end = next(
+        i + len(stop_ids) for i in range(16) if free.tokens[i : i + len(stop_ids)] == stop_ids
+    )
+    params = types.SamplingParams(max_tokens=16, temperature=0.0, stop=[stop_text, "\x00\x01"])
+    seq = sampler.sample(_prompt("stop test"), 1, params).result().sequences[0]
+    assert seq.tokens == free.tokens[:end] and seq.stop_reason == "stop"
+    assert TOK.decode(seq.tokens).endswith(stop_text)
+    # A single string is accepted like a one-element list.
+    params = types.SamplingParams(max_tokens=16, temperature=0.0, stop=stop_text)
+    assert (
+        sampler.sample(_prompt("stop test"), 1, params).result().sequences[0].tokens == seq.tokens
+    )
+    # Stop rules: None → EOS; [] → none; a non-empty list → the list plus EOS.
+    request = sampler._make_request(
+        _prompt("a"), 1, types.SamplingParams(max_tokens=4), include_prompt_logprobs=False
+    )
+    assert request.stop_token_ids == (EOS_ID,)
+    request = sampler._make_request(
+        _prompt("a"), 1, types.SamplingParams(max_tokens=4, stop=[]), include_prompt_logprobs=False
+    )
+    assert request.stop_token_ids == () and request.stop_sequences == ()
+    request = sampler._make_request(
+        _prompt("a"),
+        1,
+        types.SamplingParams(max_tokens=4, stop=["ab"]),
+        include_prompt_logprobs=False,
+    )
+    assert request.stop_token_ids == (EOS_ID,) and request.stop_sequences == ((97, 98),)
+
+
+def test_seeded_sampling_is_reproducible_and_temperature_zero_is_greedy() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    seeded = types.SamplingParams(max_tokens=16, temperature=1.0, seed=7, stop=[])
+    first = sampler.sample(_prompt("s"), 2, seeded).result()
+    second = sampler.sample(_prompt("s"), 2, seeded).result()
+    assert [s.tokens for s in first.sequences] == [s.tokens for s in second.sequences]
+    assert first.sequences[0].tokens != first.sequences[1].tokens  # samples differ within a call
+    unseeded = [
+        sampler.sample(_prompt("s"), 1, SP16).result().sequences[0].tokens for _ in range(2)
+    ]
+    assert unseeded[0] != unseeded[1]  # successive unseeded requests draw fresh randomness
+    greedy = types.SamplingParams(max_tokens=16, temperature=0.0, seed=1, stop=[])
+    greedy_other = types.SamplingParams(max_tokens=16, temperature=0.0, seed=2, stop=[])
+    a = sampler.sample(_prompt("s"), 2, greedy).result().sequences
+    b = sampler.sample(_prompt("s"), 1, greedy_other).result().sequences
+    assert a[0].tokens == a[1].tokens == b[0].tokens
+
+
+def test_concurrent_requests_are_served_in_one_batched_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    prompts = [_prompt(t) for t in ("a", "bb", "ccc", "dddd")]
+    params = [
+        types.SamplingParams(max_tokens=16, temperature=1.0, seed=i, stop=[]) for i in range(4)
+    ]
+    alone = [sampler.sample(p, 2, sp).result() for p, sp in zip(prompts, params, strict=True)]
+
+    calls = []
+    real = model_lib.sample_tokens
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1].prompt_tokens_B_T.shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lb.model_lib, "sample_tokens", counting)
+
+    async def main() -> list[types.SampleResponse]:
+        async def one(p: types.ModelInput, sp: types.SamplingParams) -> types.SampleResponse:
+            await asyncio.sleep(0)  # requests need not arrive in the very same tick
+            return await sampler.sample_async(prompt=p, num_samples=2, sampling_params=sp)
+
+        return await asyncio.gather(*[one(p, sp) for p, sp in zip(prompts, params, strict=True)])
+
+    batched = asyncio.run(main())
+    assert len(calls) == 1 and calls[0][0] == 8
+    for x, y in zip(alone, batched, strict=True):
+        assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
+        for s, t in zip(x.sequences, y.sequences, strict=True):
+            np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-6)
+
+    async def blocking_result() -> types.SampleResponse:
+        return sampler.sample(prompts[0], 2, params[0]).result()  # flushes, no deadlock
+
+    assert [s.tokens for s in asyncio.run(blocking_result()).sequences] == [
+        s.tokens for s in alone[0].sequences
+    ]
+
+
+def test_sampling_requests_are_validated_at_submission() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    with pytest.raises(ValueError, match="context length"):
+        sampler.sample(_prompt("a"), 1, types.SamplingParams(max_tokens=5000)).result()
+    with pytest.raises(ValueError, match="num_samples"):
+        sampler.sample(_prompt("a"), 0, SP16)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        sampler.sample(_prompt("a"), 1, {"max_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="temperature"):
+        sampler.sample(_prompt("a"), 1, types.SamplingParams(max_tokens=3, temperature=-1.0))
+    with pytest.raises(ValueError, match="empty prompt"):
+        sampler.sample(types.ModelInput.empty(), 1, SP16)
+    with pytest.raises(ValueError, match="outside"):
+        sampler.sample(types.ModelInput.from_ints([999]), 1, SP16)
+    with pytest.raises(NotImplementedError, match="topk_sample_logprobs"):
+        sampler.sample(_prompt("a"), 1, SP16, topk_sample_logprobs=2)
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+def test_cross_entropy_loss_decreases_on_a_tiny_supervised_problem() -> None:
+    trainer = _trainer()
+    data = [_sft_datum(text) for text in TEXTS]
+    losses = []
+    for _ in range(12):
+        fb = trainer.forward_backward(data, "cross_entropy")
+        trainer.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+        losses.append(fb.result().metrics["loss:sum"])
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(np.isfinite(losses))
+
+
+def test_save_state_then_load_reproduces_the_next_step_exactly(tmp_path: Path) -> None:
+    data = [_sft_datum(text) for text in TEXTS[:5]]
+    adam = types.AdamParams(learning_rate=1e-3, weight_decay=0.01, grad_clip_norm=1.0)
+    trainer = _trainer(tmp_path=tmp_path)
+    trainer.forward_backward(data, "cross_entropy")
+    trainer.optim_step(adam)
+    path = trainer.save_state("step1").result().path
+    trainer.forward_backward(data, "cross_entropy")
+    trainer.optim_step(adam)
+    expected = trainer.params
+
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    assert manifest["has_optimizer"] and manifest["base_model"] == MODEL
+    with np.load(Path(path) / "arrays.npz", allow_pickle=False) as npz:
+        assert any(name.startswith("optimizer/") for name in npz.files)
+
+    service = LocalServiceClient(seed=99, checkpoint_dir=tmp_path)
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    resumed.forward_backward(data, "cross_entropy")
+    resumed.optim_step(adam)
+    assert _params_equal(resumed.params, expected)
+
+    other = _trainer(seed=5)
+    other.load_state_with_optimizer(path).result()
+    other.forward_backward(data, "cross_entropy")
+    other.optim_step(adam)
+    assert _params_equal(other.params, expected)
+
+    weights_only = service.create_training_client_from_state(path).result()
+    weights_only.forward_backward(data, "cross_entropy")
+    weights_only.optim_step(adam)
+    assert not _params_equal(weights_only.params, expected)  # fresh Adam state differs
+
+    with pytest.raises(FileExistsError):
+        trainer.save_state("step1")
+    sampler_path = trainer.save_weights_for_sampler("s1").result().path
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        service.create_training_client_from_state_with_optimizer(sampler_path)
+    seeded = types.SamplingParams(max_tokens=16, seed=3, stop=[])
+    from_disk = service.create_sampling_client(model_path=sampler_path).result()
+    snapshot = trainer.save_weights_and_get_sampling_client().result()
+    assert (
+        from_disk.sample(_prompt("z"), 2, seeded).result().sequences[1].tokens
+        == snapshot.sample(_prompt("z"), 2, seeded).result().sequences[1].tokens
+    )
+    with pytest.raises(ValueError, match="file name"):
+        trainer.save_state("../escape")
+
+
+def _short_run(seed: int) -> tuple[list[list[int]], np.ndarray]:
+    trainer = _trainer(seed)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    data, tokens = [], []
+    for text in ("1+2=", "3+4="):
+        prompt = TOK.encode(text)
+        for i, seq in enumerate(
+            sampler.sample(types.ModelInput.from_ints(prompt), 2, SP10).result().sequences
+        ):
+            data.append(_rl_datum(prompt, seq.tokens, _lps(seq), 1.0 if i else -1.0))
+            tokens.append(seq.tokens)
+    trainer.forward_backward(data, "importance_sampling")
+    trainer.optim_step(types.AdamParams(learning_rate=1e-3))
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens.extend(s.tokens for s in sampler.sample(_prompt("5+6="), 2, SP16).result().sequences)
+    return tokens, np.asarray(trainer.params["unembed_D_V"])
+
+
+def test_same_seed_gives_an_identical_run_and_another_seed_does_not() -> None:
+    tokens_a, weights_a = _short_run(0)
+    tokens_b, weights_b = _short_run(0)
+    tokens_c, weights_c = _short_run(1)
+    assert tokens_a == tokens_b and np.array_equal(weights_a, weights_b)
+    assert tokens_a != tokens_c and not np.array_equal(weights_a, weights_c)
+
+
+def test_every_loss_runs_and_gradients_accumulate_until_optim_step() -> None:
+    prompt = TOK.encode("p=")
+    rng = np.random.default_rng(0)
+    data = []
+    for i in range(6):
+        tokens = rng.integers(0, 256, 5).tolist()
+        datum = _rl_datum(prompt, tokens, rng.uniform(-6, -4, 5).tolist(), float(i % 3 - 1))
+        inputs = dict(datum.loss_fn_inputs)
+        inputs["sequence_ratio_mask"] = _td(np.ones(len(prompt) + 4))
+        data.append(types.Datum(model_input=datum.model_input, loss_fn_inputs=inputs))
+    configs: dict[str, dict[str, float] | None] = {
+        "importance_sampling": None,
+        "ppo": {"clip_low_threshold": 0.7},
+        "cispo": None,
+        "dro": {"beta": 0.05},
+        "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    }
+    trainer = _trainer()
+    for loss_fn, config in configs.items():
+        used = [
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    k: v
+                    for k, v in d.loss_fn_inputs.items()
+                    if k != "sequence_ratio_mask" or loss_fn == "gspo"
+                },
+            )
+            for d in data
+        ]
+        out = trainer.forward(used, loss_fn, config).result()  # type: ignore[arg-type]
+        assert np.isfinite(out.metrics["loss:sum"]), loss_fn
+        assert [o["logprobs"].to_numpy().shape[0] for o in out.loss_fn_outputs] == [
+            len(prompt) + 4
+        ] * 6
+    sft = [_sft_datum(text) for text in TEXTS[:6]]
+    adam = types.AdamParams(learning_rate=1e-2)
+    whole, halves = _trainer(), _trainer()
+    whole_loss = whole.forward_backward(sft, "cross_entropy").result().metrics["loss:sum"]
+    half_losses = [
+        halves.forward_backward(sft[:2], "cross_entropy").result().metrics["loss:sum"],
+        halves.forward_backward(sft[2:], "cross_entropy").result().metrics["loss:sum"],
+    ]
+    assert sum(half_losses) == pytest.approx(whole_loss, rel=1e-5)
+    whole.optim_step(adam)
+    halves.optim_step(adam)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(whole.params),
+        jax.tree_util.tree_leaves(halves.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_optim_step_passes_every_adam_field() -> None:
+    trainer = _trainer()
+    trainer.forward_backward([_sft_datum(t) for t in TEXTS[:3]], "cross_entropy")
+    grads, params, state = trainer._grads, trainer.params, trainer._opt_state
+    adam = types.AdamParams(
+        learning_rate=0.02, beta1=0.5, beta2=0.7, eps=1e-3, weight_decay=0.3, grad_clip_norm=0.1
+    )
+    response = trainer.optim_step(adam).result()
+    hyper = model_lib.AdamHyperparams(
+        learning_rate=0.02, beta1=0.5, beta2=0.7, eps=1e-3, weight_decay=0.3, grad_clip_norm=0.1
+    )
+    expected, _, norm = model_lib.apply_adam_update(params, state, grads, hyper)
+    assert _params_equal(trainer.params, expected)
+    assert response.metrics is not None and response.metrics["grad_norm"] == pytest.approx(
+        float(norm)
+    )
+    before = trainer.params
+    trainer.forward_backward([_sft_datum(t) for t in TEXTS[:3]], "cross_entropy")
+    trainer.optim_step(types.AdamParams(learning_rate=0.0))
+    assert _params_equal(trainer.params, before)
+
+
+def test_data_are_validated_with_errors_naming_the_datum_and_key() -> None:
+    trainer = _trainer()
+    good = _sft_datum("ab=1")
+    with_mask = types.Datum(
+        model_input=good.model_input,
+        loss_fn_inputs={**good.loss_fn_inputs, "mask": _td(np.ones(4))},
+    )
+    with pytest.raises(ValueError, match=r"Datum\[1\]\.loss_fn_inputs: unknown key 'mask'"):
+        trainer.forward_backward([good, with_mask], "cross_entropy")
+    short = types.Datum(
+        model_input=good.model_input,
+        loss_fn_inputs={"target_tokens": [1, 2], "weights": [1.0, 1.0]},  # type: ignore[dict-item]
+    )
+    with pytest.raises(ValueError, match=r"Datum\[0\]\.loss_fn_inputs\['target_tokens'\]: shape"):
+        trainer.forward_backward([short], "cross_entropy")
+    with pytest.raises(ValueError, match=r"every datum needs loss_fn_inputs \['weights'\]"):
+        trainer.forward_backward(
+            [
+                types.Datum(
+                    model_input=good.model_input,
+                    loss_fn_inputs={"target_tokens": _td([1, 2, 3, 4], np.int64)},
+                )
+            ],
+            "cross_entropy",
+        )
+    with pytest.raises(ValueError, match="no data"):
+        trainer.forward_backward([], "cross_entropy")
+    with pytest.raises(TypeError, match=r"Datum\[0\]: expected tinker.Datum"):
+        trainer.forward_backward([{"model_input": good.model_input}], "cross_entropy")  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="unknown loss_fn 'nll'"):
+        trainer.forward_backward([good], "nll")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be given"):
+        trainer.forward_backward([_rl_datum([1, 2], [3], [-1.0], 1.0)], "dro")
+    bad_target = types.Datum(
+        model_input=good.model_input,
+        loss_fn_inputs={"target_tokens": _td([1, 2, 3, 900], np.int64), "weights": _td([1.0] * 4)},
+    )
+    with pytest.raises(ValueError, match="token 900 at position 3"):
+        trainer.forward_backward([bad_target], "cross_entropy")
+    float_target = types.Datum(
+        model_input=good.model_input,
+        loss_fn_inputs={"target_tokens": _td([1.0, 2, 3, 4]), "weights": _td([1.0] * 4)},
+    )
+    with pytest.raises(TypeError, match="integer token ids"):
+        trainer.forward_backward([float_target], "cross_entropy")
+    assert trainer._grads is None  # nothing accumulated by the refused calls
+
+
+def test_second_forward_backward_in_the_same_bucket_does_not_retrace() -> None:
+    trainer = _trainer()
+    trainer.forward_backward([_sft_datum(t) for t in TEXTS[:3]], "cross_entropy")
+    sizes = (
+        _traces(lb._model_forward_vjp),
+        _traces(lb._loss_and_logprob_grad),
+        _traces(lb._model_backward),
+    )
+    # More datums (7 ≤ 8) and longer ones (≤ 16 tokens): same buckets, no new trace.
+    trainer.forward_backward(
+        [_sft_datum(t + "9" * i) for i, t in enumerate(TEXTS[:7])], "cross_entropy"
+    )
+    assert (
+        _traces(lb._model_forward_vjp),
+        _traces(lb._loss_and_logprob_grad),
+        _traces(lb._model_backward),
+    ) == sizes
+
+
+def test_chunked_training_and_sampling_equal_unchunked() -> None:
+    data = [_sft_datum(text) for text in TEXTS]
+    adam = types.AdamParams(learning_rate=1e-2)
+    whole = _trainer()
+    chunked = LocalServiceClient(seed=0, max_train_tokens=64, max_batch_rows=4)
+    parts = chunked.create_lora_training_client(base_model=MODEL).result()  # 4 datums a call
+    out_whole = whole.forward_backward(data, "cross_entropy").result()
+    out_parts = parts.forward_backward(data, "cross_entropy").result()
+    assert out_parts.metrics["loss:sum"] == pytest.approx(out_whole.metrics["loss:sum"], rel=1e-5)
+    for a, b in zip(out_whole.loss_fn_outputs, out_parts.loss_fn_outputs, strict=True):
+        np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), atol=1e-6)
+    whole.optim_step(adam)
+    parts.optim_step(adam)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(whole.params),
+        jax.tree_util.tree_leaves(parts.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    seeded = types.SamplingParams(max_tokens=16, seed=4, stop=[])
+    sampler = whole.save_weights_and_get_sampling_client().result()
+    split = LocalSamplingClient(
+        service=chunked, base_model=MODEL, config=whole.config, params=whole.params
+    )
+
+    async def many(client: LocalSamplingClient) -> list[list[int]]:
+        responses = await asyncio.gather(
+            *[client.sample_async(_prompt(t), 3, seeded) for t in TEXTS[:2]]
+        )
+        return [s.tokens for r in responses for s in r.sequences]
+
+    # 6 rows in chunks of 4: the second request's samples span two jitted calls.
+    assert asyncio.run(many(split)) == asyncio.run(many(sampler))
+    merged = lb._merge_metrics(
+        [
+            {"loss:sum": 1.0, "ratio:mean": 2.0, "ratio:min": 0.5, "action_tokens:sum": 1.0},
+            {"loss:sum": 2.0, "ratio:mean": 5.0, "ratio:min": 0.2, "action_tokens:sum": 3.0},
+        ]
+    )
+    assert merged == {
+        "loss:sum": 3.0,
+        "ratio:mean": 4.25,
+        "ratio:min": 0.2,
+        "action_tokens:sum": 4.0,
+    }
+
+
+def _bandit_rewards(loss_fn: str, config: dict[str, float] | None, steps: int = 30) -> list[float]:
+    """A one-token bandit: reward 1 for a byte < 128. Group-centred advantages, 8 samples."""
+    trainer = _trainer()
+    prompt = TOK.encode("p")
+    params = types.SamplingParams(max_tokens=1, temperature=1.0, stop=[])
+    rewards = []
+    for _ in range(steps):
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        sequences = sampler.sample(types.ModelInput.from_ints(prompt), 8, params).result().sequences
+        reward_G = np.array([float(s.tokens[0] < 128) for s in sequences])
+        rewards.append(float(reward_G.mean()))
+        advantage_G = reward_G - reward_G.mean()
+        if not advantage_G.any():
+            continue
+        data = []
+        for seq, advantage in zip(sequences, advantage_G, strict=True):
+            datum = _rl_datum(prompt, seq.tokens, _lps(seq), float(advantage))
+            inputs = dict(datum.loss_fn_inputs)
+            if loss_fn == "gspo":
+                inputs["sequence_ratio_mask"] = _td([0.0, 1.0])
+            data.append(types.Datum(model_input=datum.model_input, loss_fn_inputs=inputs))
+        trainer.forward_backward(data, loss_fn, config)  # type: ignore[arg-type]
+        trainer.optim_step(types.AdamParams(learning_rate=1e-2))
+    return rewards
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "config"),
+    [
+        ("importance_sampling", None),
+        ("ppo", None),
+        ("cispo", None),
+        ("dro", {"beta": 0.05}),
+        ("gspo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+    ],
+)
+def test_reward_rises_on_a_toy_bandit_for_every_policy_loss(
+    loss_fn: str, config: dict[str, float] | None
+) -> None:
+    rewards = _bandit_rewards(loss_fn, config)
+    assert np.mean(rewards[:5]) < 0.8
+    assert np.mean(rewards[-5:]) >= 0.9
+
+
+def test_custom_model_configs_and_checkpoints_carry_their_config(tmp_path: Path) -> None:
+    micro = model_lib.ModelConfig(
+        vocab_size=259, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=64
+    )
+    service = LocalServiceClient(seed=3, checkpoint_dir=tmp_path, model_configs={"my/micro": micro})
+    names = [m.model_name for m in service.get_server_capabilities().supported_models]
+    assert "my/micro" in names and MODEL in names
+    trainer = service.create_lora_training_client(base_model="my/micro").result()
+    assert trainer.config == micro and model_lib.count_params(trainer.params) < 20_000
+    path = trainer.save_state("init").result().path
+    # A service that does not know the name still restores the model from the checkpoint.
+    restored = LocalServiceClient(seed=0).create_training_client_from_state(path).result()
+    assert restored.config == micro and _params_equal(restored.params, trainer.params)
+    with pytest.raises(CheckpointError, match="does not match"):
+        LocalServiceClient(seed=0).create_training_client_from_state(path, base_model=MODEL)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        service.create_training_client_from_state(str(tmp_path / "missing"))
+
+
+def _rl_steps(trainer: LocalTrainingClient, n_steps: int) -> list[list[int]]:
+    """`n_steps` sample → importance_sampling → Adam steps; returns every sampled sequence."""
+    tokens = []
+    for _ in range(n_steps):
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        data = []
+        for text in ("1+2=", "3+4="):
+            prompt = TOK.encode(text)
+            response = sampler.sample(types.ModelInput.from_ints(prompt), 2, SP10).result()
+            for i, seq in enumerate(response.sequences):
+                data.append(_rl_datum(prompt, seq.tokens, _lps(seq), 1.0 if i else -1.0))
+                tokens.append(seq.tokens)
+        trainer.forward_backward(data, "importance_sampling")
+        trainer.optim_step(types.AdamParams(learning_rate=1e-3))
+    return tokens
+
+
+def test_a_resumed_run_continues_exactly_like_the_uninterrupted_one(tmp_path: Path) -> None:
+    trainer = _trainer(seed=4, tmp_path=tmp_path)
+    _rl_steps(trainer, 2)
+    path = trainer.save_state("mid").result().path
+    expected_tokens = _rl_steps(trainer, 2)
+    resumed = (
+        LocalServiceClient(seed=4).create_training_client_from_state_with_optimizer(path).result()
+    )
+    assert _rl_steps(resumed, 2) == expected_tokens
+    assert _params_equal(resumed.params, trainer.params)

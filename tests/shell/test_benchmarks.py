@@ -1,0 +1,24 @@
+"""Smoke runs of the benchmark scripts, so they keep working (their figures are not checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_assembly_runs_its_small_case(capsys):
+    assert _load("bench_assembly").main(["--quick", "--case", "small"]) == 0
+    out = capsys.readouterr().out
+    assert "rlpure arrays" in out and "speed-up vs" in out and "memcpy floor" in out

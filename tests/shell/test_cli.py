@@ -1,0 +1,305 @@
+"""Tests for the `rlpure` command line (`shell.cli`) and the config loader (`shell.config`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shell import cli
+from shell.commands import Command, TrainRecipe, by_name
+from shell.config import FIELD_HELP, TrainConfig, build_config, load_config_file
+from shell.errors import ConfigError
+from shell.recipes import COMMANDS, TRAIN_RECIPES, toy
+from shell.training import load_checkpoints, read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help(["--help"], capsys)
+    assert "train" in out and "COMMAND" in out
+
+
+def test_train_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    out = " ".join(_help(["train", "--help"], capsys).split())
+    for name, text in FIELD_HELP.items():
+        assert "--" + name.replace("_", "-") in out, name
+        assert " ".join(text.split())[:40] in out, name
+    assert "--config FILE" in out
+    assert "toy" in out  # the built-in recipe is listed
+
+
+def test_recipe_help_adds_the_recipe_options_and_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = _help(["train", "toy", "--help"], capsys)
+    assert "--group-size" in out and "--max-steps" in out
+    assert "(default: 4)" in " ".join(out.split())  # toy's max_tokens default
+
+
+def test_config_precedence_is_defaults_recipe_file_flags(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text("max_tokens = 9\nlearning_rate = 0.5\nloss_fn_config = {a = 1.0}\n")
+    parser = cli.build_parser()
+    args = parser.parse_args(
+        ["train", "toy", "--config", str(config_file), "--learning-rate", "0.25", "--max-steps", "none"]
+    )  # fmt: skip
+    config = cli._config_from_args(TRAIN_RECIPES["toy"], args)
+    assert config.max_tokens == 9  # file beats the recipe default (4)
+    assert config.learning_rate == 0.25  # flag beats file
+    assert config.save_every == 4  # recipe default beats TrainConfig's 0
+    assert config.loss_fn_config == {"a": 1.0}
+    assert config.max_steps is None
+    assert config.seed == TrainConfig().seed
+
+
+def test_options_before_the_recipe_name_work_too() -> None:
+    args = cli.build_parser().parse_args(["train", "--seed", "5", "toy", "--max-tokens", "3"])
+    config = cli._config_from_args(TRAIN_RECIPES["toy"], args)
+    assert (config.seed, config.max_tokens) == (5, 3)
+
+
+def test_json_config_files_load_and_bad_files_are_config_errors(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text(json.dumps({"seed": 3}))
+    assert load_config_file(tmp_path / "c.json") == {"seed": 3}
+    (tmp_path / "c.yaml").write_text("seed: 3")
+    with pytest.raises(ConfigError, match=r"toml or \.json"):
+        load_config_file(tmp_path / "c.yaml")
+    (tmp_path / "bad.toml").write_text("seed = ")
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
+        load_config_file(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="unknown field `sede`"):
+        build_config({"sede": 3})
+    with pytest.raises(ConfigError, match=r"TrainConfig\.num_substeps"):
+        build_config({"num_substeps": 0})
+    with pytest.raises(ConfigError, match="aggregation_length"):
+        build_config({"loss_aggregation": "constant_length"})
+    # Non-finite floats cannot be recorded in config.json (JSON has no inf/NaN) nor sent to
+    # Tinker, so they are refused up front instead of breaking every later resume.
+    inf = float("inf")
+    with pytest.raises(ConfigError, match=r"aggregation_length: must be finite"):
+        build_config({"loss_aggregation": "constant_length", "aggregation_length": inf})
+    with pytest.raises(ConfigError, match=r"loss_fn_config: \['clip_high_threshold'\] must be"):
+        build_config({"loss_fn_config": {"clip_high_threshold": inf}})
+    with pytest.raises(ConfigError, match=r"rollout_timeout: must be finite"):
+        build_config({"rollout_strategy": "retry", "rollout_timeout": inf})
+
+
+def test_invalid_options_exit_with_code_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = cli.main(["train", "toy", "--backend", "fake", "--log-dir", str(tmp_path), "--learning-rate", "-1"])  # fmt: skip
+    assert code == 2
+    assert "TrainConfig.learning_rate" in capsys.readouterr().err
+
+
+def test_tinker_backend_needs_the_api_key_in_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    code = cli.main(["train", "toy", "--backend", "tinker", "--log-dir", str(tmp_path)])
+    assert code == 2
+    assert "TINKER_API_KEY" in capsys.readouterr().err
+
+
+def test_toy_recipe_trains_end_to_end_on_the_fake_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dir = tmp_path / "toy"
+    code = cli.main(
+        ["train", "toy", "--backend", "fake", "--log-dir", str(log_dir), "--max-steps", "3",
+         "--num-substeps", "2", "--rollout-strategy", "retry"]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "Step  0 | reward:" in out and "Trained steps 0..3" in out
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert (log_dir / "reward_curve.png").exists()
+    saved = json.loads((log_dir / "config.json").read_text())
+    assert saved["rollout_strategy"] == "retry" and saved["num_substeps"] == 2
+
+
+def test_main_runs_commands_and_recipes_given_as_records(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def hello(args: argparse.Namespace) -> int:
+        seen["hello"] = args.name
+        return 3
+
+    async def probe(config: TrainConfig, args: argparse.Namespace) -> None:
+        seen["config"] = config
+
+    commands = by_name(
+        [
+            *COMMANDS.values(),
+            Command(
+                "hello",
+                help="Say hello.",
+                run=hello,
+                add_arguments=lambda p: p.add_argument("--name", default="world"),
+            ),
+        ]
+    )
+    recipes = by_name(
+        [
+            *TRAIN_RECIPES.values(),
+            TrainRecipe("probe", "Records its config.", probe, defaults={"max_tokens": 7}),
+        ]
+    )
+    assert cli.main(["hello", "--name", "rl"], commands=commands, recipes=recipes) == 3
+    assert seen["hello"] == "rl"
+    argv = ["train", "probe", "--log-dir", str(tmp_path), "--seed", "2"]
+    assert cli.main(argv, commands=commands, recipes=recipes) == 0
+    assert (seen["config"].max_tokens, seen["config"].seed) == (7, 2)
+    with pytest.raises(ValueError, match="already registered"):
+        by_name([*commands.values(), Command("hello", "again", hello)])
+    with pytest.raises(ValueError, match="reserved"):
+        Command("train", "shadows rlpure train", hello)
+    with pytest.raises(ValueError, match="unknown TrainConfig defaults"):
+        TrainRecipe("bad", "x", probe, defaults={"nope": 1})
+
+
+def test_gsm8k_resume_with_a_changed_recipe_flag_exits_with_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = "".join(
+        json.dumps({"question": f"{k} + 1?", "answer": f"#### {k + 1}"}) + "\n" for k in range(4)
+    )
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text(rows)
+    log_dir = tmp_path / "run"
+    argv = ["train", "gsm8k", "--backend", "fake", "--data-dir", str(data), "--log-dir",
+            str(log_dir), "--cache-dir", str(tmp_path / "cache"), "--max-tokens", "4",
+            "--group-size", "2", "--max-test-problems", "0", "--no-progress"]  # fmt: skip
+    assert cli.main([*argv, "--batch-size", "2", "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert cli.main([*argv, "--batch-size", "1", "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "recipe option batch_size: 2 -> 1" in err
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert cli.main([*argv, "--batch-size", "2", "--max-steps", "2"]) == 0
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--group-size", "3", "recipe option group_size: 2 -> 3"),
+        ("--groups-per-batch", "2", "recipe option groups_per_batch: 3 -> 2"),
+    ],
+)
+def test_toy_resume_with_a_changed_recipe_flag_exits_with_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, named: str
+) -> None:
+    log_dir = tmp_path / "run"
+    base = ["train", "toy", "--backend", "fake", "--log-dir", str(log_dir), "--eval-every", "0",
+            "--no-progress", "--num-batches", "4"]  # fmt: skip
+    shape = {"--group-size": "2", "--groups-per-batch": "3"}
+
+    def argv(max_steps: int, **changed: str) -> list[str]:
+        flags = [part for item in {**shape, **changed}.items() for part in item]
+        return [*base, *flags, "--max-steps", str(max_steps)]
+
+    assert cli.main(argv(1)) == 0
+    recorded = json.loads((log_dir / "recipe_options.json").read_text())
+    assert recorded == {"recipe": "toy", "group_size": 2, "groups_per_batch": 3}
+    capsys.readouterr()
+    assert cli.main(argv(2, **{flag: value})) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and named in err
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1]
+    assert json.loads((log_dir / "recipe_options.json").read_text()) == recorded
+    # unchanged options resume; so do changes to what may change (toy.TOY_RESUME_MAY_CHANGE)
+    assert cli.main(argv(2)) == 0
+    assert cli.main([*argv(3), "--num-batches", "6", "--env-latency", "0.001"]) == 0
+    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert [r.step for r in load_checkpoints(log_dir)] == [1, 2, 3]
+
+
+def test_every_toy_flag_is_recorded_or_allowed_to_change_on_resume() -> None:
+    """A new toy flag must be recorded for the resume check, or declared free to change."""
+    args = cli.build_parser().parse_args(["train", "toy"])
+    not_toy = {*TrainConfig.__struct_fields__, "command", "recipe", "verbose", "config"}
+    toy_flags = set(vars(args)) - not_toy
+    recorded = set(toy.toy_recipe_options(args)) - {"recipe"}
+    assert recorded | toy.TOY_RESUME_MAY_CHANGE == toy_flags
+    assert not recorded & toy.TOY_RESUME_MAY_CHANGE
+    assert toy.toy_recipe_options(args)["recipe"] == "toy"
+
+
+@pytest.mark.slow
+def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) -> None:
+    """SIGKILL a real `rlpure train` process after its first checkpoint, then restart it."""
+    log_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
+            "--log-dir", str(log_dir), "--num-batches", "6", "--save-every", "2",
+            "--eval-every", "0", "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [*argv, "--env-latency", "0.4"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+
+        def logged_after_checkpoint() -> bool:
+            steps = [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")]
+            return bool(load_checkpoints(log_dir)) and max(steps, default=-1) >= 2
+
+        while not logged_after_checkpoint():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint and step 2 within 120 s"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = load_checkpoints(log_dir)
+    assert [r.step for r in first] == [2] and not first[0].final
+    before = (log_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in before][:3] == [0, 1, 2]  # 2: after the save
+
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming at step 2" in done.stderr
+    after = (log_dir / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before[:2]
+    assert [json.loads(line)["step"] for line in after] == [0, 1, 2, 3, 4, 5]
+    assert [r.step for r in load_checkpoints(log_dir)] == [2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"rollout_timeout": 5.0}, "rollout_timeout"),
+        ({"rollout_strategy": "retry", "min_viable_group": 3}, "min_viable_group"),
+    ],
+)
+def test_options_the_chosen_strategy_would_ignore_are_refused(options, field):
+    from shell.config import build_config
+    from shell.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"TrainConfig\.{field}: only applies to"):
+        build_config(options)
