@@ -22,6 +22,8 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
+from rlpure.advantages import AggregationMode, Estimator
+from rlpure.losses import PolicyLossName
 from shell.errors import ConfigError
 from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStrategy
 
@@ -35,9 +37,6 @@ __all__ = [
 ]
 
 Backend = Literal["local", "tinker", "fake"]
-LossFn = Literal["importance_sampling", "ppo", "cispo", "dro", "gspo"]
-Estimator = Literal["group_centered", "group_normalized", "batch_normalized", "leave_one_out"]
-Aggregation = Literal["token_sum", "sequence_token_mean", "batch_token_mean", "constant_length"]
 StrategyName = Literal["fail_fast", "retry", "min_viable"]
 
 
@@ -56,13 +55,13 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-    loss_fn: LossFn = "importance_sampling"
+    loss_fn: PolicyLossName = "importance_sampling"
     loss_fn_config: dict[str, float] | None = None
     num_substeps: int = 1
     max_tokens: int = 256
     temperature: float = 1.0
     advantage_estimator: Estimator = "group_centered"
-    loss_aggregation: Aggregation = "token_sum"
+    loss_aggregation: AggregationMode = "token_sum"
     aggregation_length: float | None = None
     remove_constant_reward_groups: bool = False
     kl_penalty_coef: float = 0.0
@@ -252,7 +251,7 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
     """
     merged: dict[str, Any] = {}
     for layer in layers:
-        merged.update({k: v for k, v in layer.items()})
+        merged.update(dict(layer.items()))
     try:
         return msgspec.convert(merged, TrainConfig, strict=False)
     except msgspec.ValidationError as err:
@@ -268,9 +267,9 @@ def field_choices(field: str) -> tuple[str, ...] | None:
     """The allowed values of a `Literal` field (used by the CLI for `choices=`)."""
     annotation = {
         "backend": Backend,
-        "loss_fn": LossFn,
+        "loss_fn": PolicyLossName,
         "advantage_estimator": Estimator,
-        "loss_aggregation": Aggregation,
+        "loss_aggregation": AggregationMode,
         "rollout_strategy": StrategyName,
     }.get(field)
     return None if annotation is None else get_args(annotation)

@@ -25,6 +25,7 @@ from rlpure.losses._registry import (
     KNOWN_LOSS_INPUTS,
     LOSSES,
     LossSpec,
+    PolicyLossName,
     compute_loss,
     loss_fn_inputs_from_batch,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "LOSSES",
     "LossOutput",
     "LossSpec",
+    "PolicyLossName",
     "cispo_clipped_weight_loss",
     "compute_loss",
     "cross_entropy_loss",

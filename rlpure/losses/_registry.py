@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from rlpure.losses._functions import (
 from rlpure.packing import DatumBatch
 
 __all__ = [
+    "PolicyLossName",
     "KNOWN_LOSS_INPUTS",
     "LOSSES",
     "LossSpec",
@@ -83,6 +85,9 @@ class LossSpec(msgspec.Struct, frozen=True, kw_only=True):
     def config_keys(self) -> frozenset[str]:
         return frozenset(self.config_defaults) | frozenset(self.required_config)
 
+
+PolicyLossName = Literal["importance_sampling", "ppo", "cispo", "dro", "gspo"]
+"""The RL losses a training loop may choose: every loss in `LOSSES` but `cross_entropy`."""
 
 _DOCS = "https://tinker-docs.thinkingmachines.ai/tinker/losses"
 _RL_INPUTS = ("logprobs", "advantages")

@@ -334,10 +334,7 @@ def _fancy(
     whole = int(magnitude)
     frac_cents = int((magnitude - whole) * 100)
     whole_text = f"{whole:,}" if commas else str(whole)
-    if frac_cents:
-        decimals = f".{frac_cents:02d}"
-    else:
-        decimals = "." + "0" * zeros if zeros else ""
+    decimals = f".{frac_cents:02d}" if frac_cents else "." + "0" * zeros if zeros else ""
     sign = "-" if value < 0 else ("+" if plus else "")
     return f"{sign}{dollar}{whole_text}{decimals}{suffix}"
 

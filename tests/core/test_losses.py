@@ -182,7 +182,7 @@ def test_gspo_golden():
     q = jnp.array([[0.0, 0.0], [0.0, -1.0]])
     adv = jnp.array([[1.0, -1.0], [2.0, 3.0]])
     seq_mask = jnp.array([[1.0, 1.0], [1.0, 0.0]])
-    kwargs = dict(clip_low_threshold=0.8, clip_high_threshold=1.2)
+    kwargs = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     out, grad = direct(gspo_token_clipped_surrogate_loss, lp, q, adv, seq_mask, **kwargs)
     s0 = math.sqrt(2.0)
     # datum 0: A=+1 → min(s0, 1.2) = 1.2 ; A=-1 → min(-s0, -1.2) = -s0
@@ -655,3 +655,11 @@ def test_doctests():
     result = doctest.testmod(losses_module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
     assert result.attempted > 0
+
+
+def test_policy_loss_names_are_the_registered_losses_but_cross_entropy() -> None:
+    from typing import get_args
+
+    from rlpure.losses import PolicyLossName
+
+    assert set(get_args(PolicyLossName)) == set(LOSSES) - {"cross_entropy"}
