@@ -168,6 +168,7 @@ class MinViableGroup:
 
 
 RolloutStrategy: TypeAlias = FailFast | RetryOnFailure | MinViableGroup
+"""How a group's failed rollouts are handled (one of the three strategy records)."""
 
 
 def _check_budget(name: str, max_retries: int, timeout: float | None) -> None:

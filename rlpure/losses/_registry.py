@@ -43,10 +43,10 @@ from rlpure.losses._functions import (
 from rlpure.packing import DatumBatch
 
 __all__ = [
-    "PolicyLossName",
     "KNOWN_LOSS_INPUTS",
     "LOSSES",
     "LossSpec",
+    "PolicyLossName",
     "compute_loss",
     "loss_fn_inputs_from_batch",
 ]

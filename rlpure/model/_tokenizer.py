@@ -25,10 +25,15 @@ import numpy as np
 __all__ = ["BOS_ID", "EOS_ID", "NUM_BYTES", "PAD_ID", "VOCAB_SIZE", "ByteTokenizer"]
 
 NUM_BYTES: Final = 256
+"""Ids 0..255 are the bytes themselves."""
 BOS_ID: Final = 256
+"""Beginning of sequence (`<|bos|>`)."""
 EOS_ID: Final = 257
+"""End of sequence (`<|eos|>`); sampling stops on it by default."""
 PAD_ID: Final = 258
+"""Padding (`<|pad|>`); never a training target."""
 VOCAB_SIZE: Final = 259
+"""Bytes plus the three special ids."""
 
 _SPECIAL_TEXT: Final = {BOS_ID: "<|bos|>", EOS_ID: "<|eos|>", PAD_ID: "<|pad|>"}
 

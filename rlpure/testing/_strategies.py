@@ -92,10 +92,15 @@ RewardKind = Literal["binary", "float"]
 """`"binary"`: rewards in {0.0, 1.0}. `"float"`: float32-representable values, see `rewards`."""
 
 DEFAULT_VOCAB_SIZE = 1000
+"""Token ids are drawn from `[0, DEFAULT_VOCAB_SIZE)` unless `vocab_size` says otherwise."""
 DEFAULT_MAX_TOKENS = 12
+"""Most new tokens per observation or action."""
 DEFAULT_MAX_TURNS = 4
+"""Most transitions per trajectory."""
 DEFAULT_MAX_GROUP_SIZE = 4
+"""Most trajectories per group."""
 DEFAULT_MAX_GROUPS = 6
+"""Most groups per batch."""
 _DEFAULT_MIN_LOGPROB = -20.0
 _DEFAULT_REWARD_BOUND = 100.0
 _SEEDS = st.integers(0, 2**32 - 1)

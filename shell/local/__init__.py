@@ -87,7 +87,6 @@ from __future__ import annotations
 # `model_lib` is reached through this module by tests (`monkeypatch.setattr(lb.model_lib, ...)`).
 from rlpure import model as model_lib  # noqa: F401
 from shell.local import _train_steps
-from shell.local._futures import ReadyFuture as ReadyFuture  # imported from here by shell code
 from shell.local._sampling import LocalSamplingClient
 from shell.local._service import LocalServiceClient
 from shell.local._training import LocalTrainingClient

@@ -39,6 +39,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
+"""One `CheckpointRecord` per saved state, in the log dir."""
 
 
 class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):

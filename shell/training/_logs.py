@@ -46,8 +46,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+"""One JSON object of metrics per training step, in the log dir."""
 SAMPLES_FILE = "samples.jsonl"
+"""Decoded rollout samples per step, in the log dir."""
 REWARD_CURVE_FILE = "reward_curve.png"
+"""The train/test reward curve, drawn at the end of a run."""
 
 
 def _json_default(value: Any) -> Any:

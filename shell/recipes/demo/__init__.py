@@ -55,19 +55,20 @@ from shell.recipes.demo._base_model import (
     pretrain_base_model,
     pretraining_datum,
 )
-from shell.recipes.demo._config import DemoConfig
-from shell.recipes.demo._config import demo_keys as demo_keys
-from shell.recipes.demo._run import PRETRAIN_METRICS_FILE as PRETRAIN_METRICS_FILE
-from shell.recipes.demo._run import SUMMARY_FILE as SUMMARY_FILE
-from shell.recipes.demo._run import run_demo, run_demo_async
+from shell.recipes.demo._config import DemoConfig, demo_keys
+from shell.recipes.demo._run import PRETRAIN_METRICS_FILE, SUMMARY_FILE, run_demo, run_demo_async
 
 __all__ = [
+    "COMMAND",
+    "PRETRAIN_METRICS_FILE",
+    "SUMMARY_FILE",
     "ArithmeticDataset",
     "ArithmeticEnv",
     "BaseModelServiceClient",
     "DemoConfig",
     "PretrainResult",
     "add_demo_arguments",
+    "demo_keys",
     "demo_main",
     "pretrain_base_model",
     "pretraining_datum",

@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 SUMMARY_FILE = "summary.json"
+"""Accuracy before and after GRPO, the time split and the recipe, in the log dir."""
 PRETRAIN_METRICS_FILE = "pretrain_metrics.jsonl"
+"""One JSON object per base-model pretraining step, in the log dir."""
 
 
 def _accuracy_before_after(metrics_path: Path) -> tuple[float | None, float | None]:
