@@ -5,7 +5,8 @@ its byte tokenizer (pure JAX; `shell.local` runs them behind the Tinker client i
   pass, `logits` and `target_logprobs` (training logprobs).
 - `_sampling`: `sample_tokens` (KV-cached decoding with stop tokens/sequences, temperature,
   top-k/top-p) and its `SampleBatch` / `SampleOutput` records.
-- `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW).
+- `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW)
+  and its `AdamUpdate` result.
 - `_tokenizer`: `ByteTokenizer` (256 bytes + BOS/EOS/PAD) and its special ids.
 
 Conventions (stated in full in each module's docstring): token arrays are right-padded int32
@@ -17,7 +18,12 @@ is traced.
 
 from __future__ import annotations
 
-from rlpure.model._optimizer import AdamHyperparams, apply_adam_update, init_optimizer_state
+from rlpure.model._optimizer import (
+    AdamHyperparams,
+    AdamUpdate,
+    apply_adam_update,
+    init_optimizer_state,
+)
 from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
@@ -40,6 +46,7 @@ __all__ = [
     "PAD_ID",
     "VOCAB_SIZE",
     "AdamHyperparams",
+    "AdamUpdate",
     "ByteTokenizer",
     "ModelConfig",
     "Params",

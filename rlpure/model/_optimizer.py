@@ -11,6 +11,8 @@ Conventions:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import msgspec
@@ -18,7 +20,7 @@ import optax
 
 from rlpure.model._transformer import Params
 
-__all__ = ["AdamHyperparams", "apply_adam_update", "init_optimizer_state"]
+__all__ = ["AdamHyperparams", "AdamUpdate", "apply_adam_update", "init_optimizer_state"]
 
 
 class AdamHyperparams(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +47,20 @@ jax.tree_util.register_dataclass(
 )
 
 
+class AdamUpdate(NamedTuple):
+    """What `apply_adam_update` returns.
+
+    Attributes:
+        params: the updated params pytree.
+        opt_state: the updated AdamW state.
+        grad_norm: float32 scalar, the global gradient norm before clipping.
+    """
+
+    params: Params
+    opt_state: optax.OptState
+    grad_norm: jax.Array
+
+
 def _adamw(hyper: AdamHyperparams) -> optax.GradientTransformation:
     return optax.adamw(
         learning_rate=hyper.learning_rate,
@@ -63,16 +79,18 @@ def init_optimizer_state(params: Params) -> optax.OptState:
 @jax.jit
 def apply_adam_update(
     params: Params, opt_state: optax.OptState, grads: Params, hyper: AdamHyperparams
-) -> tuple[Params, optax.OptState, jax.Array]:
+) -> AdamUpdate:
     """One clipped AdamW step (see `AdamHyperparams`); jitted, hyper-parameters traced.
 
     Returns:
-        `(new_params, new_opt_state, grad_norm)` where `grad_norm` is the global norm before
-        clipping.
+        `AdamUpdate(params, opt_state, grad_norm)`: the new params and optimiser state, and the
+        global gradient norm before clipping.
     """
     grad_norm = optax.tree.norm(grads)
     clip = jnp.asarray(hyper.grad_clip_norm, jnp.float32)
     factor = jnp.where(clip > 0, jnp.minimum(1.0, clip / jnp.maximum(grad_norm, 1e-30)), 1.0)
     grads = jax.tree_util.tree_map(lambda g: g * factor, grads)
     updates, new_state = _adamw(hyper).update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_state, grad_norm
+    return AdamUpdate(
+        params=optax.apply_updates(params, updates), opt_state=new_state, grad_norm=grad_norm
+    )

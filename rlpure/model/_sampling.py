@@ -1,7 +1,13 @@
 """Sampling from the transformer with a KV cache: `sample_tokens` and its batch records.
 
 The local backend's sampler (`shell.local`) pads requests into a `SampleBatch`, calls
-`sample_tokens` and reads the `SampleOutput`; the model itself is `rlpure.model`.
+`sample_tokens` and reads the `SampleOutput`; the model itself is `rlpure.model._transformer`.
+
+Axes (STYLE's table; `M`, `K`, `Q` and `W` are new here):
+    B rows (one per sample), T prompt positions, S positions in the KV cache (`T + M`),
+    L layers, H query heads, N key/value heads, C head width, E model width, V vocabulary,
+    M the static bucket of new tokens, K words of per-row key material, Q stop-sequence slots,
+    W the stop-sequence window (the longest stop sequence, in tokens).
 
 Conventions:
 - `sample_tokens` prefills the padded prompts once into a KV cache, then decodes one
@@ -12,22 +18,20 @@ Conventions:
   the log-softmax of the chosen token under the tempered distribution it was drawn from, as
   Tinker reports them; at temperature 1 (or 0, greedy) that is the quantity `target_logprobs`
   computes, so on-policy importance ratios are 1 (to float32 rounding).
-- Axes: `B` rows (one per sample), `T` prompt positions (right-padded, each row at least one
-  real token), `M` the static bucket of new tokens, `V` vocab, `S` stop-sequence slots and `L`
-  their (right-aligned, -1-padded) length; `K` in `key_material_B_K` is the number of words of
-  per-row key material. The KV cache is `[L, B, T + M, H, K]` per keys and values, with `L`
-  the layer axis and `H`, `K` heads and head width, as in `rlpure.model`.
+- Prompts are right-padded (each row at least one real token); stop sequences are
+  right-aligned in their `W` window and left-padded with -1. The KV cache holds keys and
+  values `[L, B, S, N, C]` each.
 - Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
   logprob is unfiltered. Each row's randomness depends on its own key material and the step
   index only, never on the rest of the batch.
-- Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two); `config` and the
-  number of new tokens are static under `jit`, everything else is traced.
+- Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two); `config`
+  and the number of new tokens are static under `jit`, everything else is traced.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,9 +67,10 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             then with the step index at each step, so a row's draws depend on its material
             only, never on the rest of the batch.
         stop_token_mask_B_V: bool `[B, V]`, True for ids that end the row.
-        stop_seqs_B_S_L: int32 `[B, S, L]` stop sequences, **right-aligned**, left-padded with
-            -1 (a wildcard); all -1 for an unused slot.
-        stop_seq_valid_B_S: bool `[B, S]`, True for used slots.
+        stop_seqs_B_S_L: int32 `[B, Q, W]` stop sequences, **right-aligned**, left-padded with
+            -1 (a wildcard); all -1 for an unused slot. (The field's suffix predates the axis
+            table; it is `B_Q_W`.)
+        stop_seq_valid_B_S: bool `[B, Q]`, True for used slots.
     """
 
     prompt_tokens_B_T: jax.Array | np.ndarray
@@ -108,22 +113,24 @@ def _filter_logits(logits_B_V: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array
     v = logits_B_V.shape[-1]
     sorted_B_V = -jnp.sort(-logits_B_V, axis=-1)
     k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
-    kth_B = jnp.take_along_axis(sorted_B_V, (k_B - 1)[:, None], axis=-1)
+    kth_B_1 = jnp.take_along_axis(sorted_B_V, (k_B - 1)[:, None], axis=-1)
     probs_B_V = jax.nn.softmax(sorted_B_V, axis=-1)
     mass_before_B_V = jnp.cumsum(probs_B_V, axis=-1) - probs_B_V
-    keep_sorted = mass_before_B_V < top_p_B[:, None]
-    n_keep_B = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
-    pth_B = jnp.take_along_axis(sorted_B_V, (n_keep_B - 1)[:, None], axis=-1)
-    pth_B = jnp.where(top_p_B[:, None] >= 1.0, -jnp.inf, pth_B)
-    threshold_B = jnp.maximum(kth_B, pth_B)
-    return jnp.where(logits_B_V >= threshold_B, logits_B_V, NEG_INF)
+    keep_sorted_B_V = mass_before_B_V < top_p_B[:, None]
+    n_keep_B = jnp.maximum(jnp.sum(keep_sorted_B_V, axis=-1), 1)
+    pth_B_1 = jnp.take_along_axis(sorted_B_V, (n_keep_B - 1)[:, None], axis=-1)
+    pth_B_1 = jnp.where(top_p_B[:, None] >= 1.0, -jnp.inf, pth_B_1)
+    threshold_B_1 = jnp.maximum(kth_B_1, pth_B_1)
+    return jnp.where(logits_B_V >= threshold_B_1, logits_B_V, NEG_INF)
 
 
 def _row_keys(key_material_B_K: jax.Array) -> jax.Array:
+    """One PRNG key per row: `key(m_0)` folded with `m_1`, …, `m_{K−1}` (see `SampleBatch`)."""
+
     def one(material_K: jax.Array) -> jax.Array:
         key = jax.random.key(material_K[0])
-        for k in range(1, material_K.shape[0]):
-            key = jax.random.fold_in(key, material_K[k])
+        for i in range(1, material_K.shape[0]):
+            key = jax.random.fold_in(key, material_K[i])
         return key
 
     return jax.vmap(one)(key_material_B_K)
@@ -164,18 +171,33 @@ def tempered_token_logprobs(
     return jnp.minimum(token_term_B - log_norm_B, 0.0)
 
 
+class _DecodeState(NamedTuple):
+    """The `while_loop` carry of `sample_tokens`."""
+
+    step: jax.Array  # int32 scalar: tokens decoded so far (the next column of `tokens_B_M`)
+    logits_B_V: jax.Array  # float32 next-token logits of every row
+    k_L_B_S_N_C: jax.Array  # float32 cached keys (RoPE'd)
+    v_L_B_S_N_C: jax.Array  # float32 cached values
+    done_B: jax.Array  # bool: the row generates no more tokens
+    stopped_B: jax.Array  # bool: the row ended on a stop token or sequence
+    num_B: jax.Array  # int32 tokens generated per row
+    tokens_B_M: jax.Array  # int32 generated tokens, 0 after each row's end
+    logprobs_B_M: jax.Array  # float32 their tempered logprobs, 0 after each row's end
+    tail_B_W: jax.Array  # int32 the row's last `W` generated tokens (-2 before any)
+
+
 @partial(jax.jit, static_argnames=("config", "max_new_tokens"))
 def sample_tokens(
     params: Params, batch: SampleBatch, *, config: ModelConfig, max_new_tokens: int
 ) -> SampleOutput:
     """Samples up to `max_new_tokens` tokens for every row of `batch` (jitted).
 
-    Prefills the prompts into a KV cache of length `T + max_new_tokens`, then, per step: draw
-    the next token of every live row from `softmax(filter(logits) / temperature)` (argmax when
-    the temperature is 0), record its logprob `log_softmax(logits / temperature)` (as Tinker's
-    sampler reports it: tempered, not renormalised over the top-k/top-p set; at temperature 0
-    the untempered one), stop the row if the token is a stop
-    token, if its generated tail now ends with one of its stop sequences, or if it reached its
+    Prefills the prompts into a KV cache of length `S = T + max_new_tokens`, then, per step:
+    draw the next token of every live row from `softmax(filter(logits) / temperature)` (argmax
+    when the temperature is 0), record its logprob `log_softmax(logits / temperature)` (as
+    Tinker's sampler reports it: tempered, not renormalised over the top-k/top-p set; at
+    temperature 0 the untempered one), stop the row if the token is a stop token, if its
+    generated tail now ends with one of its stop sequences, or if it reached its
     `max_new_tokens_B`; feed the token back through one cached decoder step. Exits early when
     every row has stopped.
 
@@ -193,45 +215,44 @@ def sample_tokens(
     max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
     temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
     stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
-    stop_seqs_B_S_L = jnp.asarray(batch.stop_seqs_B_S_L, jnp.int32)
-    stop_valid_B_S = jnp.asarray(batch.stop_seq_valid_B_S, bool)
+    stop_seqs_B_Q_W = jnp.asarray(batch.stop_seqs_B_S_L, jnp.int32)
+    stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_S, bool)
     top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
     top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
     b, t = prompt_B_T.shape
     m = max_new_tokens
     cache_len = t + m
-    window = stop_seqs_B_S_L.shape[-1]
-    rows = jnp.arange(b)
+    window = stop_seqs_B_Q_W.shape[-1]
+    rows_B = jnp.arange(b)
 
     # Prefill: full causal pass over the padded prompts; cache their keys/values.
-    logits_B_T_V, kv = forward(params, prompt_B_T, config)
-    pad = ((0, 0), (0, 0), (0, m), (0, 0), (0, 0))
-    cache = (jnp.pad(kv[0], pad), jnp.pad(kv[1], pad))  # each [L, B, T + M, H, K]
-    logits_B_V = logits_B_T_V[rows, length_B - 1]
+    logits_B_T_V, k_L_B_T_N_C, v_L_B_T_N_C = forward(params, prompt_B_T, config)
+    pad = ((0, 0), (0, 0), (0, m), (0, 0), (0, 0))  # T → S = T + M
     keys_B = _row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32))
     needs_filter = jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0)
+    safe_temp_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
 
-    state = {
-        "step": jnp.zeros((), jnp.int32),
-        "logits_B_V": logits_B_V,
-        "cache": cache,
-        "done_B": max_new_B <= 0,
-        "stopped_B": jnp.zeros((b,), bool),
-        "num_B": jnp.zeros((b,), jnp.int32),
-        "tokens_B_M": jnp.zeros((b, m), jnp.int32),
-        "logprobs_B_M": jnp.zeros((b, m), jnp.float32),
-        "tail_B_L": jnp.full((b, window), -2, jnp.int32),
-    }
+    initial = _DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        logits_B_V=logits_B_T_V[rows_B, length_B - 1],
+        k_L_B_S_N_C=jnp.pad(k_L_B_T_N_C, pad),
+        v_L_B_S_N_C=jnp.pad(v_L_B_T_N_C, pad),
+        done_B=max_new_B <= 0,
+        stopped_B=jnp.zeros((b,), bool),
+        num_B=jnp.zeros((b,), jnp.int32),
+        tokens_B_M=jnp.zeros((b, m), jnp.int32),
+        logprobs_B_M=jnp.zeros((b, m), jnp.float32),
+        tail_B_W=jnp.full((b, window), -2, jnp.int32),
+    )
 
-    def cond(state: dict[str, Any]) -> jax.Array:
-        return (state["step"] < m) & ~jnp.all(state["done_B"])
+    def cond(state: _DecodeState) -> jax.Array:
+        return (state.step < m) & ~jnp.all(state.done_B)
 
-    def body(state: dict[str, Any]) -> dict[str, Any]:
-        step = state["step"]
-        live_B = ~state["done_B"]
-        logits_B_V = state["logits_B_V"]
-        step_keys = jax.vmap(lambda key: jax.random.fold_in(key, step))(keys_B)
-        safe_temp_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
+    def body(state: _DecodeState) -> _DecodeState:
+        step = state.step
+        live_B = ~state.done_B
+        logits_B_V = state.logits_B_V
+        step_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, step))(keys_B)
         filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
             needs_filter,
             lambda x: _filter_logits(x, top_k_B, top_p_B),
@@ -239,56 +260,57 @@ def sample_tokens(
             logits_B_V,
         )
         scaled_B_V = filtered_B_V / safe_temp_B[:, None]
-        drawn_B = jax.vmap(jax.random.categorical)(step_keys, scaled_B_V)
+        drawn_B = jax.vmap(jax.random.categorical)(step_keys_B, scaled_B_V)
         token_B = jnp.where(temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
         token_B = token_B.astype(jnp.int32)
         logprob_B = tempered_token_logprobs(logits_B_V, safe_temp_B, token_B)
 
-        tokens_B_M = state["tokens_B_M"].at[:, step].set(jnp.where(live_B, token_B, 0))
-        logprobs_B_M = state["logprobs_B_M"].at[:, step].set(jnp.where(live_B, logprob_B, 0.0))
-        num_B = state["num_B"] + live_B.astype(jnp.int32)
-        tail_B_L = jnp.concatenate([state["tail_B_L"][:, 1:], token_B[:, None]], axis=1)
-        seq_hit_B_S = jnp.all(
-            (stop_seqs_B_S_L == -1) | (stop_seqs_B_S_L == tail_B_L[:, None, :]), axis=-1
+        tokens_B_M = state.tokens_B_M.at[:, step].set(jnp.where(live_B, token_B, 0))
+        logprobs_B_M = state.logprobs_B_M.at[:, step].set(jnp.where(live_B, logprob_B, 0.0))
+        num_B = state.num_B + live_B.astype(jnp.int32)
+        tail_B_W = jnp.concatenate([state.tail_B_W[:, 1:], token_B[:, None]], axis=1)
+        seq_hit_B_Q = jnp.all(
+            (stop_seqs_B_Q_W == -1) | (stop_seqs_B_Q_W == tail_B_W[:, None, :]), axis=-1
         )
-        hit_B = stop_mask_B_V[rows, token_B] | jnp.any(seq_hit_B_S & stop_valid_B_S, axis=-1)
-        stopped_B = state["stopped_B"] | (live_B & hit_B)
-        done_B = state["done_B"] | (live_B & (hit_B | (num_B >= max_new_B)))
+        hit_B = stop_mask_B_V[rows_B, token_B] | jnp.any(seq_hit_B_Q & stop_valid_B_Q, axis=-1)
+        stopped_B = state.stopped_B | (live_B & hit_B)
+        done_B = state.done_B | (live_B & (hit_B | (num_B >= max_new_B)))
 
         # One cached decoder step on the new token at position length + step.
         pos_B = length_B + step
-        x = params["embed_V_D"][token_B][:, None, :]
+        x_B_1_E = params["embed_V_D"][token_B][:, None, :]
         allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= pos_B[:, None])[:, None, :]
 
         def block(
-            x: jax.Array, layer_and_cache: tuple[Params, jax.Array, jax.Array]
+            x_B_1_E: jax.Array, layer_and_cache: tuple[Params, jax.Array, jax.Array]
         ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            layer, k_cache, v_cache = layer_and_cache
-            q, k, v = qkv(layer, x, pos_B[:, None], config)
-            k_cache = k_cache.at[rows, pos_B].set(k[:, 0])
-            v_cache = v_cache.at[rows, pos_B].set(v[:, 0])
-            x = finish_block(layer, x, attend(q, k_cache, v_cache, allowed_B_1_S), config)
-            return x, (k_cache, v_cache)
+            layer, k_B_S_N_C, v_B_S_N_C = layer_and_cache
+            q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = qkv(layer, x_B_1_E, pos_B[:, None], config)
+            k_B_S_N_C = k_B_S_N_C.at[rows_B, pos_B].set(k_B_1_N_C[:, 0])
+            v_B_S_N_C = v_B_S_N_C.at[rows_B, pos_B].set(v_B_1_N_C[:, 0])
+            attn_B_1_H_C = attend(q_B_1_H_C, k_B_S_N_C, v_B_S_N_C, allowed_B_1_S)
+            return finish_block(layer, x_B_1_E, attn_B_1_H_C, config), (k_B_S_N_C, v_B_S_N_C)
 
-        x, new_cache = jax.lax.scan(block, x, (params["layers"], *state["cache"]))
-        next_logits_B_V = unembed(params, x, config)[:, 0]
+        x_B_1_E, (k_L_B_S_N_C, v_L_B_S_N_C) = jax.lax.scan(
+            block, x_B_1_E, (params["layers"], state.k_L_B_S_N_C, state.v_L_B_S_N_C)
+        )
+        return _DecodeState(
+            step=step + 1,
+            logits_B_V=unembed(params, x_B_1_E, config)[:, 0],
+            k_L_B_S_N_C=k_L_B_S_N_C,
+            v_L_B_S_N_C=v_L_B_S_N_C,
+            done_B=done_B,
+            stopped_B=stopped_B,
+            num_B=num_B,
+            tokens_B_M=tokens_B_M,
+            logprobs_B_M=logprobs_B_M,
+            tail_B_W=jnp.where(live_B[:, None], tail_B_W, state.tail_B_W),
+        )
 
-        return {
-            "step": step + 1,
-            "logits_B_V": next_logits_B_V,
-            "cache": new_cache,
-            "done_B": done_B,
-            "stopped_B": stopped_B,
-            "num_B": num_B,
-            "tokens_B_M": tokens_B_M,
-            "logprobs_B_M": logprobs_B_M,
-            "tail_B_L": jnp.where(live_B[:, None], tail_B_L, state["tail_B_L"]),
-        }
-
-    final: dict[str, Any] = jax.lax.while_loop(cond, body, state)
+    final = jax.lax.while_loop(cond, body, initial)
     return SampleOutput(
-        tokens_B_M=final["tokens_B_M"],
-        logprobs_B_M=final["logprobs_B_M"],
-        num_tokens_B=final["num_B"],
-        stopped_B=final["stopped_B"],
+        tokens_B_M=final.tokens_B_M,
+        logprobs_B_M=final.logprobs_B_M,
+        num_tokens_B=final.num_B,
+        stopped_B=final.stopped_B,
     )

@@ -51,7 +51,8 @@ def _as_id_list(ids: Any) -> list[int]:
         raise ValueError(f"ByteTokenizer.decode: expected a 1-D sequence of ids, got {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"ByteTokenizer.decode: ids must be integers, got dtype {arr.dtype}")
-    return arr.tolist()
+    ids_list: list[int] = arr.tolist()  # an integer array's `tolist` gives Python ints
+    return ids_list
 
 
 class ByteTokenizer:

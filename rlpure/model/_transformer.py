@@ -1,31 +1,37 @@
 """A small decoder-only transformer in pure JAX: config, parameters, forward pass, logprobs.
 
-This is the model behind the local backend (`shell.local`): `rlpure.model` decodes
-from it with a KV cache, `rlpure.model` trains it with AdamW, and `rlpure.model` re-exports
-all three. It is pure (no IO, no global mutable state, randomness only through explicit keys)
-and every entry point is jitted.
+This is the model behind the local backend (`shell.local`): `rlpure.model._sampling` decodes
+from it with a KV cache and `rlpure.model._optimizer` trains it with AdamW; the facade
+`rlpure.model` exports all three. It is pure (no IO, no global mutable state, randomness only
+through explicit keys) and every entry point is jitted.
+
+Axes (STYLE's table; `J` is new here):
+    B rows of a batch, T token positions, S key/value positions (`T` in a full forward pass,
+    the cache length when decoding), L layers, H query heads, N key/value heads, C head width,
+    E model width, F feed-forward width, V vocabulary, J rotary frequencies (`C / 2` channel
+    pairs). This model has no grouped-query attention: `N = H`, and attention pairs query head
+    `h` with key/value head `h`.
 
 Conventions:
 - Architecture: token embedding → `n_layers` pre-LayerNorm blocks (causal multi-head
   self-attention with rotary position embeddings (RoPE, Su et al. 2021, arXiv 2104.09864),
   then a GELU MLP, each added to the residual stream) → final LayerNorm → untied unembedding.
   No dropout. All weights are float32.
-- Params are a plain pytree (`dict` of `float32` arrays); `params["layers"]` is one dict of
-  arrays stacked over a leading layer axis `L`, so the blocks run under `jax.lax.scan` (one
-  block compiled, whatever `n_layers`). Array names carry axis suffixes (`V` vocab, `D` model
-  width, `H` heads, `K` head width, `F` MLP width); the arrays of `params["layers"]` have one
-  more leading axis, the layer, that their names leave implicit. `init_params` draws every
-  matrix from `N(0, init_std²)`; norms start at scale 1, bias 0.
+- Params are a plain pytree (`dict` of `float32` arrays) whose names carry the axis suffixes
+  above; `params["layers"]` is one dict of arrays stacked over a leading layer axis `L`, so the
+  blocks run under `jax.lax.scan` (one block compiled, whatever `n_layers`), and those names
+  leave that leading `L` implicit (the scan body sees one layer's slice). `init_params` draws
+  every matrix from `N(0, init_std²)`; norms start at scale 1, bias 0.
 - Token arrays are `[B, T]` int32, **right-padded**: row `b` is real on `[0, length_b)`.
   Attention is causal, so padding after a position never changes that position's output and
   needs no mask in training; callers mask padded positions out of any reduction.
 - Alignment: `logits_B_T_V[b, t]` is the next-token distribution after `tokens[b, : t + 1]`;
   `target_logprobs(params, inputs, targets)[b, t] = log p(targets[b, t] | inputs[b, : t + 1])`
   (Tinker's datum convention: position `i` of the input predicts token `i + 1`).
-- Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two) so a run compiles a handful of times;
-  `config` is static under `jit`, everything else is traced.
+- Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two) so a run
+  compiles a handful of times; `config` is static under `jit`, everything else is traced.
 - The building blocks `qkv`, `attend`, `finish_block`, `unembed` and `forward` are public so
-  that `rlpure.model` runs the same layers one cached token at a time.
+  that `rlpure.model._sampling` runs the same layers one cached token at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +51,8 @@ from rlpure.model._tokenizer import VOCAB_SIZE
 __all__ = [
     "MODEL_CONFIGS",
     "NEG_INF",
+    "AttentionInputs",
+    "ForwardOutput",
     "ModelConfig",
     "Params",
     "attend",
@@ -70,9 +78,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         vocab_size: number of token ids `V`.
-        d_model: residual width `D`; must be divisible by `n_heads`.
-        n_layers: number of transformer blocks.
-        n_heads: attention heads `H`; head width `K = d_model // n_heads` must be even (RoPE).
+        d_model: model (residual) width `E`; must be divisible by `n_heads`.
+        n_layers: number of transformer blocks `L`.
+        n_heads: attention heads `H` (queries; keys and values have as many, `N = H`); head
+            width `C = d_model // n_heads` must be even (RoPE).
         d_ff: MLP hidden width `F`.
         max_seq_len: longest sequence (prompt + completion) the model accepts.
         init_std: standard deviation of every weight matrix at init. A prototype found 0.1
@@ -110,6 +119,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def head_dim(self) -> int:
+        """Head width `C = d_model // n_heads`."""
         return self.d_model // self.n_heads
 
 
@@ -165,7 +175,8 @@ def init_params(key: jax.Array, config: ModelConfig) -> Params:
     Returns:
         The params pytree (all float32).
     """
-    d, h, k, f, v = config.d_model, config.n_heads, config.head_dim, config.d_ff, config.vocab_size
+    e, h, c, f, v = config.d_model, config.n_heads, config.head_dim, config.d_ff, config.vocab_size
+    n = h  # key/value heads: no grouped-query attention
     std = config.init_std
     keys = jax.random.split(key, 2 + config.n_layers)
 
@@ -175,30 +186,30 @@ def init_params(key: jax.Array, config: ModelConfig) -> Params:
     def layer(layer_key: jax.Array) -> Params:
         kq, kk, kv, ko, ki, kout = jax.random.split(layer_key, 6)
         return {
-            "attn_norm_scale_D": jnp.ones((d,), jnp.float32),
-            "attn_norm_bias_D": jnp.zeros((d,), jnp.float32),
-            "wq_D_H_K": normal(kq, (d, h, k)),
-            "wk_D_H_K": normal(kk, (d, h, k)),
-            "wv_D_H_K": normal(kv, (d, h, k)),
-            "wo_H_K_D": normal(ko, (h, k, d)),
-            "mlp_norm_scale_D": jnp.ones((d,), jnp.float32),
-            "mlp_norm_bias_D": jnp.zeros((d,), jnp.float32),
-            "w_in_D_F": normal(ki, (d, f)),
+            "attn_norm_scale_D": jnp.ones((e,), jnp.float32),
+            "attn_norm_bias_D": jnp.zeros((e,), jnp.float32),
+            "wq_D_H_K": normal(kq, (e, h, c)),
+            "wk_D_H_K": normal(kk, (e, n, c)),
+            "wv_D_H_K": normal(kv, (e, n, c)),
+            "wo_H_K_D": normal(ko, (h, c, e)),
+            "mlp_norm_scale_D": jnp.ones((e,), jnp.float32),
+            "mlp_norm_bias_D": jnp.zeros((e,), jnp.float32),
+            "w_in_D_F": normal(ki, (e, f)),
             "b_in_F": jnp.zeros((f,), jnp.float32),
-            "w_out_F_D": normal(kout, (f, d)),
-            "b_out_D": jnp.zeros((d,), jnp.float32),
+            "w_out_F_D": normal(kout, (f, e)),
+            "b_out_D": jnp.zeros((e,), jnp.float32),
         }
 
     per_layer = [layer(layer_key) for layer_key in keys[2:]]
-    # Stacked over a leading layer axis; names keep the per-layer suffixes (the scan body sees
-    # one layer's `[D, H, K]` slice of `wq_D_H_K`, etc.).
+    # Stacked over a leading layer axis `L`; names keep the per-layer suffixes (the scan body
+    # sees one layer's slice).
     layers = {name: jnp.stack([p[name] for p in per_layer]) for name in per_layer[0]}
     return {
-        "embed_V_D": normal(keys[0], (v, d)),
+        "embed_V_D": normal(keys[0], (v, e)),
         "layers": layers,
-        "final_norm_scale_D": jnp.ones((d,), jnp.float32),
-        "final_norm_bias_D": jnp.zeros((d,), jnp.float32),
-        "unembed_D_V": normal(keys[1], (d, v)),
+        "final_norm_scale_D": jnp.ones((e,), jnp.float32),
+        "final_norm_bias_D": jnp.zeros((e,), jnp.float32),
+        "unembed_D_V": normal(keys[1], (e, v)),
     }
 
 
@@ -210,86 +221,146 @@ def count_params(params: Params) -> int:
 # --- building blocks -------------------------------------------------------------------------
 
 
-def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-    mean = jnp.mean(x, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+class AttentionInputs(NamedTuple):
+    """What `qkv` returns: RoPE'd queries and keys, and values, of one layer."""
+
+    q_B_T_H_C: jax.Array
+    k_B_T_N_C: jax.Array
+    v_B_T_N_C: jax.Array
 
 
-def _rope(x_B_T_H_K: jax.Array, positions_B_T: jax.Array, base: float) -> jax.Array:
-    """Rotates channel pairs `(i, i + K/2)` by angle `position · base^(−2i/K)`."""
-    half = x_B_T_H_K.shape[-1] // 2
-    inv_freq_K2 = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles_B_T_K2 = positions_B_T.astype(jnp.float32)[..., None] * inv_freq_K2
-    cos = jnp.cos(angles_B_T_K2)[:, :, None, :]
-    sin = jnp.sin(angles_B_T_K2)[:, :, None, :]
-    x1, x2 = x_B_T_H_K[..., :half], x_B_T_H_K[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+class ForwardOutput(NamedTuple):
+    """What `forward` returns: the logits and every layer's (RoPE'd) keys and values."""
+
+    logits_B_T_V: jax.Array
+    k_L_B_T_N_C: jax.Array
+    v_L_B_T_N_C: jax.Array
+
+
+def _layer_norm(x_B_T_E: jax.Array, scale_E: jax.Array, bias_E: jax.Array, eps: float) -> jax.Array:
+    """LayerNorm over the model width of float32 `[B, T, E]`, with `[E]` scale and bias."""
+    mean_B_T_1 = jnp.mean(x_B_T_E, axis=-1, keepdims=True)
+    var_B_T_1 = jnp.mean(jnp.square(x_B_T_E - mean_B_T_1), axis=-1, keepdims=True)
+    normed_B_T_E = (x_B_T_E - mean_B_T_1) * jax.lax.rsqrt(var_B_T_1 + eps)
+    return normed_B_T_E * scale_E[None, None, :] + bias_E[None, None, :]
+
+
+def _rope(x_B_T_H_C: jax.Array, positions_B_T: jax.Array, base: float) -> jax.Array:
+    """Rotates channel pairs `(j, j + C/2)` by angle `position · base^(−2j/C)`."""
+    half = x_B_T_H_C.shape[-1] // 2
+    inv_freq_J = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles_B_T_J = positions_B_T.astype(jnp.float32)[:, :, None] * inv_freq_J[None, None, :]
+    cos_B_T_1_J = jnp.cos(angles_B_T_J)[:, :, None, :]
+    sin_B_T_1_J = jnp.sin(angles_B_T_J)[:, :, None, :]
+    x1, x2 = x_B_T_H_C[..., :half], x_B_T_H_C[..., half:]
+    return jnp.concatenate(
+        [x1 * cos_B_T_1_J - x2 * sin_B_T_1_J, x1 * sin_B_T_1_J + x2 * cos_B_T_1_J], axis=-1
+    )
 
 
 def qkv(
-    layer: Params, x_B_T_D: jax.Array, positions_B_T: jax.Array, config: ModelConfig
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    h = _layer_norm(x_B_T_D, layer["attn_norm_scale_D"], layer["attn_norm_bias_D"], config.norm_eps)
-    q = jnp.einsum("btd,dhk->bthk", h, layer["wq_D_H_K"])
-    k = jnp.einsum("btd,dhk->bthk", h, layer["wk_D_H_K"])
-    v = jnp.einsum("btd,dhk->bthk", h, layer["wv_D_H_K"])
-    return _rope(q, positions_B_T, config.rope_base), _rope(k, positions_B_T, config.rope_base), v
+    layer: Params, x_B_T_E: jax.Array, positions_B_T: jax.Array, config: ModelConfig
+) -> AttentionInputs:
+    """One layer's attention inputs for the residual stream `x_B_T_E` (float32 `[B, T, E]`).
+
+    Normalises `x_B_T_E`, projects it to queries `[B, T, H, C]` and keys and values
+    `[B, T, N, C]`, and rotates queries and keys by their int32 `positions_B_T`.
+    """
+    h_B_T_E = _layer_norm(
+        x_B_T_E, layer["attn_norm_scale_D"], layer["attn_norm_bias_D"], config.norm_eps
+    )
+    q_B_T_H_C = jnp.einsum("bte,ehc->bthc", h_B_T_E, layer["wq_D_H_K"])
+    k_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wk_D_H_K"])
+    v_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wv_D_H_K"])
+    return AttentionInputs(
+        q_B_T_H_C=_rope(q_B_T_H_C, positions_B_T, config.rope_base),
+        k_B_T_N_C=_rope(k_B_T_N_C, positions_B_T, config.rope_base),
+        v_B_T_N_C=v_B_T_N_C,
+    )
 
 
 def attend(
-    q_B_T_H_K: jax.Array, k_B_S_H_K: jax.Array, v_B_S_H_K: jax.Array, allowed_B_T_S: jax.Array
+    q_B_T_H_C: jax.Array, k_B_S_N_C: jax.Array, v_B_S_N_C: jax.Array, allowed_B_T_S: jax.Array
 ) -> jax.Array:
-    scale = 1.0 / math.sqrt(q_B_T_H_K.shape[-1])
-    scores = jnp.einsum("bthk,bshk->bhts", q_B_T_H_K, k_B_S_H_K) * scale
-    scores = jnp.where(allowed_B_T_S[:, None, :, :], scores, NEG_INF)
-    weights = jax.nn.softmax(scores, axis=-1)
-    return jnp.einsum("bhts,bshk->bthk", weights, v_B_S_H_K)
+    """Softmax attention of each query over the key positions it is `allowed_B_T_S` (bool).
+
+    Returns float32 `[B, T, H, C]`. Query head `h` attends with key/value head `h` (`N = H`).
+    """
+    scale = 1.0 / math.sqrt(q_B_T_H_C.shape[-1])
+    scores_B_H_T_S = jnp.einsum("bthc,bshc->bhts", q_B_T_H_C, k_B_S_N_C) * scale
+    scores_B_H_T_S = jnp.where(allowed_B_T_S[:, None, :, :], scores_B_H_T_S, NEG_INF)
+    weights_B_H_T_S = jax.nn.softmax(scores_B_H_T_S, axis=-1)
+    return jnp.einsum("bhts,bshc->bthc", weights_B_H_T_S, v_B_S_N_C)
 
 
 def finish_block(
-    layer: Params, x_B_T_D: jax.Array, attn_B_T_H_K: jax.Array, config: ModelConfig
+    layer: Params, x_B_T_E: jax.Array, attn_B_T_H_C: jax.Array, config: ModelConfig
 ) -> jax.Array:
-    x = x_B_T_D + jnp.einsum("bthk,hkd->btd", attn_B_T_H_K, layer["wo_H_K_D"])
-    h = _layer_norm(x, layer["mlp_norm_scale_D"], layer["mlp_norm_bias_D"], config.norm_eps)
-    h = jax.nn.gelu(h @ layer["w_in_D_F"] + layer["b_in_F"])
-    return x + h @ layer["w_out_F_D"] + layer["b_out_D"]
+    """The rest of one block: output projection and residual, then the GELU MLP and residual.
 
-
-def unembed(params: Params, x_B_T_D: jax.Array, config: ModelConfig) -> jax.Array:
-    h = _layer_norm(
-        x_B_T_D, params["final_norm_scale_D"], params["final_norm_bias_D"], config.norm_eps
+    Returns the new residual stream, float32 `[B, T, E]`.
+    """
+    x_B_T_E = x_B_T_E + jnp.einsum("bthc,hce->bte", attn_B_T_H_C, layer["wo_H_K_D"])
+    h_B_T_E = _layer_norm(
+        x_B_T_E, layer["mlp_norm_scale_D"], layer["mlp_norm_bias_D"], config.norm_eps
     )
-    return h @ params["unembed_D_V"]
+    h_B_T_F = jax.nn.gelu(h_B_T_E @ layer["w_in_D_F"] + layer["b_in_F"][None, None, :])
+    out_B_T_E: jax.Array = h_B_T_F @ layer["w_out_F_D"] + layer["b_out_D"][None, None, :]
+    return x_B_T_E + out_B_T_E
 
 
-def forward(
-    params: Params, tokens_B_T: jax.Array, config: ModelConfig
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """Full causal forward: logits `[B, T, V]` and RoPE'd keys/values, each `[L, B, T, H, K]`."""
-    _, t = tokens_B_T.shape
-    positions_B_T = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens_B_T.shape)
-    causal_T_T = jnp.tril(jnp.ones((t, t), bool))
-    allowed = jnp.broadcast_to(causal_T_T, (tokens_B_T.shape[0], t, t))
-    x = params["embed_V_D"][tokens_B_T]
+def unembed(params: Params, x_B_T_E: jax.Array, config: ModelConfig) -> jax.Array:
+    """Final LayerNorm and unembedding: logits float32 `[B, T, V]` of the stream `x_B_T_E`."""
+    h_B_T_E = _layer_norm(
+        x_B_T_E, params["final_norm_scale_D"], params["final_norm_bias_D"], config.norm_eps
+    )
+    unembed_E_V: jax.Array = params["unembed_D_V"]
+    return h_B_T_E @ unembed_E_V
 
-    def block(x: jax.Array, layer: Params) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        q, k, v = qkv(layer, x, positions_B_T, config)
-        return finish_block(layer, x, attend(q, k, v, allowed), config), (k, v)
 
-    x, kv = jax.lax.scan(block, x, params["layers"])
-    return unembed(params, x, config), kv
+def forward(params: Params, tokens_B_T: jax.Array, config: ModelConfig) -> ForwardOutput:
+    """Full causal forward of int32 `tokens_B_T`: logits `[B, T, V]` and the RoPE'd keys and
+    values of every layer, each float32 `[L, B, T, N, C]` (what a KV cache holds)."""
+    b, t = tokens_B_T.shape
+    positions_B_T = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
+    causal_T_S = jnp.tril(jnp.ones((t, t), bool))
+    allowed_B_T_S = jnp.broadcast_to(causal_T_S[None, :, :], (b, t, t))
+    x_B_T_E = params["embed_V_D"][tokens_B_T]
+
+    def block(x_B_T_E: jax.Array, layer: Params) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        q_B_T_H_C, k_B_T_N_C, v_B_T_N_C = qkv(layer, x_B_T_E, positions_B_T, config)
+        attn_B_T_H_C = attend(q_B_T_H_C, k_B_T_N_C, v_B_T_N_C, allowed_B_T_S)
+        return finish_block(layer, x_B_T_E, attn_B_T_H_C, config), (k_B_T_N_C, v_B_T_N_C)
+
+    x_B_T_E, (k_L_B_T_N_C, v_L_B_T_N_C) = jax.lax.scan(block, x_B_T_E, params["layers"])
+    return ForwardOutput(
+        logits_B_T_V=unembed(params, x_B_T_E, config),
+        k_L_B_T_N_C=k_L_B_T_N_C,
+        v_L_B_T_N_C=v_L_B_T_N_C,
+    )
 
 
 def _logits(params: Params, tokens_B_T: jax.Array, config: ModelConfig) -> jax.Array:
-    return forward(params, tokens_B_T, config)[0]
+    return forward(params, tokens_B_T, config).logits_B_T_V
 
 
-def _target_logprobs(
+def target_logprobs_fn(
     params: Params, input_tokens_B_T: jax.Array, target_tokens_B_T: jax.Array, config: ModelConfig
 ) -> jax.Array:
+    """The un-jitted `target_logprobs`, for composing inside other jitted functions.
+
+    Args:
+        params: the params pytree (differentiable).
+        input_tokens_B_T: int32 `[B, T]` right-padded model inputs.
+        target_tokens_B_T: int32 `[B, T]` the token each input position predicts.
+        config: the model shape (must be static in the caller's `jit`).
+
+    Returns:
+        float32 `[B, T]`: `log p(target_tokens_B_T[b, t] | input_tokens_B_T[b, : t + 1])`.
+    """
     logprobs_B_T_V = jax.nn.log_softmax(_logits(params, input_tokens_B_T, config), axis=-1)
-    return jnp.take_along_axis(logprobs_B_T_V, target_tokens_B_T[..., None], axis=-1)[..., 0]
+    picked_B_T_1 = jnp.take_along_axis(logprobs_B_T_V, target_tokens_B_T[:, :, None], axis=-1)
+    return picked_B_T_1[:, :, 0]
 
 
 logits = jax.jit(_logits, static_argnames="config")
@@ -298,13 +369,10 @@ logits.__doc__ = """Next-token logits, float32 `[B, T, V]`, of int32 `tokens_B_T
 `config` is static. Row `t` is the distribution after `tokens[:, : t + 1]`.
 """
 
-target_logprobs = jax.jit(_target_logprobs, static_argnames="config")
+target_logprobs = jax.jit(target_logprobs_fn, static_argnames="config")
 target_logprobs.__doc__ = """Log-probability of each target token, float32 `[B, T]` (jitted).
 
 `out[b, t] = log softmax(logits(params, input_tokens_B_T)[b, t])[target_tokens_B_T[b, t]]`.
 Both token arrays are int32 `[B, T]`; `config` is static. Differentiable in `params` (the
 un-jitted version is what `shell.local` differentiates inside its own jitted step).
 """
-
-target_logprobs_fn = _target_logprobs
-"""The un-jitted `target_logprobs`, for composing inside other jitted functions."""
