@@ -72,21 +72,21 @@ Semantics and decisions:
 - Not supported (raise `NotImplementedError`): custom losses, `topk_*` logprobs,
   `target_prompt_logprobs`, `prompt_alt_tokens_k`, non-Adam optimizers, multimodal chunks.
 
-Layout (this module is the public entry point; import the clients from here):
-- `shell.local`: `LocalServiceClient`, the factories, the seed and memory budgets;
-- `shell.local`: `LocalTrainingClient`;
-- `shell.local`: `LocalSamplingClient` and its request validation and batching;
-- `shell.local`: the jitted forward/backward stages and metric merging;
-- `shell.local`: validation of Tinker inputs and packing of datums;
-- `shell.local`: the checkpoint directory format;
-- `shell.local`: `ReadyFuture`, the client futures and the per-tick batcher.
+Layout (this module is the public entry point; import the clients from here, the private
+modules are its parts):
+- `_service`: `LocalServiceClient`, the model configs and the client factories;
+- `_runtime`: `LocalRuntime`, what the service shares with its clients (seed, memory budgets,
+  checkpoint paths, the sample-request counter);
+- `_training`: `LocalTrainingClient`;
+- `_sampling`: `LocalSamplingClient`, its request validation and batching;
+- `_train_steps`: the jitted forward/backward stages and the merging of chunk metrics;
+- `_inputs`: validation of Tinker inputs and packing of datums into bucketed arrays;
+- `_checkpoints`: the checkpoint directory format;
+- `_futures`: `ReadyFuture`, the client futures and the per-tick batcher.
 """
 
 from __future__ import annotations
 
-# `model_lib` is reached through this module by tests (`monkeypatch.setattr(lb.model_lib, ...)`).
-from rlpure import model as model_lib  # noqa: F401
-from shell.local import _train_steps
 from shell.local._sampling import LocalSamplingClient
 from shell.local._service import LocalServiceClient
 from shell.local._training import LocalTrainingClient
@@ -96,10 +96,3 @@ __all__ = [
     "LocalServiceClient",
     "LocalTrainingClient",
 ]
-
-# The names these objects had when they lived here; tests count the jitted stages' traces and
-# check metric merging through them.
-_model_forward_vjp = _train_steps.model_forward_vjp
-_loss_and_logprob_grad = _train_steps.loss_and_logprob_grad
-_model_backward = _train_steps.model_backward
-_merge_metrics = _train_steps.merge_metrics

@@ -41,7 +41,7 @@ R = TypeVar("R")
 class ReadyFuture(tinker.APIFuture[T]):
     """An `APIFuture` whose outcome is already known (local ops complete when called).
 
-    Public so other shell code that must hand a ready value to SDK-style callers reuses it.
+    Both clients return one for every operation that completes when called.
     """
 
     def __init__(self, value: T) -> None:

@@ -6,24 +6,25 @@ Conventions:
   event loop, or queued on a `TickBatcher` and served with the other requests of the same
   tick inside one. Rows (one per sample) are padded to power-of-two buckets (rows, prompt
   length, new tokens, stop sequences and their window) and served in order, in chunks of at
-  most the service's `_sampling_rows(...)` rows; a request's samples may span chunks.
+  most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks.
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
   the client. It never depends on the batch, so batching does not change any result.
 - Returned logprobs are the sampled tokens' log-probabilities under the tempered
   distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
-  as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training forward's buckets.
+  as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training
+  forward's buckets (`shell.local._train_steps.model_forward_vjp`).
 - Stop conditions: `None` is EOS; `[]` is none at all; token ids or strings stop there and at
   EOS. Stop strings are matched on the encoded tokens of the completion only.
-- The client reads the service's seed and calls its `_sampling_rows` and
-  `_next_sample_request_index` (the service owns the memory budget and the request counter).
+- The client reads the seed, the memory budget and the request counter from the
+  `LocalRuntime` its factory passes in (`shell.local._runtime`), never from the service.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -34,10 +35,8 @@ from rlpure import model as model_lib
 from rlpure.model import EOS_ID, ByteTokenizer
 from shell.local._futures import ReadyFuture, TickBatcher, running_loop
 from shell.local._inputs import check_token_range, model_input_tokens, row_bucket, to_float
+from shell.local._runtime import LocalRuntime
 from shell.local._train_steps import model_forward_vjp
-
-if TYPE_CHECKING:
-    from shell.local._service import LocalServiceClient
 
 __all__ = ["LocalSamplingClient"]
 
@@ -70,15 +69,16 @@ class LocalSamplingClient:
     def __init__(
         self,
         *,
-        service: LocalServiceClient,
+        runtime: LocalRuntime,
         base_model: str,
         config: model_lib.ModelConfig,
         params: model_lib.Params,
         stream: tuple[int, int, int] = (2, 0, 0),
     ) -> None:
-        """Internal: use the factory methods. `stream` names this client's random stream
-        (see "Random streams" in this module's docstring)."""
-        self._service = service
+        """Internal: use the factory methods. `runtime` is the service's shared state;
+        `stream` names this client's random stream (see "Random streams" in this module's
+        docstring)."""
+        self._runtime = runtime
         self._base_model = base_model
         self._config = config
         self._params = params
@@ -165,7 +165,7 @@ class LocalSamplingClient:
             target_prompt_logprobs,
             prompt_alt_tokens_k,
             prompt_logprobs_last_n,
-        )
+        ).result_async()
 
     def compute_logprobs(
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
@@ -194,7 +194,7 @@ class LocalSamplingClient:
     async def compute_logprobs_async(
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
     ) -> list[float | None]:
-        return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
+        return await self.compute_logprobs(prompt, prompt_logprobs_last_n).result_async()
 
     # -- internals --
 
@@ -238,11 +238,11 @@ class LocalSamplingClient:
             raise ValueError(f"SamplingParams.top_p: expected in (0, 1], got {top_p}")
         top_k = int(params.top_k)
         stop_ids, stop_seqs = self._stop_conditions(params.stop)
-        request_index = self._service._next_sample_request_index()
+        request_index = self._runtime.next_sample_request_index()
         if params.seed is not None:
             material = (int(params.seed), 0, 0, 0, 0)
         else:
-            material = (self._service.seed, *self._stream, self._requests)
+            material = (self._runtime.seed, *self._stream, self._requests)
         self._requests += 1
         key_material = np.array(
             [[m % _UINT32 for m in material] + [i] for i in range(num_samples)], np.uint32
@@ -302,13 +302,13 @@ class LocalSamplingClient:
     def _run_requests(self, requests: list[_SampleRequest]) -> list[types.SampleResponse]:
         """Serves `requests` with as few jitted calls as the memory limits allow.
 
-        Rows (one per sample) are served in order, in chunks of at most `_sampling_rows` rows;
+        Rows (one per sample) are served in order, in chunks of at most `sampling_rows` rows;
         a request's samples may span chunks.
         """
         rows = [(r, i) for r in requests for i in range(r.num_samples)]
         prompt_width = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
         new_width = row_bucket(max(r.max_new_tokens for r in requests), minimum=16)
-        per_chunk = self._service._sampling_rows(self._config, prompt_width, new_width)
+        per_chunk = self._runtime.sampling_rows(self._config, prompt_width, new_width)
         sequences: list[types.SampledSequence] = []
         for start in range(0, len(rows), per_chunk):
             sequences.extend(self._run_rows(rows[start : start + per_chunk]))

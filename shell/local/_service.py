@@ -1,16 +1,14 @@
-"""The local backend's service client: model configs, client factories and shared budgets.
+"""The local backend's service client: model configs, client factories and the shared runtime.
 
 Conventions:
-- The service owns what its clients share: the run's `seed` (the base model is
-  `init_params(key(seed))`; unseeded sampling derives from it), the named model configs, the
-  checkpoint directory (a fresh temporary directory on first use unless `checkpoint_dir` is
-  given), the counters that name training clients (`local-{seed}-{index}`), sample requests and
-  sampling clients, and the memory budgets that bound one jitted call.
-- Budgets: a sampling call serves at most `max_batch_rows` rows and
-  `max_batch_tokens // (prompt bucket + new-token bucket)` rows; a training call at most
-  `max_train_tokens // length bucket` datums; both also keep the float32 attention scores of
-  one layer under `_ATTENTION_ELEMENTS`. Row counts are powers of two (at least 1), so chunking
-  reuses compiled shapes.
+- The service owns what its clients share, as one `LocalRuntime` (`shell.local._runtime`) handed
+  to every client: the run's `seed` (the base model is `init_params(key(seed))`; unseeded
+  sampling derives from it), the checkpoint directory (a fresh temporary directory on first use
+  unless `checkpoint_dir` is given), the sample-request counter and the memory budgets that
+  bound one jitted call. The service itself keeps the named model configs and the counters that
+  name training clients (`local-{seed}-{index}`) and number sampling clients.
+- A training client gets the service's `create_sampling_client` as a plain callable (for its own
+  `create_sampling_client(model_path)`), never the service object.
 - `create_sampling_client(base_model=...)` samples from the base model on the stream
   `(2, index among this service's create_sampling_client calls, 0)`; `model_path=...` loads a
   checkpoint (its own config and base model name).
@@ -20,25 +18,24 @@ Conventions:
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import jax
+import optax
 from tinker import types
 
 from rlpure import model as model_lib
 from shell.errors import CheckpointError, ConfigError
-from shell.local._checkpoints import checkpoint_name, read_checkpoint
+from shell.local._checkpoints import read_checkpoint
 from shell.local._futures import ClientFuture
+from shell.local._runtime import LocalRuntime
 from shell.local._sampling import LocalSamplingClient
 from shell.local._training import LocalTrainingClient
 
 __all__ = ["LocalServiceClient"]
-
-_ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
 
 
 def _check_adam_optimizer(optimizer: object, where: str) -> None:
@@ -48,11 +45,6 @@ def _check_adam_optimizer(optimizer: object, where: str) -> None:
             f"{where}: the local backend supports the Adam optimizer only "
             f"(None or tinker.types.AdamOptimizerConfig), got {optimizer!r}"
         )
-
-
-def _floor_power_of_two(n: int) -> int:
-    """The largest power of two `<= max(1, n)`."""
-    return 1 << (max(1, n).bit_length() - 1)
 
 
 class LocalServiceClient:
@@ -93,23 +85,41 @@ class LocalServiceClient:
             raise ValueError(
                 f"LocalServiceClient.max_batch_rows: expected >= 1, got {max_batch_rows}"
             )
-        self.seed = seed
         for name, value in (
             ("max_batch_tokens", max_batch_tokens),
             ("max_train_tokens", max_train_tokens),
         ):
             if value < 1:
                 raise ValueError(f"LocalServiceClient.{name}: expected >= 1, got {value}")
-        self.max_batch_rows = max_batch_rows
-        self.max_batch_tokens = max_batch_tokens
-        self.max_train_tokens = max_train_tokens
         self.model_configs: Mapping[str, model_lib.ModelConfig] = MappingProxyType(
             {**model_lib.MODEL_CONFIGS, **(model_configs or {})}
         )
-        self._checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self._runtime = LocalRuntime(
+            seed=seed,
+            max_batch_rows=max_batch_rows,
+            max_batch_tokens=max_batch_tokens,
+            max_train_tokens=max_train_tokens,
+            checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
+        )
         self._training_clients = 0
         self._sampling_clients = 0
-        self._sample_requests = 0
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: model init and unseeded sampling derive from it."""
+        return self._runtime.seed
+
+    @property
+    def max_batch_rows(self) -> int:
+        return self._runtime.max_batch_rows
+
+    @property
+    def max_batch_tokens(self) -> int:
+        return self._runtime.max_batch_tokens
+
+    @property
+    def max_train_tokens(self) -> int:
+        return self._runtime.max_train_tokens
 
     def __enter__(self) -> LocalServiceClient:
         return self
@@ -122,51 +132,12 @@ class LocalServiceClient:
 
     # -- internals --
 
-    def _sampling_rows(
-        self, config: model_lib.ModelConfig, prompt_width: int, new_width: int
-    ) -> int:
-        """Rows per sampling call: within `max_batch_rows`, `max_batch_tokens` and the
-        attention budget (prefill scores `rows × H × T × (T + M)` floats), a power of two."""
-        width = prompt_width + new_width
-        attention_per_row = config.n_heads * prompt_width * width
-        return _floor_power_of_two(
-            min(
-                self.max_batch_rows,
-                self.max_batch_tokens // width,
-                _ATTENTION_ELEMENTS // attention_per_row,
-            )
-        )
-
-    def _training_rows(self, config: model_lib.ModelConfig, n_rows: int, width: int) -> int:
-        """Datums per training call: within `max_train_tokens` and the attention budget
-        (`rows × H × T²` floats of attention weights per layer), a power of two."""
-        attention_per_row = config.n_heads * width * width
-        return min(
-            n_rows,
-            _floor_power_of_two(
-                min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
-            ),
-        )
-
-    def _next_sample_request_index(self) -> int:
-        index = self._sample_requests
-        self._sample_requests += 1
-        return index
-
-    def _checkpoint_path(self, model_id: str, kind: str, name: str, overwrite: bool) -> Path:
-        if self._checkpoint_dir is None:
-            self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
-        directory = (self._checkpoint_dir / model_id / kind / checkpoint_name(name)).resolve()
-        if directory.exists() and not overwrite:
-            raise FileExistsError(f"checkpoint {str(directory)!r} exists (pass overwrite=True)")
-        return directory
-
     def _new_training_client(
         self,
         base_model: str,
         *,
         params: model_lib.Params | None,
-        opt_state: Any | None,
+        opt_state: optax.OptState | None,
         seed: int | None,
         rank: int,
         config: model_lib.ModelConfig | None = None,
@@ -188,7 +159,8 @@ class LocalServiceClient:
         if opt_state is None:
             opt_state = model_lib.init_optimizer_state(params)
         return LocalTrainingClient(
-            service=self,
+            runtime=self._runtime,
+            open_sampling_client=self.create_sampling_client,
             base_model=base_model,
             config=config,
             params=params,
@@ -253,7 +225,7 @@ class LocalServiceClient:
     ) -> LocalTrainingClient:
         return await self.create_lora_training_client(
             base_model, rank, seed, train_mlp, train_attn, train_unembed, user_metadata, optimizer
-        )
+        ).result_async()
 
     def _from_state(
         self, path: str, *, base_model: str | None, with_optimizer: bool
@@ -304,7 +276,7 @@ class LocalServiceClient:
     ) -> LocalTrainingClient:
         return await self.create_training_client_from_state(
             path, base_model, user_metadata, weights_access_token, optimizer
-        )
+        ).result_async()
 
     def create_training_client_from_state_with_optimizer(
         self,
@@ -326,7 +298,7 @@ class LocalServiceClient:
     ) -> LocalTrainingClient:
         return await self.create_training_client_from_state_with_optimizer(
             path, base_model, user_metadata, weights_access_token
-        )
+        ).result_async()
 
     def create_sampling_client(
         self,
@@ -355,7 +327,11 @@ class LocalServiceClient:
         self._sampling_clients += 1
         return ClientFuture(
             LocalSamplingClient(
-                service=self, base_model=name, config=config, params=params, stream=stream
+                runtime=self._runtime,
+                base_model=name,
+                config=config,
+                params=params,
+                stream=stream,
             )
         )
 
@@ -366,4 +342,4 @@ class LocalServiceClient:
         retry_config: Any = None,
         record_stability_info: bool = False,
     ) -> LocalSamplingClient:
-        return await self.create_sampling_client(model_path, base_model)
+        return await self.create_sampling_client(model_path, base_model).result_async()

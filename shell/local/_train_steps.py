@@ -12,10 +12,10 @@ per `(D, T)` bucket and is shared by every loss:
 
 The chain rule makes this exactly `value_and_grad` of `loss(target_logprobs(params))`.
 
-Conventions: arrays are padded `[D, T]` batches from `shell.local.pack_data` (position
-`i` predicts target `i`; `valid_D_T` masks padding). A batch too large for memory is split into
-row chunks whose gradients add up and whose metrics `merge_metrics` combines by their
-`name:reduction` suffix.
+Conventions: arrays are padded `[D, T]` batches from `shell.local._inputs.pack_data`
+(position `i` predicts target `i`; `valid_D_T` masks padding). A batch too large for memory is
+split into row chunks whose gradients add up and whose metrics `merge_metrics` combines by
+their `name:reduction` suffix.
 """
 
 from __future__ import annotations
@@ -83,13 +83,15 @@ def loss_and_logprob_grad(
 def model_backward(vjp: Any, dlp_D_T: jax.Array, grads_acc: model_lib.Params) -> model_lib.Params:
     """Stage 3: `grads_acc` plus the parameter gradient the VJP gives for `dlp_D_T`."""
     (grads,) = vjp(dlp_D_T)
-    return jax.tree_util.tree_map(jnp.add, grads_acc, grads)
+    total: model_lib.Params = jax.tree_util.tree_map(jnp.add, grads_acc, grads)
+    return total
 
 
 @jax.jit
 def zeros_like_tree(params: model_lib.Params) -> model_lib.Params:
     """A zero gradient shaped like `params`."""
-    return jax.tree_util.tree_map(jnp.zeros_like, params)
+    zeros: model_lib.Params = jax.tree_util.tree_map(jnp.zeros_like, params)
+    return zeros
 
 
 def merge_metrics(chunks: list[dict[str, float]]) -> dict[str, float]:

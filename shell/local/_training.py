@@ -6,24 +6,28 @@ Conventions:
   loss accumulate across `forward_backward` calls until `optim_step` applies them (AdamW with
   global-norm clipping, `rlpure.model.apply_adam_update`) and clears them; a call refused by
   validation accumulates nothing.
-- A `forward_backward` batch is split into row chunks of at most the service's
-  `_training_rows(...)` datums (a memory bound); their gradients add up and their metrics merge
+- A `forward_backward` batch is split into row chunks of at most the runtime's
+  `training_rows(...)` datums (a memory bound); their gradients add up and their metrics merge
   by suffix, so chunking does not change the result beyond float rounding.
 - Weights are an immutable pytree, replaced (never mutated) by `optim_step` and the loads, so a
   sampling client's snapshot never changes under it.
 - The optimizer step count is part of the client's state and of its checkpoints: sampling
   clients made by `save_weights_and_get_sampling_client` take the stream
   `(1, steps so far, index since that step)`.
-- Checkpoints go where the service's `_checkpoint_path(...)` says; `load_state` restores
+- The client never sees its service: it gets the service's shared `LocalRuntime`
+  (`shell.local._runtime`: seed, budgets, checkpoint paths) and, for `create_sampling_client`, a
+  plain callable that opens a sampling client on a saved checkpoint path.
+- Checkpoints go where the runtime's `checkpoint_path(...)` says; `load_state` restores
   weights only (fresh Adam state), `load_state_with_optimizer` weights and Adam state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 import numpy as np
+import optax
 import tinker
 from tinker import types
 
@@ -33,6 +37,7 @@ from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._inputs import loss_config_key, pack_data, to_float
+from shell.local._runtime import LocalRuntime
 from shell.local._sampling import LocalSamplingClient
 from shell.local._train_steps import (
     loss_and_logprob_grad,
@@ -41,9 +46,6 @@ from shell.local._train_steps import (
     model_forward_vjp,
     zeros_like_tree,
 )
-
-if TYPE_CHECKING:
-    from shell.local._service import LocalServiceClient
 
 __all__ = ["LocalTrainingClient"]
 
@@ -54,16 +56,20 @@ class LocalTrainingClient:
     def __init__(
         self,
         *,
-        service: LocalServiceClient,
+        runtime: LocalRuntime,
+        open_sampling_client: Callable[[str], ClientFuture[LocalSamplingClient]],
         base_model: str,
         config: model_lib.ModelConfig,
         params: model_lib.Params,
-        opt_state: Any,
+        opt_state: optax.OptState,
         model_id: str,
         lora_rank: int,
         optim_steps: int = 0,
     ) -> None:
-        self._service = service
+        """Internal: use the service's factories. `runtime` is the service's shared state;
+        `open_sampling_client(path)` opens a sampling client on the checkpoint at `path`."""
+        self._runtime = runtime
+        self._open_sampling_client = open_sampling_client
         self._base_model = base_model
         self._config = config
         self._params = params
@@ -169,7 +175,7 @@ class LocalTrainingClient:
         packed = pack_data(data, loss_fn, self._config)
         loss_config = loss_config_key(loss_fn_config)
         n_d, n_t = packed.input_D_T.shape
-        rows = self._service._training_rows(self._config, n_d, n_t)
+        rows = self._runtime.training_rows(self._config, n_d, n_t)
         grads = self._grads
         lp_chunks, metric_chunks = [], []
         for start in range(0, n_d, rows):
@@ -263,7 +269,7 @@ class LocalTrainingClient:
         stream = (1, self._optim_steps, self._samplers_this_step)
         self._samplers_this_step += 1
         return LocalSamplingClient(
-            service=self._service,
+            runtime=self._runtime,
             base_model=self._base_model,
             config=self._config,
             params=self._params,
@@ -295,7 +301,7 @@ class LocalTrainingClient:
     ) -> LocalSamplingClient:
         return await self.save_weights_and_get_sampling_client(
             name, retry_config, record_stability_info, kind
-        )
+        ).result_async()
 
     def save_state(
         self,
@@ -309,7 +315,7 @@ class LocalTrainingClient:
         Raises:
             FileExistsError: if the checkpoint exists and `overwrite` is False.
         """
-        directory = self._service._checkpoint_path(self.model_id, "state", name, overwrite)
+        directory = self._runtime.checkpoint_path(self.model_id, "state", name, overwrite=overwrite)
         write_checkpoint(
             directory,
             base_model=self._base_model,
@@ -338,7 +344,7 @@ class LocalTrainingClient:
         user_metadata: dict[str, str] | None = None,
     ) -> tinker.APIFuture[types.SaveWeightsForSamplerResponse]:
         """Saves the weights (no optimizer state) for `create_sampling_client(model_path=...)`."""
-        directory = self._service._checkpoint_path(self.model_id, "sampler", name, True)
+        directory = self._runtime.checkpoint_path(self.model_id, "sampler", name, overwrite=True)
         write_checkpoint(
             directory,
             base_model=self._base_model,
@@ -362,12 +368,12 @@ class LocalTrainingClient:
     def create_sampling_client(
         self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
     ) -> ClientFuture[LocalSamplingClient]:
-        return self._service.create_sampling_client(model_path=model_path)
+        return self._open_sampling_client(model_path)
 
     async def create_sampling_client_async(
         self, model_path: str, retry_config: Any = None, record_stability_info: bool = False
     ) -> LocalSamplingClient:
-        return await self.create_sampling_client(model_path)
+        return await self.create_sampling_client(model_path).result_async()
 
     def _load(self, path: str, *, with_optimizer: bool) -> types.LoadWeightsResponse:
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)

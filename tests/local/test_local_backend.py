@@ -24,9 +24,15 @@ from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.model import EOS_ID, ByteTokenizer
-from shell import local as lb
 from shell.errors import CheckpointError, ConfigError
 from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from shell.local._train_steps import (
+    loss_and_logprob_grad,
+    merge_metrics,
+    model_backward,
+    model_forward_vjp,
+)
+from tests.compile_count import count_compiles
 
 MODEL = "rlpure/tiny"
 TOK = ByteTokenizer()
@@ -48,10 +54,6 @@ def _td(values: Any, dtype: Any = np.float32) -> types.TensorData:
 def _lps(seq: types.SampledSequence) -> list[float]:
     assert seq.logprobs is not None
     return seq.logprobs
-
-
-def _traces(jitted: Any) -> int:
-    return int(jitted._cache_size())
 
 
 def _sft_datum(text: str, n_prompt: int = 2) -> types.Datum:
@@ -286,7 +288,7 @@ def test_concurrent_requests_are_served_in_one_batched_call(
         calls.append(args[1].prompt_tokens_B_T.shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lb.model_lib, "sample_tokens", counting)
+    monkeypatch.setattr(model_lib, "sample_tokens", counting)
 
     async def main() -> list[types.SampleResponse]:
         async def one(p: types.ModelInput, sp: types.SamplingParams) -> types.SampleResponse:
@@ -545,20 +547,13 @@ def test_data_are_validated_with_errors_naming_the_datum_and_key() -> None:
 def test_second_forward_backward_in_the_same_bucket_does_not_retrace() -> None:
     trainer = _trainer()
     trainer.forward_backward([_sft_datum(t) for t in TEXTS[:3]], "cross_entropy")
-    sizes = (
-        _traces(lb._model_forward_vjp),
-        _traces(lb._loss_and_logprob_grad),
-        _traces(lb._model_backward),
-    )
     # More datums (7 ≤ 8) and longer ones (≤ 16 tokens): same buckets, no new trace.
-    trainer.forward_backward(
-        [_sft_datum(t + "9" * i) for i, t in enumerate(TEXTS[:7])], "cross_entropy"
-    )
-    assert (
-        _traces(lb._model_forward_vjp),
-        _traces(lb._loss_and_logprob_grad),
-        _traces(lb._model_backward),
-    ) == sizes
+    with count_compiles() as compiled:
+        trainer.forward_backward(
+            [_sft_datum(t + "9" * i) for i, t in enumerate(TEXTS[:7])], "cross_entropy"
+        )
+    stages = (model_forward_vjp, loss_and_logprob_grad, model_backward)
+    assert [compiled.traces_of(stage) for stage in stages] == [0, 0, 0]
 
 
 def test_chunked_training_and_sampling_equal_unchunked() -> None:
@@ -582,9 +577,8 @@ def test_chunked_training_and_sampling_equal_unchunked() -> None:
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
     seeded = types.SamplingParams(max_tokens=16, seed=4, stop=[])
     sampler = whole.save_weights_and_get_sampling_client().result()
-    split = LocalSamplingClient(
-        service=chunked, base_model=MODEL, config=whole.config, params=whole.params
-    )
+    saved = whole.save_weights_for_sampler("chunked").result().path
+    split = chunked.create_sampling_client(model_path=saved).result()  # 4 rows a call
 
     async def many(client: LocalSamplingClient) -> list[list[int]]:
         responses = await asyncio.gather(
@@ -594,7 +588,7 @@ def test_chunked_training_and_sampling_equal_unchunked() -> None:
 
     # 6 rows in chunks of 4: the second request's samples span two jitted calls.
     assert asyncio.run(many(split)) == asyncio.run(many(sampler))
-    merged = lb._merge_metrics(
+    merged = merge_metrics(
         [
             {"loss:sum": 1.0, "ratio:mean": 2.0, "ratio:min": 0.5, "action_tokens:sum": 1.0},
             {"loss:sum": 2.0, "ratio:mean": 5.0, "ratio:min": 0.2, "action_tokens:sum": 3.0},

@@ -1,0 +1,111 @@
+"""What a local service shares with the clients it makes: seed, memory budgets, checkpoint paths,
+the sample-request counter.
+
+Conventions:
+- `LocalServiceClient` builds one `LocalRuntime` and hands it to every training and sampling
+  client it creates (directly or through a training client), so the clients never reach into
+  the service itself. The runtime imports no client module: the dependency points one way.
+- `seed` is the run's seed: the base model is `init_params(key(seed))` and unseeded sampling
+  streams start with it.
+- Budgets: a sampling call serves at most `max_batch_rows` rows and
+  `max_batch_tokens // (prompt bucket + new-token bucket)` rows; a training call at most
+  `max_train_tokens // length bucket` datums; both also keep the float32 attention scores of
+  one layer under `_ATTENTION_ELEMENTS`. Row counts are powers of two (at least 1), so chunking
+  reuses compiled shapes.
+- Checkpoints live under `checkpoint_dir / model_id / kind / name`; without a `checkpoint_dir`
+  a fresh temporary directory is created on first use.
+- `next_sample_request_index()` counts the `sample` requests of every sampling client of the
+  service (it names the returned sequences, `local-{request}-{sample}`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from rlpure import model as model_lib
+from shell.local._checkpoints import checkpoint_name
+
+__all__ = ["LocalRuntime"]
+
+_ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
+
+
+def _floor_power_of_two(n: int) -> int:
+    """The largest power of two `<= max(1, n)`."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+class LocalRuntime:
+    """The service state its clients read or advance (validated by the service, not here).
+
+    Args:
+        seed: the run's seed (int >= 0).
+        max_batch_rows: most sample rows per jitted sampling call (>= 1).
+        max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call.
+        max_train_tokens: most `datums × length bucket` per jitted training call.
+        checkpoint_dir: where checkpoints are written (`None`: a temporary directory).
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        max_batch_rows: int,
+        max_batch_tokens: int,
+        max_train_tokens: int,
+        checkpoint_dir: Path | None,
+    ) -> None:
+        self.seed = seed
+        self.max_batch_rows = max_batch_rows
+        self.max_batch_tokens = max_batch_tokens
+        self.max_train_tokens = max_train_tokens
+        self._checkpoint_dir = checkpoint_dir
+        self._sample_requests = 0
+
+    def sampling_rows(
+        self, config: model_lib.ModelConfig, prompt_width: int, new_width: int
+    ) -> int:
+        """Rows per sampling call: within `max_batch_rows`, `max_batch_tokens` and the
+        attention budget (prefill scores `rows × H × T × (T + M)` floats), a power of two."""
+        width = prompt_width + new_width
+        attention_per_row = config.n_heads * prompt_width * width
+        return _floor_power_of_two(
+            min(
+                self.max_batch_rows,
+                self.max_batch_tokens // width,
+                _ATTENTION_ELEMENTS // attention_per_row,
+            )
+        )
+
+    def training_rows(self, config: model_lib.ModelConfig, n_rows: int, width: int) -> int:
+        """Datums per training call: within `max_train_tokens` and the attention budget
+        (`rows × H × T²` floats of attention weights per layer), a power of two, at most
+        `n_rows`."""
+        attention_per_row = config.n_heads * width * width
+        return min(
+            n_rows,
+            _floor_power_of_two(
+                min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
+            ),
+        )
+
+    def next_sample_request_index(self) -> int:
+        """The index of a new `sample` request among all of this service's requests."""
+        index = self._sample_requests
+        self._sample_requests += 1
+        return index
+
+    def checkpoint_path(self, model_id: str, kind: str, name: str, *, overwrite: bool) -> Path:
+        """The absolute directory of checkpoint `name` of `kind` for `model_id`.
+
+        Raises:
+            FileExistsError: the checkpoint exists and `overwrite` is False.
+            ValueError: `name` is not a usable checkpoint name (see `checkpoint_name`).
+        """
+        if self._checkpoint_dir is None:
+            self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
+        directory = (self._checkpoint_dir / model_id / kind / checkpoint_name(name)).resolve()
+        if directory.exists() and not overwrite:
+            raise FileExistsError(f"checkpoint {str(directory)!r} exists (pass overwrite=True)")
+        return directory
