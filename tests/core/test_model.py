@@ -21,14 +21,11 @@ from hypothesis import strategies as st
 from rlpure import model as M
 from rlpure.buckets import bucket_size
 from rlpure.model import EOS_ID, VOCAB_SIZE
+from tests.compile_count import count_compiles
 
 CONFIG = M.get_model_config("rlpure/tiny")
 PARAMS = M.init_params(jax.random.key(0), CONFIG)
 B, T, NEW = 8, 16, 16  # the buckets every sampling test uses
-
-
-def _traces(jitted: Any) -> int:
-    return int(jitted._cache_size())
 
 
 def _np_params(params: M.Params) -> dict:
@@ -295,14 +292,14 @@ def test_same_seeds_same_samples_and_rows_are_independent() -> None:
 
 def test_second_call_in_the_same_bucket_does_not_retrace() -> None:
     _sample(_batch(_prompts(8, n=3)))
-    sample_traces = _traces(M.sample_tokens)
-    _sample(_batch(_prompts(9, n=7), max_new=[2] * 7, temperature=0.0, stop_seqs=((1, 2),)))
-    assert _traces(M.sample_tokens) == sample_traces
+    with count_compiles() as compiled:
+        _sample(_batch(_prompts(9, n=7), max_new=[2] * 7, temperature=0.0, stop_seqs=((1, 2),)))
+    assert compiled.traces_of(M.sample_tokens) == 0
     tokens = np.zeros((4, T), np.int32)
     M.target_logprobs(PARAMS, tokens, tokens, config=CONFIG)
-    lp_traces = _traces(M.target_logprobs)
-    M.target_logprobs(PARAMS, tokens + 1, tokens + 2, config=CONFIG)
-    assert _traces(M.target_logprobs) == lp_traces
+    with count_compiles() as compiled:
+        M.target_logprobs(PARAMS, tokens + 1, tokens + 2, config=CONFIG)
+    assert compiled.traces_of(M.target_logprobs) == 0
 
 
 # --- optimiser -------------------------------------------------------------------------------
