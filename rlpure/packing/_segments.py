@@ -16,7 +16,7 @@ Conventions:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 import numpy as np
@@ -28,6 +28,7 @@ __all__ = [
     "Piece",
     "ProvenanceSpan",
     "Segment",
+    "single_turn_segment",
     "trajectory_segments",
 ]
 
@@ -54,12 +55,44 @@ DatumProvenance = tuple[tuple[ProvenanceSpan, ...], tuple[ProvenanceSpan, ...]]
 """Spans tiling a datum's `model_input` and its targets, in that order."""
 
 
-Piece = tuple[int, np.ndarray, np.ndarray | None, float, float]
-"""A run of a datum's full (unshifted) sequence: `(offset, tokens, logprobs | None, advantage,
-mask)`. Observation pieces have logprobs None and advantage and mask 0.0."""
+class Piece(NamedTuple):
+    """A run of a datum's full (unshifted) sequence, written as is into the batch.
 
-Segment = tuple[int, tuple[Piece, ...], DatumProvenance | None]
-"""One datum: `(full_length, pieces, provenance)`; the pieces tile `[0, full_length)` in order."""
+    Observation pieces have `logprobs` None and `advantage` and `mask` 0.0.
+
+    Attributes:
+        offset: position of the run's first token in the full sequence.
+        tokens: int32 `[n]` the run's tokens (a record's read-only array or a slice of it).
+        logprobs: float32 `[n]` their sampling logprobs (an action's), or None (an observation).
+        advantage: the advantage of every token of the run.
+        mask: 1.0 when the run trains, else 0.0.
+    """
+
+    offset: int
+    tokens: np.ndarray
+    logprobs: np.ndarray | None
+    advantage: float
+    mask: float
+
+
+class Segment(NamedTuple):
+    """One datum, as the pieces that tile its full sequence `[0, full_length)` in order.
+
+    Attributes:
+        full_length: length of the full (unshifted) sequence, at least 2.
+        pieces: the runs, in order.
+        provenance: the spans tiling the datum's input and targets, or None.
+    """
+
+    full_length: int
+    pieces: tuple[Piece, ...]
+    provenance: DatumProvenance | None
+
+
+# Pieces and segments are built once per turn of every trajectory in a batch (thousands per
+# step), so they are made with `tuple.__new__`, skipping the Python-level `__new__` that
+# NamedTuple generates: that call tripled `trajectory_segments`' time on a GRPO batch.
+_new = tuple.__new__
 
 
 def _extends(ob: np.ndarray, prev_ob: np.ndarray, prev_ac: np.ndarray) -> bool:
@@ -99,7 +132,8 @@ def trajectory_segments(
     """
     transitions = traj.transitions
     if len(transitions) == 1:  # the common single-turn case: no prefix bookkeeping
-        return _single_turn_segments(transitions[0], advantage, where)
+        segment = single_turn_segment(transitions[0], advantage, where)
+        return [] if segment is None else [segment]
     segments: list[Segment] = []
     pieces: list[Piece] = []
     spans: list[ProvenanceSpan] | None = []
@@ -117,14 +151,14 @@ def trajectory_segments(
             else:
                 segments.append(_close_segment(full_length, pieces, spans, where))
                 pieces, spans, full_length = [], [], 0
-        n_ob, n_ac = ob.shape[0] - start, ac.tokens.shape[0]
+        n_ob, n_ac = len(ob) - start, len(ac.tokens)
         sequence_id = ac.sequence_id
         if sequence_id is None and (n_ob or n_ac):
             spans = None  # a datum has provenance only if every action in it has an id
         if spans is not None and sequence_id is not None:
             spans.extend(_turn_spans(sequence_id, full_length, n_ob, n_ac))
         if n_ob:
-            pieces.append((full_length, ob[start:] if start else ob, None, 0.0, 0.0))
+            pieces.append(_new(Piece, (full_length, ob[start:] if start else ob, None, 0.0, 0.0)))
             full_length += n_ob
         if n_ac:
             pieces.append(_action_piece(transition, full_length, advantage))
@@ -135,33 +169,43 @@ def trajectory_segments(
     return segments
 
 
-def _single_turn_segments(
+def single_turn_segment(
     transition: Transition, advantage: float, where: str | tuple[int, int]
-) -> list[Segment]:
-    """`trajectory_segments` of a one-transition trajectory: at most one datum, ob then ac."""
+) -> Segment | None:
+    """The one segment of a one-transition trajectory (ob then ac), None when it is empty.
+
+    `trajectory_segments` of such a trajectory, without the list: `assemble_batch` calls it
+    directly for single-turn trajectories, the common case.
+    """
     ob, ac = transition.ob.tokens, transition.ac
     if ac.logprobs is None:
         raise _missing_logprobs(where, 0)
-    n_ob, n_ac = ob.shape[0], ac.tokens.shape[0]
+    n_ob, n_ac = len(ob), len(ac.tokens)
+    full_length = n_ob + n_ac
+    pieces: tuple[Piece, ...]
     if n_ob and n_ac:
-        pieces: list[Piece] = [(0, ob, None, 0.0, 0.0), _action_piece(transition, n_ob, advantage)]
+        pieces = (_new(Piece, (0, ob, None, 0.0, 0.0)), _action_piece(transition, n_ob, advantage))
     elif n_ob:
-        pieces = [(0, ob, None, 0.0, 0.0)]
+        pieces = (_new(Piece, (0, ob, None, 0.0, 0.0)),)
     elif n_ac:
-        pieces = [_action_piece(transition, 0, advantage)]
+        pieces = (_action_piece(transition, 0, advantage),)
     else:
-        return []
+        return None
+    if full_length < 2:
+        raise _too_short(where, full_length)
     sequence_id = ac.sequence_id
-    spans = None if sequence_id is None else _turn_spans(sequence_id, 0, n_ob, n_ac)
-    return [_close_segment(n_ob + n_ac, pieces, spans, where)]
+    provenance = (
+        None if sequence_id is None else _datum_provenance(_turn_spans(sequence_id, 0, n_ob, n_ac))
+    )
+    return _new(Segment, (full_length, pieces, provenance))
 
 
 def _action_piece(transition: Transition, offset: int, advantage: float) -> Piece:
     """The piece of a transition's action tokens: trained, or masked on a parse error."""
     ac = transition.ac
     if float(transition.metrics.get(PARSE_ERROR_MASKED_METRIC_KEY, 0.0)) >= 1.0:
-        return (offset, ac.tokens, ac.logprobs, 0.0, 0.0)
-    return (offset, ac.tokens, ac.logprobs, advantage, 1.0)
+        return _new(Piece, (offset, ac.tokens, ac.logprobs, 0.0, 0.0))
+    return _new(Piece, (offset, ac.tokens, ac.logprobs, advantage, 1.0))
 
 
 def _turn_spans(sequence_id: str, offset: int, n_ob: int, n_ac: int) -> list[ProvenanceSpan]:
@@ -195,11 +239,15 @@ def _close_segment(
     where: str | tuple[int, int],
 ) -> Segment:
     if full_length < 2:
-        raise ValueError(
-            f"{_name(where)}: a datum would hold {full_length} token; at least 2 are needed to form "
-            "an input/target pair"
-        )
-    return (full_length, tuple(pieces), _datum_provenance(spans))
+        raise _too_short(where, full_length)
+    return _new(Segment, (full_length, tuple(pieces), _datum_provenance(spans)))
+
+
+def _too_short(where: str | tuple[int, int], full_length: int) -> ValueError:
+    return ValueError(
+        f"{_name(where)}: a datum would hold {full_length} token; at least 2 are needed to form "
+        "an input/target pair"
+    )
 
 
 def _datum_provenance(spans: list[ProvenanceSpan] | None) -> DatumProvenance | None:

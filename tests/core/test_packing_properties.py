@@ -3,11 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpure.packing import _assembly as packing
 from rlpure.packing import assemble_batch, check_datum_batch, datum_arrays
 from rlpure.records import PARSE_ERROR_MASKED_METRIC_KEY, TrajectoryGroup
 from rlpure.testing import batches
@@ -73,9 +71,7 @@ def test_uninitialised_output_memory_never_shows(groups_P, data):
     # assemble_batch writes into uninitialised memory; every visible position must be written.
     advantages_P = _advantages_for(groups_P, data)
     clean = assemble_batch(groups_P, advantages_P)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packing, "_empty", _dirty_empty)
-        dirty = assemble_batch(groups_P, advantages_P)
+    dirty = assemble_batch(groups_P, advantages_P, _alloc=_dirty_empty)
     check_datum_batch(dirty)
     for name in ("input_tokens_D_T", "target_tokens_D_T", "logprobs_D_T", "advantages_D_T"):
         np.testing.assert_array_equal(getattr(dirty, name), getattr(clean, name), err_msg=name)
