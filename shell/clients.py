@@ -1,24 +1,227 @@
-"""The backends behind `--backend`: which service client a run talks to.
+"""The client boundary: the SDK interface the shell calls, and the backends behind `--backend`.
 
-`make_service_client(config)` opens Tinker's `ServiceClient`, the local JAX backend
-(`shell.local.LocalServiceClient`) or the scripted fake (`shell.fakes.FakeServiceClient`);
-all three speak the SDK's client interface.
+`ServiceClient`, `TrainingClient` and `SamplingClient` are `typing.Protocol`s holding exactly
+the methods the shell calls (the training loop, the policy update, checkpoints and resume, the
+completers, the recipes and the demo), each with the Tinker SDK 0.38 signature: the same
+parameter names, order, kinds, defaults and types. Three implementations satisfy them, checked
+by `tests/shell/test_client_protocols.py` both under mypy and at runtime:
+
+- `tinker.ServiceClient` (and its `TrainingClient`, `SamplingClient`), the real service;
+- `shell.local.LocalServiceClient` (`LocalTrainingClient`, `LocalSamplingClient`), the local
+  JAX backend;
+- `shell.fakes.FakeServiceClient` (`FakeTrainingClient`, `FakeSamplingClient`), the scripted
+  stand-in for tests.
+
+Conventions (SDK 0.38):
+- Every method returns at once with an `APIFuture` of its result (what a `tinker.APIFuture`
+  offers the shell: `await f`, or `await f.result_async()`); nothing here is an `async def`.
+  The client factories (`create_*_client`, `save_weights_and_get_sampling_client`) return a
+  future of the client, awaited before use.
+- The shell never retries around these calls: the SDK retries transient failures itself.
+- `make_service_client(config)` opens the backend a config names (`config.backend`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from shell.config import TrainConfig
+import tinker
+from tinker import types
+from tinker.lib.retry_handler import RetryConfig
+
 from shell.errors import ConfigError
 
-__all__ = ["make_service_client"]
+__all__ = [
+    "APIFuture",
+    "BackendOptions",
+    "SamplingClient",
+    "ServiceClient",
+    "TrainingClient",
+    "make_service_client",
+]
+
+T_co = TypeVar("T_co", covariant=True)
 
 
-def make_service_client(config: TrainConfig) -> Any:
-    """The service client of `config.backend` (duck-typed like `tinker.ServiceClient`).
+@runtime_checkable
+class APIFuture(Protocol[T_co]):
+    """What the shell uses of `tinker.APIFuture[T]`: awaiting it gives the `T`.
+
+    `result_async` is the typed spelling of the same wait: the SDK's `__await__` carries no
+    annotation, so it is through `result_async` that a type checker sees what an
+    implementation's futures hold (a `tinker.APIFuture[tinker.TrainingClient]` is an
+    `APIFuture[TrainingClient]` because `tinker.TrainingClient` is a `TrainingClient`).
+    """
+
+    def __await__(self) -> Generator[Any, Any, T_co]: ...
+
+    async def result_async(self, timeout: float | None = None) -> T_co: ...
+
+
+@runtime_checkable
+class SamplingClient(Protocol):
+    """The `tinker.SamplingClient` methods the shell calls (completers and the KL reference)."""
+
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> APIFuture[types.SampleResponse]:
+        """`num_samples` completions of `prompt` (`SampleResponse.sequences`, one each)."""
+        ...
+
+    def compute_logprobs(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> APIFuture[list[float | None]]:
+        """The logprob of every prompt token given those before it (None for the first)."""
+        ...
+
+
+@runtime_checkable
+class TrainingClient(Protocol):
+    """The `tinker.TrainingClient` methods the shell calls (policy update, checkpoints, recipes)."""
+
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[types.ForwardBackwardOutput]:
+        """Adds the gradient of the summed loss over `data` to the accumulated gradient."""
+        ...
+
+    def optim_step(
+        self,
+        optim_params: types.OptimParams | None = None,
+        *,
+        adam_params: types.AdamParams | None = None,
+    ) -> APIFuture[types.OptimStepResponse]:
+        """Applies the accumulated gradient with the optimizer (the shell passes `AdamParams`)."""
+        ...
+
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> APIFuture[types.SaveWeightsResponse]:
+        """Saves weights and optimizer state; `.path` names the state for a later restore."""
+        ...
+
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        """Saves the weights for `ServiceClient.create_sampling_client(model_path=...)`."""
+        ...
+
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+        kind: types.SamplingClientKind = "snapshot",
+    ) -> APIFuture[SamplingClient]:
+        """A sampling client on the current weights."""
+        ...
+
+    # Any: Tinker's tokenizer is a `transformers` tokenizer, the local backend's and the fakes'
+    # a `rlpure.model.ByteTokenizer`. The shell uses it as a `rlpure.render.TokenizerLike`,
+    # which Hugging Face's `decode(token_ids, ...) -> str | list[str]` does not match statically.
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (Tinker: loaded from the Hugging Face hub, blocking IO)."""
+        ...
+
+
+@runtime_checkable
+class ServiceClient(Protocol):
+    """The `tinker.ServiceClient` methods the shell calls (opening, restoring, KL reference)."""
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+    ) -> APIFuture[TrainingClient]:
+        """A new training client on `base_model` (LoRA of rank `rank` on Tinker)."""
+        ...
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+    ) -> APIFuture[TrainingClient]:
+        """A training client with the weights saved at `path` and a fresh optimizer."""
+        ...
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> APIFuture[TrainingClient]:
+        """A training client with the weights and optimizer state saved at `path`."""
+        ...
+
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+    ) -> APIFuture[SamplingClient]:
+        """A sampling client on saved sampler weights (`model_path`) or on `base_model`."""
+        ...
+
+
+class BackendOptions(Protocol):
+    """What `make_service_client` reads of a `shell.config.TrainConfig`.
+
+    A protocol rather than `TrainConfig` itself because `shell.config` imports
+    `shell.rollouts`, which imports `shell.completers`, which imports this module's
+    `SamplingClient`: naming `TrainConfig` here would close that cycle.
+    """
+
+    @property
+    def backend(self) -> str:
+        """`"tinker"`, `"local"` or `"fake"`."""
+        ...
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (the local and fake backends' randomness)."""
+        ...
+
+    @property
+    def log_dir(self) -> str:
+        """The run's log directory (the local and fake backends keep their states there)."""
+        ...
+
+
+def make_service_client(config: BackendOptions) -> ServiceClient:
+    """The service client of `config.backend` (a `TrainConfig`, or anything with its fields).
 
     - `tinker`: `tinker.ServiceClient()`; the SDK reads `TINKER_API_KEY` from the environment.
     - `local`: `LocalServiceClient(seed=config.seed)` with states under `<log_dir>/local_states`
@@ -35,8 +238,6 @@ def make_service_client(config: TrainConfig) -> Any:
                 "backend 'tinker' needs the TINKER_API_KEY environment variable "
                 "(export TINKER_API_KEY=...; it is never written to logs or configs)"
             )
-        import tinker
-
         return tinker.ServiceClient()
     if config.backend == "local":
         from shell.local import LocalServiceClient

@@ -5,8 +5,8 @@ Conventions:
   one sampled action (`rlpure.records.TokensWithLogprobs`: int32 tokens, float32 sampling
   logprobs, stop reason). This is the only place where `rlpure` records are converted to and
   from the SDK's `tinker.ModelInput` / `tinker.SampleResponse`.
-- The sampling client is duck-typed: the real `tinker.SamplingClient`, the local backend's and
-  `shell.fakes.FakeSamplingClient` all offer the SDK 0.38 call
+- The sampling client is a `shell.clients.SamplingClient`: the real `tinker.SamplingClient`,
+  the local backend's and `shell.fakes.FakeSamplingClient` all offer the SDK 0.38 call
   `sample(prompt=..., num_samples=..., sampling_params=...)`, which returns an awaitable
   `APIFuture` at once. No retry loop wraps SDK calls here: the SDK retries transient failures
   itself.
@@ -17,12 +17,13 @@ Conventions:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import numpy as np
 import tinker
 
 from rlpure.records import ModelInput, StopCondition, TokensWithLogprobs
+from shell.clients import SamplingClient
 
 __all__ = [
     "TinkerTokenCompleter",
@@ -59,17 +60,23 @@ def model_input_from_tinker(model_input: tinker.ModelInput) -> ModelInput:
     return ModelInput.from_ints(model_input.to_ints())
 
 
-def tokens_with_logprobs_from_sequence(sequence: Any) -> TokensWithLogprobs:
-    """A `tinker.SampledSequence` → `TokensWithLogprobs` (tokens, logprobs, stop reason)."""
-    tokens_np = getattr(sequence, "tokens_np", None)
-    tokens = tokens_np if tokens_np is not None else np.asarray(sequence.tokens, np.int64)
-    logprobs_np = getattr(sequence, "logprobs_np", None)
-    logprobs = logprobs_np if logprobs_np is not None else sequence.logprobs
+def tokens_with_logprobs_from_sequence(sequence: tinker.SampledSequence) -> TokensWithLogprobs:
+    """A `tinker.SampledSequence` → `TokensWithLogprobs` (tokens, logprobs, stop reason).
+
+    The sequence's numpy arrays are used when it has them (`tokens_np`, `logprobs_np`), its
+    lists otherwise.
+    """
+    tokens = (
+        sequence.tokens_np
+        if sequence.tokens_np is not None
+        else np.asarray(sequence.tokens, np.int64)
+    )
+    logprobs = sequence.logprobs_np if sequence.logprobs_np is not None else sequence.logprobs
     return TokensWithLogprobs(
         tokens=tokens,
         logprobs=None if logprobs is None else np.asarray(logprobs, np.float32),
         stop_reason=sequence.stop_reason,
-        sequence_id=getattr(sequence, "sequence_id", None),
+        sequence_id=sequence.sequence_id,
     )
 
 
@@ -77,7 +84,7 @@ class TinkerTokenCompleter:
     """Samples actions from a Tinker-style sampling client, one sample per call.
 
     Attributes:
-        sampling_client: `tinker.SamplingClient` or any object with the same `sample`.
+        sampling_client: `tinker.SamplingClient`, or any `shell.clients.SamplingClient`.
         max_tokens: cap on sampled tokens per action.
         temperature: sampling temperature (0.0 = greedy).
         seed: base seed; call `n` uses `seed + n` (None: the sampler's own randomness).
@@ -85,7 +92,7 @@ class TinkerTokenCompleter:
 
     def __init__(
         self,
-        sampling_client: Any,
+        sampling_client: SamplingClient,
         *,
         max_tokens: int,
         temperature: float = 1.0,

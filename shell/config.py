@@ -260,7 +260,8 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as plain JSON-able data (what `config.json` in the log directory holds)."""
-    return msgspec.to_builtins(config)
+    data: dict[str, Any] = msgspec.to_builtins(config)
+    return data
 
 
 def field_choices(field: str) -> tuple[str, ...] | None:

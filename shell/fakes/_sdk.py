@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import tinker
+from tinker.lib.retry_handler import RetryConfig
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.types import (
     ForwardBackwardInput,
@@ -149,9 +150,17 @@ class FakeSamplingClient:
         prompt: tinker.ModelInput,
         num_samples: int,
         sampling_params: tinker.SamplingParams,
-        **_: Any,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: tinker.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
     ) -> tinker.APIFuture[tinker.SampleResponse]:
-        """Validates the request at once (as the SDK does), samples when awaited."""
+        """Validates the request at once (as the SDK does), samples when awaited.
+
+        The SDK's prompt-logprob and top-k options are accepted and ignored.
+        """
         if not isinstance(prompt, tinker.ModelInput):
             raise TypeError(f"sample.prompt: expected tinker.ModelInput, got {type(prompt)}")
         if not isinstance(sampling_params, tinker.SamplingParams):
@@ -195,8 +204,13 @@ class FakeSamplingClient:
             )
         return tinker.SampleResponse(sequences=sequences)
 
-    def compute_logprobs(self, prompt: tinker.ModelInput) -> tinker.APIFuture[list[float | None]]:
-        """Logprob of each prompt token under the fake reference: `-log(V) - 0.1` (None first)."""
+    def compute_logprobs(
+        self, prompt: tinker.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> tinker.APIFuture[list[float | None]]:
+        """Logprob of each prompt token under the fake reference: `-log(V) - 0.1` (None first).
+
+        `prompt_logprobs_last_n` is accepted and ignored (every token is scored).
+        """
         tokens = prompt.to_ints()
         self.events.append(("compute_logprobs", self.version, len(tokens)))
         logprobs: list[float | None] = [None]
@@ -328,18 +342,32 @@ class FakeTrainingClient:
         )
         return FakeFuture(result, events=self.events, label=f"forward_backward#{n}")
 
-    def optim_step(self, adam_params: tinker.AdamParams) -> FakeFuture[tinker.OptimStepResponse]:
-        if not isinstance(adam_params, tinker.AdamParams):
-            raise TypeError("optim_step.adam_params: expected tinker.AdamParams")
+    def optim_step(
+        self,
+        optim_params: tinker.OptimParams | None = None,
+        *,
+        adam_params: tinker.AdamParams | None = None,
+    ) -> FakeFuture[tinker.OptimStepResponse]:
+        """One optimizer step: `AdamParams` as `optim_params` or the legacy `adam_params`."""
+        if optim_params is not None and adam_params is not None:
+            raise ValueError("Specify optim_params or legacy adam_params, not both")  # the SDK's
+        params = optim_params if optim_params is not None else adam_params
+        if not isinstance(params, tinker.AdamParams):
+            raise TypeError("optim_step.optim_params: expected tinker.AdamParams")
         n = next(self._requests)
-        self.events.append(("optim_step", adam_params))
+        self.events.append(("optim_step", params))
         self.optim_steps += 1
         response = tinker.OptimStepResponse(metrics={"optim/step": float(self.optim_steps)})
         return FakeFuture(response, events=self.events, label=f"optim_step#{n}")
 
     def save_weights_and_get_sampling_client(
-        self, name: str | None = None
+        self,
+        name: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+        kind: tinker.types.SamplingClientKind = "snapshot",
     ) -> FakeFuture[FakeSamplingClient]:
+        """A sampler on the current weights (the SDK's options are accepted and ignored)."""
         self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
         client = FakeSamplingClient(
             version=self.optim_steps,
@@ -350,23 +378,34 @@ class FakeTrainingClient:
         return FakeFuture(client, events=self.events, label="sampling_client")
 
     def save_state(
-        self, name: str, ttl_seconds: int | None = None
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
     ) -> FakeFuture[SaveWeightsResponse]:
+        """Saves the state under `fake://<base_model>/state/<name>` (always overwriting)."""
         path = f"fake://{self.base_model}/state/{name}"
         self.events.append(("save_state", name))
         self.store.save(path, {"optim_steps": self.optim_steps})
         return FakeFuture(SaveWeightsResponse(path=path), events=self.events, label="save_state")
 
     def save_weights_for_sampler(
-        self, name: str, ttl_seconds: int | None = None
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
     ) -> FakeFuture[SaveWeightsForSamplerResponse]:
+        """Saves the weights under `fake://<base_model>/sampler/<name>`."""
         path = f"fake://{self.base_model}/sampler/{name}"
         self.events.append(("save_weights_for_sampler", name))
         self.store.save(path, {"optim_steps": self.optim_steps})
         response = SaveWeightsForSamplerResponse(path=path)
         return FakeFuture(response, events=self.events, label="save_weights_for_sampler")
 
-    def load_state_with_optimizer(self, path: str) -> FakeFuture[LoadWeightsResponse]:
+    def load_state_with_optimizer(
+        self, path: str, weights_access_token: str | None = None
+    ) -> FakeFuture[LoadWeightsResponse]:
         self.events.append(("load_state_with_optimizer", path))
         self.optim_steps = int(self.store.load(path)["optim_steps"])
         return FakeFuture(LoadWeightsResponse(path=path), events=self.events, label="load_state")
@@ -409,25 +448,60 @@ class FakeServiceClient:
         return client
 
     def create_lora_training_client(
-        self, base_model: str, rank: int = 32, **_: Any
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: tinker.types.OptimizerConfig | None = None,
     ) -> FakeFuture[FakeTrainingClient]:
+        """A new fake training client (`seed`, the `train_*` flags, metadata and `optimizer`
+        are accepted and ignored)."""
         self.events.append(("create_lora_training_client", base_model, rank))
         client = self._training_client(base_model, rank)
         return FakeFuture(client, events=self.events, label="training_client")
 
-    def create_training_client_from_state_with_optimizer(
-        self, path: str, **_: Any
-    ) -> FakeFuture[FakeTrainingClient]:
-        """A training client restored from `path` (weights and optimizer state)."""
-        self.events.append(("create_training_client_from_state_with_optimizer", path))
+    def _from_state(self, path: str) -> FakeTrainingClient:
         state = self.store.load(path)
         base_model = path.removeprefix("fake://").split("/state/")[0]
         client = self._training_client(base_model, 0)
         client.optim_steps = int(state["optim_steps"])
-        return FakeFuture(client, events=self.events, label="training_client")
+        return client
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: tinker.types.OptimizerConfig | None = None,
+    ) -> FakeFuture[FakeTrainingClient]:
+        """A training client on the weights saved at `path` (the fake has no optimizer state
+        beyond the step count its weights stand for, so this restores the same as
+        `create_training_client_from_state_with_optimizer`; the other options are ignored)."""
+        self.events.append(("create_training_client_from_state", path))
+        return FakeFuture(self._from_state(path), events=self.events, label="training_client")
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> FakeFuture[FakeTrainingClient]:
+        """A training client restored from `path` (weights and optimizer state)."""
+        self.events.append(("create_training_client_from_state_with_optimizer", path))
+        return FakeFuture(self._from_state(path), events=self.events, label="training_client")
 
     def create_sampling_client(
-        self, model_path: str | None = None, base_model: str | None = None, **_: Any
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
     ) -> FakeFuture[FakeSamplingClient]:
         """A sampler on saved sampler weights (`model_path`) or on the base model (version -1)."""
         self.events.append(("create_sampling_client", base_model, model_path))

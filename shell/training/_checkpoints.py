@@ -20,10 +20,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from shell.clients import ServiceClient, TrainingClient
 from shell.errors import CheckpointError
 
 __all__ = [
@@ -126,7 +126,7 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
 
 
 async def save_checkpoint(
-    training_client: Any,
+    training_client: TrainingClient,
     *,
     log_dir: str | os.PathLike[str],
     step: int,
@@ -137,7 +137,7 @@ async def save_checkpoint(
     """Saves the training state (weights and optimizer) and records it.
 
     Args:
-        training_client: a `tinker.TrainingClient` or a client with the same `save_state`.
+        training_client: the run's training client.
         log_dir: the run's log directory.
         step: completed training steps.
         rng_key_data: the loop's PRNG key data after `step` steps.
@@ -164,6 +164,8 @@ async def save_checkpoint(
     return record
 
 
-async def restore_training_client(service_client: Any, record: CheckpointRecord) -> Any:
+async def restore_training_client(
+    service_client: ServiceClient, record: CheckpointRecord
+) -> TrainingClient:
     """A training client with the weights and optimizer state of `record`."""
     return await service_client.create_training_client_from_state_with_optimizer(record.state_path)

@@ -14,19 +14,21 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
 4. `forward_backward(datums, loss_fn, loss_fn_config)` + `optim_step(AdamParams)` for each of
    `num_substeps` contiguous slices — **all submitted first, then awaited**, SDK 0.38 style
    (each call returns an `APIFuture` at once; the service orders them by request id) — no retry
-   loop around SDK calls (the SDK retries). Steps 3–4 are `shell.training.train_on_groups`
-   (that module states their conventions); its step functions are re-exported here;
+   loop around SDK calls (the SDK retries). Steps 3–4 are `train_on_groups`
+   (`shell.training._policy_update`, which states their conventions), whose `PolicyUpdate`
+   brings back the new sampling client and the metrics merged into the step's;
 5. metrics (`rlpure.metrics` names) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
    progress line; a new sampling client from the trained weights; a checkpoint when
    `save_every` divides `i + 1`, and a final one at the end; the reward-curve PNG last.
 
-Clients are duck-typed: `tinker.ServiceClient`, `shell.local.LocalServiceClient` and
-`shell.fakes.FakeServiceClient` all work. Resuming: when `log_dir` holds checkpoints, training
-restarts from the last one (weights, optimizer state, step index, the loop's PRNG key) and the
-metrics and samples logged at or after its step are dropped first. What a run records for that
-(`config.json`, `recipe_options.json`), which changes a resume refuses (`ConfigError`), and the
-training client a caller may hand over (`OpenedTrainingClient`) are `shell.training`'s
-conventions; `train` follows them, and re-exports that module's public names.
+Clients are the `shell.clients` protocols: `tinker.ServiceClient`,
+`shell.local.LocalServiceClient` and `shell.fakes.FakeServiceClient` all satisfy them.
+Resuming: when `log_dir` holds checkpoints, training restarts from the last one (weights,
+optimizer state, step index, the loop's PRNG key) and the metrics and samples logged at or
+after its step are dropped first. What a run records for that (`config.json`,
+`recipe_options.json`), which changes a resume refuses (`ConfigError`), and the training client
+a caller may hand over (`OpenedTrainingClient`) are the conventions of
+`shell.training._resume`; `train` follows them.
 
 Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
 step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`.
@@ -49,6 +51,8 @@ from rich.console import Console
 
 from rlpure import metrics as metrics_lib
 from rlpure.records import TrajectoryGroup
+from rlpure.render import TokenizerLike
+from shell.clients import SamplingClient, ServiceClient, TrainingClient
 from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
@@ -74,6 +78,7 @@ from shell.training._policy_update import (
     train_on_groups,
 )
 from shell.training._resume import (
+    OpenedTrainingClient,
     callers_training_client,
     checked_last_checkpoint,
     open_training_client,
@@ -82,8 +87,6 @@ from shell.training._resume import (
     record_run_options,
 )
 
-# CONFIG_FILE ... open_training_client live in `shell.training`, TrainStepOutput ... train_step
-# in `shell.training`; re-exported for callers of `shell.training` that import them from here.
 __all__ = [
     "TrainResult",
     "evaluate",
@@ -128,7 +131,7 @@ def _successful(
 
 async def evaluate(
     test_dataset: RLDataset,
-    sampling_client: Any,
+    sampling_client: SamplingClient,
     *,
     config: TrainConfig,
     strategy: RolloutStrategy,
@@ -158,7 +161,7 @@ async def evaluate(
     return out
 
 
-def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+def _decoder(tokenizer: TokenizerLike | None) -> Callable[[Sequence[int]], str]:
     if tokenizer is None:
         return lambda ids: " ".join(str(i) for i in ids)
     return lambda ids: str(tokenizer.decode(list(ids)))
@@ -171,9 +174,9 @@ class _Run:
     config: TrainConfig
     log_dir: Path
     num_steps: int
-    training_client: Any
-    sampling_client: Any
-    kl_reference_client: Any
+    training_client: TrainingClient
+    sampling_client: SamplingClient
+    kl_reference_client: SamplingClient | None
     kl_reference_path: str | None
     key: jax.Array
     strategy: RolloutStrategy
@@ -181,8 +184,11 @@ class _Run:
 
 
 async def _kl_reference(
-    config: TrainConfig, service_client: Any, training_client: Any, saved_path: str | None
-) -> tuple[Any, str | None]:
+    config: TrainConfig,
+    service_client: ServiceClient,
+    training_client: TrainingClient,
+    saved_path: str | None,
+) -> tuple[SamplingClient, str | None]:
     """The KL reference sampler and the path of its weights (see `train`'s docstring)."""
     if config.kl_reference_model is not None:
         client = await service_client.create_sampling_client(base_model=config.kl_reference_model)
@@ -240,18 +246,18 @@ async def _run_step(
         # constant-reward groups carry no signal under group centring
         metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
         train_start = time.perf_counter()
-        sampling_client = await train_on_groups(
+        update = await train_on_groups(
             groups,
             training_client=run.training_client,
             kl_reference_client=run.kl_reference_client,
             config=config,
             adam_params=run.adam_params,
-            metrics=metrics,
         )
-        if sampling_client is None:
+        metrics.update(update.metrics)
+        if update.sampling_client is None:
             logger.warning("Step %d: every group has constant reward; not training", step)
         else:
-            run.sampling_client = sampling_client
+            run.sampling_client = update.sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start
     metrics["time/step_s"] = time.perf_counter() - step_start
     return metrics, groups
@@ -281,11 +287,11 @@ async def train(
     config: TrainConfig,
     *,
     dataset: RLDataset,
-    service_client: Any,
+    service_client: ServiceClient,
     test_dataset: RLDataset | None = None,
-    tokenizer: Any = None,
-    kl_reference_client: Any = None,
-    training_client: Any = None,
+    tokenizer: TokenizerLike | None = None,
+    kl_reference_client: SamplingClient | None = None,
+    training_client: OpenedTrainingClient | TrainingClient | None = None,
     recipe_options: Mapping[str, Any] | None = None,
     console: Console | None = None,
 ) -> TrainResult:
@@ -294,7 +300,8 @@ async def train(
     Args:
         config: every option of the run (see `shell.config.FIELD_HELP`).
         dataset: training batches; step `i` uses `dataset.get_batch(i)`.
-        service_client: `tinker.ServiceClient`, `LocalServiceClient` or `FakeServiceClient`.
+        service_client: `tinker.ServiceClient`, `LocalServiceClient` or `FakeServiceClient`
+            (any `shell.clients.ServiceClient`).
         test_dataset: evaluated greedily every `config.eval_every` steps and at the end (the
             final evaluation is logged as a `metrics.jsonl` line with `step = num_steps` and
             `final_eval = 1`).
@@ -326,8 +333,11 @@ async def train(
     log_dir = Path(config.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
-    if training_client is not None:
-        training_client = callers_training_client(training_client, resume=resume, log_dir=log_dir)
+    client = (
+        None
+        if training_client is None
+        else callers_training_client(training_client, resume=resume, log_dir=log_dir)
+    )
     record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
     num_steps = len(dataset) if config.max_steps is None else min(config.max_steps, len(dataset))
     start = 0 if resume is None else resume.step
@@ -354,19 +364,19 @@ async def train(
             dropped,
         )
 
-    if training_client is None:
-        training_client = (await open_training_client(config, service_client, resume)).client
+    if client is None:
+        client = (await open_training_client(config, service_client, resume)).client
     kl_reference_path = None if resume is None else resume.kl_reference_path
     if config.kl_penalty_coef > 0 and kl_reference_client is None:
         kl_reference_client, kl_reference_path = await _kl_reference(
-            config, service_client, training_client, kl_reference_path
+            config, service_client, client, kl_reference_path
         )
     run = _Run(
         config=config,
         log_dir=log_dir,
         num_steps=num_steps,
-        training_client=training_client,
-        sampling_client=await training_client.save_weights_and_get_sampling_client(),
+        training_client=client,
+        sampling_client=await client.save_weights_and_get_sampling_client(),
         kl_reference_client=kl_reference_client,
         kl_reference_path=kl_reference_path,
         key=(

@@ -5,7 +5,7 @@ parts: optional removal of constant-reward groups → advantages (`rlpure.advant
 configured estimator) → one padded batch (`rlpure.packing.assemble_batch`) → loss aggregation
 → optional KL shaping against a reference sampler (`reference_logprobs_D_T`, `rlpure.kl`) →
 `tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input) → `train_step` →
-metrics → a sampling client of the trained weights.
+metrics → a sampling client of the trained weights, returned together as a `PolicyUpdate`.
 
 Conventions:
 - Alignment: every `[D, T]` array is aligned with the batch's targets, as in
@@ -17,20 +17,21 @@ Conventions:
   calls are **submitted first, then awaited** in submission order, SDK 0.38 style (each call
   returns an `APIFuture` at once; the service orders them by request id). There is no retry
   loop around SDK calls: the SDK retries transient failures itself.
-- Metrics written into the step's dict: `train/<key>` per `forward_backward` metric (summed
-  over substeps for `:sum` keys, averaged otherwise), `optim/<key>` from the last
-  `optim_step`, `optim/kl_sample_train_v1|v2` and `optim/entropy` (`rlpure.metrics`),
-  `batch/num_datums`, `batch/num_trained_groups`, and `kl_policy_base` when KL-shaped;
-  `progress/no_signal = 1` instead when `train_on_groups` skips a step without signal.
-- Clients are duck-typed: a `tinker.TrainingClient` / `SamplingClient` or any client with the
-  same methods (`shell.local`, `shell.fakes`).
+- Metrics of a `PolicyUpdate` (new records; the caller merges them into its step's):
+  `kl_policy_base` when KL-shaped, `batch/num_datums`, `batch/num_trained_groups`,
+  `train/<key>` per `forward_backward` metric (summed over substeps for `:sum` keys, averaged
+  otherwise), `optim/<key>` from the last `optim_step`, `optim/kl_sample_train_v1|v2` and
+  `optim/entropy` (`rlpure.metrics`), in that order; only `progress/no_signal = 1` when
+  `train_on_groups` skips a step without signal.
+- Clients are `shell.clients.TrainingClient` / `SamplingClient`: Tinker's, the local
+  backend's (`shell.local`) or the fakes (`shell.fakes`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -41,10 +42,12 @@ from rlpure import metrics as metrics_lib
 from rlpure.kl import kl_penalty_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import TrajectoryGroup
+from shell.clients import APIFuture, SamplingClient, TrainingClient
 from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
 
 __all__ = [
+    "PolicyUpdate",
     "TrainStepOutput",
     "adam_params_from_config",
     "reference_logprobs_D_T",
@@ -57,8 +60,21 @@ __all__ = [
 class TrainStepOutput(msgspec.Struct, frozen=True, kw_only=True):
     """Results of one training step's `forward_backward` and `optim_step` calls, in order."""
 
-    forward_backward: tuple[Any, ...]
-    optim_step: tuple[Any, ...]
+    forward_backward: tuple[tinker.ForwardBackwardOutput, ...]
+    optim_step: tuple[tinker.OptimStepResponse, ...]
+
+
+class PolicyUpdate(NamedTuple):
+    """What `train_on_groups` did to the policy.
+
+    Attributes:
+        sampling_client: a sampling client of the trained weights; None when the step was not
+            trained (no signal, see `train_on_groups`).
+        metrics: the update's metrics, keyed as in the module docstring.
+    """
+
+    sampling_client: SamplingClient | None
+    metrics: dict[str, float]
 
 
 def adam_params_from_config(config: TrainConfig) -> tinker.AdamParams:
@@ -73,7 +89,10 @@ def adam_params_from_config(config: TrainConfig) -> tinker.AdamParams:
     )
 
 
-def split_into_substeps(items: Sequence[Any], num_substeps: int) -> list[list[Any]]:
+_Item = TypeVar("_Item")
+
+
+def split_into_substeps(items: Sequence[_Item], num_substeps: int) -> list[list[_Item]]:
     """Splits `items` into `min(num_substeps, len(items))` contiguous, near-equal slices.
 
     Examples:
@@ -86,7 +105,8 @@ def split_into_substeps(items: Sequence[Any], num_substeps: int) -> list[list[An
     if parts == 0:
         return []
     base, extra = divmod(len(items), parts)
-    out, start = [], 0
+    out: list[list[_Item]] = []
+    start = 0
     for k in range(parts):
         size = base + (1 if k < extra else 0)
         out.append(list(items[start : start + size]))
@@ -95,11 +115,11 @@ def split_into_substeps(items: Sequence[Any], num_substeps: int) -> list[list[An
 
 
 async def train_step(
-    training_client: Any,
+    training_client: TrainingClient,
     datums: Sequence[tinker.Datum],
     *,
     adam_params: tinker.AdamParams,
-    loss_fn: str,
+    loss_fn: tinker.types.LossFnType,
     loss_fn_config: Mapping[str, float] | None = None,
     num_substeps: int = 1,
 ) -> TrainStepOutput:
@@ -110,7 +130,7 @@ async def train_step(
     There is no retry loop: the SDK retries transient failures itself.
 
     Args:
-        training_client: a `tinker.TrainingClient` or a client with the same methods.
+        training_client: the run's training client.
         datums: the step's datums.
         adam_params: optimizer hyper-parameters.
         loss_fn: Tinker loss name.
@@ -120,12 +140,15 @@ async def train_step(
     Returns:
         The `ForwardBackwardOutput` and `OptimStepResponse` of each substep.
     """
-    submitted = []
+    submitted: list[
+        tuple[APIFuture[tinker.ForwardBackwardOutput], APIFuture[tinker.OptimStepResponse]]
+    ] = []
     for chunk in split_into_substeps(list(datums), num_substeps):
         fb_future = training_client.forward_backward(chunk, loss_fn, loss_fn_config)
         optim_future = training_client.optim_step(adam_params)
         submitted.append((fb_future, optim_future))
-    forward_backward, optim_step = [], []
+    forward_backward: list[tinker.ForwardBackwardOutput] = []
+    optim_step: list[tinker.OptimStepResponse] = []
     for fb_future, optim_future in submitted:
         forward_backward.append(await fb_future)
         optim_step.append(await optim_future)
@@ -137,10 +160,11 @@ def _full_sequence(batch: DatumBatch, d: int) -> list[int]:
     length = int(batch.length_D[d])
     inputs = np.asarray(batch.input_tokens_D_T)[d, :length]
     last = np.asarray(batch.target_tokens_D_T)[d, length - 1 : length]
-    return np.concatenate([inputs, last]).tolist()
+    tokens: list[int] = np.concatenate([inputs, last]).tolist()
+    return tokens
 
 
-async def reference_logprobs_D_T(reference_client: Any, batch: DatumBatch) -> np.ndarray:
+async def reference_logprobs_D_T(reference_client: SamplingClient, batch: DatumBatch) -> np.ndarray:
     """Reference-model logprobs of every datum's targets, aligned and padded like the batch.
 
     Submits one `compute_logprobs` per datum (all at once, then awaits them); entry `[d, t]`
@@ -191,45 +215,53 @@ def _train_output_metrics(step: TrainStepOutput) -> dict[str, float]:
 async def train_on_groups(
     groups: Sequence[TrajectoryGroup],
     *,
-    training_client: Any,
-    kl_reference_client: Any,
+    training_client: TrainingClient,
+    kl_reference_client: SamplingClient | None,
     config: TrainConfig,
     adam_params: tinker.AdamParams,
-    metrics: dict[str, Any],
-) -> Any:
+) -> PolicyUpdate:
     """Advantages → batch → (KL) → datums → train step; returns the new sampling client.
 
-    Returns None, without training, when `remove_constant_reward_groups` is on, there is no
-    KL shaping and every group is constant: the cookbook's filter keeps one such group so the
-    list is not empty, but training on it sends all-zero advantages (a billed call on Tinker,
-    and Adam's momentum still moves the weights). Tutorial 104 skips such a step too.
+    Does not train, and returns no sampling client, when `remove_constant_reward_groups` is
+    on, there is no KL shaping and every group is constant: the cookbook's filter keeps one
+    such group so the list is not empty, but training on it sends all-zero advantages (a
+    billed call on Tinker, and Adam's momentum still moves the weights). Tutorial 104 skips
+    such a step too.
 
     Args:
         groups: the step's successful trajectory groups (at least one).
         training_client: the run's training client.
-        kl_reference_client: sampling client of the KL reference (used when
+        kl_reference_client: sampling client of the KL reference (required when
             `config.kl_penalty_coef > 0`, else ignored).
         config: the run's options (estimator, aggregation, KL, loss, substeps).
         adam_params: optimizer hyper-parameters (`adam_params_from_config(config)`).
-        metrics: the step's metrics, updated in place with the keys in the module docstring
-            (or `progress/no_signal = 1` when the step is not trained).
 
     Returns:
-        A sampling client of the trained weights, or None when the step was not trained.
+        A `PolicyUpdate`: a sampling client of the trained weights (None when the step was not
+        trained) and the update's metrics (the keys in the module docstring, or
+        `progress/no_signal = 1` alone when the step was not trained).
+
+    Raises:
+        ValueError: `config.kl_penalty_coef > 0` without a `kl_reference_client`.
     """
+    if config.kl_penalty_coef > 0 and kl_reference_client is None:
+        raise ValueError(
+            "train_on_groups: kl_reference_client is required when "
+            f"config.kl_penalty_coef > 0 (got {config.kl_penalty_coef})"
+        )
+    metrics: dict[str, float] = {}
     if config.remove_constant_reward_groups:
         if config.kl_penalty_coef == 0 and all(
             len(set(g.get_total_rewards())) <= 1 for g in groups
         ):
-            metrics["progress/no_signal"] = 1
-            return None
+            return PolicyUpdate(sampling_client=None, metrics={"progress/no_signal": 1})
         groups = advantages_lib.remove_constant_reward_groups(groups)
     advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
     batch = assemble_batch(groups, advantages_P_G)
     batch = advantages_lib.aggregate_advantages(
         batch, mode=config.loss_aggregation, length=config.aggregation_length
     )
-    if config.kl_penalty_coef > 0:
+    if kl_reference_client is not None and config.kl_penalty_coef > 0:
         ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
         batch, kl_metrics = kl_penalty_advantages(
             batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
@@ -252,4 +284,5 @@ async def train_on_groups(
             batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
         )
     )
-    return await training_client.save_weights_and_get_sampling_client()
+    sampling_client = await training_client.save_weights_and_get_sampling_client()
+    return PolicyUpdate(sampling_client=sampling_client, metrics=metrics)

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
+from shell.clients import ServiceClient, TrainingClient
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
 from shell.training._checkpoints import CheckpointRecord, last_checkpoint, restore_training_client
@@ -102,9 +103,10 @@ def _recorded(path: Path) -> dict[str, Any] | None:
 def _as_json(options: Mapping[str, Any]) -> dict[str, Any]:
     """`options` as they read back from JSON (tuples become lists), or a `ConfigError`."""
     try:
-        return msgspec.json.decode(msgspec.json.encode(dict(options)))
+        decoded: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(dict(options)))
     except (TypeError, msgspec.EncodeError) as err:
         raise ConfigError(f"train(recipe_options=...): not JSON-encodable: {err}") from None
+    return decoded
 
 
 def _changes(
@@ -246,7 +248,8 @@ def prng_key_data(key: jax.Array) -> tuple[int, ...]:
 
 def prng_key_from_data(data: Sequence[int]) -> jax.Array:
     """The typed jax PRNG key whose words `prng_key_data` returned."""
-    return jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
+    key: jax.Array = jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
+    return key
 
 
 # --- the training client -----------------------------------------------------------------------
@@ -256,17 +259,17 @@ class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
     """A training client and the checkpoint it was restored from (what `train` accepts).
 
     Attributes:
-        client: the training client (`tinker.TrainingClient` or a duck-typed one).
+        client: the training client (a `shell.clients.TrainingClient`).
         resumed_from: the checkpoint whose weights and optimizer state it holds; None for a
             new LoRA client.
     """
 
-    client: Any
+    client: TrainingClient
     resumed_from: CheckpointRecord | None
 
 
 async def open_training_client(
-    config: TrainConfig, service_client: Any, resume: CheckpointRecord | None
+    config: TrainConfig, service_client: ServiceClient, resume: CheckpointRecord | None
 ) -> OpenedTrainingClient:
     """The run's training client: restored from `resume` when given, else a new LoRA client.
 
@@ -274,6 +277,7 @@ async def open_training_client(
     the result can then be handed to `train(training_client=...)`, which checks that `resume`
     is still the log directory's last checkpoint.
     """
+    client: TrainingClient
     if resume is not None:
         client = await restore_training_client(service_client, resume)
     else:
@@ -290,8 +294,11 @@ def _describe(checkpoint: CheckpointRecord | None) -> str:
 
 
 def callers_training_client(
-    training_client: Any, *, resume: CheckpointRecord | None, log_dir: Path
-) -> Any:
+    training_client: OpenedTrainingClient | TrainingClient,
+    *,
+    resume: CheckpointRecord | None,
+    log_dir: Path,
+) -> TrainingClient:
     """The client inside the caller's `training_client`, once it is known to fit `resume`.
 
     Args:

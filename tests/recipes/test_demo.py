@@ -22,6 +22,7 @@ from rlpure.tasks import arithmetic as ar
 from rlpure.tasks.arithmetic import ArithmeticProblem
 from shell.env import EnvGroupBuilder
 from shell.errors import ConfigError
+from shell.fakes import FakeServiceClient
 from shell.recipes import demo
 from shell.recipes.demo import ArithmeticDataset, ArithmeticEnv, BaseModelServiceClient, DemoConfig
 
@@ -135,7 +136,9 @@ def test_pretraining_datum_weights_only_the_answer() -> None:
 
 
 def test_base_model_service_refuses_another_model() -> None:
-    service = BaseModelServiceClient(object(), base_model="rlpure/tiny", base_state_path="/x")
+    service = BaseModelServiceClient(
+        FakeServiceClient(), base_model="rlpure/tiny", base_state_path="/x"
+    )
     with pytest.raises(ValueError, match="rlpure/small"):
         service.create_lora_training_client("rlpure/small")
 

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 import pytest
 import tinker
+from tinker.lib.retry_handler import RetryConfig
 
 from rlpure.model import BOS_ID, ByteTokenizer
 from rlpure.tasks.math_grading import GSM8K_QUESTION_SUFFIX, gsm8k_ground_truth
@@ -232,12 +233,17 @@ class AnsweringSampler(FakeSamplingClient):
         self.truths = truths
         self.seen: dict[str, int] = {}
 
-    def sample(  # type: ignore[override]
+    def sample(
         self,
         prompt: tinker.ModelInput,
         num_samples: int,
         sampling_params: tinker.SamplingParams,
-        **_: Any,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: tinker.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
     ) -> FakeFuture[tinker.SampleResponse]:
         ids = prompt.to_ints()
         self.sample_calls.append((ids, num_samples, sampling_params))
@@ -273,7 +279,11 @@ class AnsweringTrainer(FakeTrainingClient):
         self.samplers = samplers
 
     def save_weights_and_get_sampling_client(
-        self, name: str | None = None
+        self,
+        name: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+        kind: tinker.types.SamplingClientKind = "snapshot",
     ) -> FakeFuture[FakeSamplingClient]:
         self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
         sampler = AnsweringSampler(self.truths, version=self.optim_steps, events=self.events)

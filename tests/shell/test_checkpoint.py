@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 
+from shell.fakes import FakeServiceClient
 from shell.training._checkpoints import (
     CHECKPOINTS_FILE,
     CheckpointRecord,
@@ -34,18 +34,15 @@ def test_a_torn_last_line_is_dropped_before_the_next_append(tmp_path: Path) -> N
 
 
 def test_saving_the_same_step_twice_uses_distinct_names(tmp_path: Path) -> None:
-    names: list[str] = []
-
-    class Client:
-        async def save_state(self, name: str) -> SimpleNamespace:
-            assert name not in names, "a checkpoint name was reused"
-            names.append(name)
-            return SimpleNamespace(path=f"/states/{name}")
+    service = FakeServiceClient()
 
     async def twice() -> None:
+        client = await service.create_lora_training_client(base_model="m")
         for _ in range(2):
-            await save_checkpoint(Client(), log_dir=tmp_path, step=2, rng_key_data=(0, 1))
+            await save_checkpoint(client, log_dir=tmp_path, step=2, rng_key_data=(0, 1))
 
     asyncio.run(twice())
+    names = [event[1] for event in service.events if event[0] == "save_state"]
+    assert len(names) == 2
     assert len(set(names)) == 2 and all(n.startswith("step_000002_") for n in names)
     assert [r.step for r in load_checkpoints(tmp_path)] == [2, 2]

@@ -18,6 +18,7 @@ import pytest
 import shell.training
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
+from shell.fakes import FakeCheckpointStore, FakeTrainingClient
 from shell.training import _resume
 from shell.training._checkpoints import CheckpointRecord, append_checkpoint
 from shell.training._resume import (
@@ -154,7 +155,7 @@ def test_a_restored_prng_key_draws_what_the_saved_one_draws(seed: int) -> None:
 def test_callers_training_client_unwraps_a_client_opened_for_the_same_checkpoint(
     tmp_path: Path,
 ) -> None:
-    client = object()
+    client = FakeTrainingClient(base_model="m", rank=1, store=FakeCheckpointStore(), events=[])
     fresh = OpenedTrainingClient(client=client, resumed_from=None)
     resumed = OpenedTrainingClient(client=client, resumed_from=RECORD)
     assert callers_training_client(fresh, resume=None, log_dir=tmp_path) is client

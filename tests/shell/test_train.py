@@ -21,12 +21,15 @@ import shell.rollouts
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
+from shell.clients import TrainingClient
 from shell.config import TrainConfig, build_config, config_to_dict
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError, EnvFailure
 from shell.fakes import (
     FakeCheckpointStore,
+    FakeFuture,
+    FakeSamplingClient,
     FakeServiceClient,
     FakeTrainingClient,
     ScriptedDataset,
@@ -267,16 +270,15 @@ def test_the_loop_calls_the_real_sdk_methods_with_matching_signatures() -> None:
 
 
 def test_reference_logprobs_are_aligned_with_the_targets() -> None:
-    class ByToken:
+    class ByToken(FakeSamplingClient):
         """A reference whose logprob of token `x` is `-x / 100` (None for the first)."""
 
-        def compute_logprobs(self, prompt: tinker.ModelInput) -> Any:
+        def compute_logprobs(
+            self, prompt: tinker.ModelInput, prompt_logprobs_last_n: int | None = None
+        ) -> FakeFuture[list[float | None]]:
             tokens = prompt.to_ints()
-
-            async def result() -> list[float | None]:
-                return [None] + [-t / 100 for t in tokens[1:]]
-
-            return result()
+            logprobs: list[float | None] = [None, *(-t / 100 for t in tokens[1:])]
+            return FakeFuture(logprobs, events=self.events, label="compute_logprobs")
 
     groups = _groups()
     batch = assemble_batch(groups, compute_advantages(groups))
@@ -361,6 +363,12 @@ async def _create(service: FakeServiceClient) -> FakeTrainingClient:
     return await service.create_lora_training_client(base_model="m", rank=4)
 
 
+def _optim_steps(client: TrainingClient) -> int:
+    """The optimizer steps behind a fake service's training client."""
+    assert isinstance(client, FakeTrainingClient)
+    return client.optim_steps
+
+
 def test_a_fresh_run_takes_the_client_opened_by_open_training_client(tmp_path: Path) -> None:
     config = _config(tmp_path / "run")
     service = FakeServiceClient()
@@ -371,7 +379,7 @@ def test_a_fresh_run_takes_the_client_opened_by_open_training_client(tmp_path: P
     assert [e[0] for e in service.events if e[0].startswith("create_")] == [
         "create_lora_training_client"
     ]
-    assert service.training_clients == [opened.client] and opened.client.optim_steps == 2
+    assert service.training_clients == [opened.client] and _optim_steps(opened.client) == 2
 
 
 def test_a_resumed_run_takes_the_client_opened_for_its_checkpoint(tmp_path: Path) -> None:
@@ -389,14 +397,14 @@ def test_a_resumed_run_takes_the_client_opened_for_its_checkpoint(tmp_path: Path
     checkpoint = last_checkpoint(config.log_dir)
     assert checkpoint is not None and checkpoint.step == 2
     opened = asyncio.run(open_training_client(config, service, checkpoint))
-    assert opened.resumed_from == checkpoint and opened.client.optim_steps == 2
+    assert opened.resumed_from == checkpoint and _optim_steps(opened.client) == 2
 
     result = _train(config, service, _dataset(5), training_client=opened)
     assert (result.start_step, result.end_step) == (2, 5)
     assert [e[0] for e in service.events if e[0].startswith("create_training")] == [
         "create_training_client_from_state_with_optimizer"
     ]
-    assert service.training_clients == [opened.client] and opened.client.optim_steps == 5
+    assert service.training_clients == [opened.client] and _optim_steps(opened.client) == 5
     resumed = [_without_times(r) for r in _metric_lines(tmp_path / "killed")]
     assert resumed == [_without_times(r) for r in _metric_lines(reference_dir)]
 
@@ -442,7 +450,7 @@ def test_a_fresh_run_refuses_a_client_opened_from_a_checkpoint(tmp_path: Path) -
         _train(_config(tmp_path / "new"), service, _dataset(1), training_client=opened)
     # a bare client holding those weights starts a fresh run from them, deliberately
     result = _train(_config(tmp_path / "new"), service, _dataset(1), training_client=opened.client)
-    assert (result.start_step, opened.client.optim_steps) == (0, 3)
+    assert (result.start_step, _optim_steps(opened.client)) == (0, 3)
 
 
 def test_a_finished_run_is_not_run_again(tmp_path: Path) -> None:

@@ -25,10 +25,12 @@ import jax
 import msgspec
 import numpy as np
 import tinker
+from tinker.lib.retry_handler import RetryConfig
 
 from rlpure.render import Renderer, get_renderer
 from rlpure.tasks import arithmetic
 from rlpure.tasks.arithmetic import ArithmeticProblem
+from shell.clients import APIFuture, SamplingClient, ServiceClient, TrainingClient
 from shell.recipes.demo._config import DemoConfig, demo_keys
 
 __all__ = [
@@ -198,15 +200,16 @@ class BaseModelServiceClient:
 
     `create_lora_training_client(base_model=...)` (what `shell.training.train` calls) returns a
     client created with `create_training_client_from_state(base_state_path)`: the base
-    model's weights and a fresh optimizer. Everything else is the wrapped service's.
+    model's weights and a fresh optimizer. Everything else is the wrapped service's: the other
+    `shell.clients.ServiceClient` methods call it, and any other attribute is read from it.
 
     Args:
-        service: a `LocalServiceClient` (or any client with the SDK's methods).
+        service: a `LocalServiceClient` (or any `shell.clients.ServiceClient`).
         base_model: the model name the base state was trained from.
         base_state_path: the base model's `save_state` path.
     """
 
-    def __init__(self, service: Any, *, base_model: str, base_state_path: str) -> None:
+    def __init__(self, service: ServiceClient, *, base_model: str, base_state_path: str) -> None:
         self._service = service
         self.base_model = base_model
         self.base_state_path = base_state_path
@@ -214,15 +217,67 @@ class BaseModelServiceClient:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._service, name)
 
-    def create_lora_training_client(self, base_model: str, rank: int = 32, **kwargs: Any) -> Any:
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: tinker.types.OptimizerConfig | None = None,
+    ) -> APIFuture[TrainingClient]:
+        """A training client on the base state (`base_model` must be the one it was trained
+        from; `user_metadata` and `optimizer` are passed on, the LoRA options ignored).
+
+        Raises:
+            ValueError: another `base_model`.
+        """
         if base_model != self.base_model:
             raise ValueError(
                 f"BaseModelServiceClient: asked for base model {base_model!r}, holds a "
                 f"pretrained {self.base_model!r}"
             )
-        return self._service.create_training_client_from_state(self.base_state_path)
+        return self._service.create_training_client_from_state(
+            self.base_state_path, user_metadata=user_metadata, optimizer=optimizer
+        )
 
     async def create_lora_training_client_async(
         self, base_model: str, rank: int = 32, **kwargs: Any
-    ) -> Any:
+    ) -> TrainingClient:
         return await self.create_lora_training_client(base_model, rank, **kwargs)
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: tinker.types.OptimizerConfig | None = None,
+    ) -> APIFuture[TrainingClient]:
+        return self._service.create_training_client_from_state(
+            path, base_model, user_metadata, weights_access_token, optimizer
+        )
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> APIFuture[TrainingClient]:
+        return self._service.create_training_client_from_state_with_optimizer(
+            path, base_model, user_metadata, weights_access_token
+        )
+
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+    ) -> APIFuture[SamplingClient]:
+        return self._service.create_sampling_client(
+            model_path, base_model, retry_config, record_stability_info
+        )

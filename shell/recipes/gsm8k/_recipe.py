@@ -51,7 +51,7 @@ import msgspec
 from rich.console import Console
 
 from rlpure.render import get_renderer
-from shell.clients import make_service_client
+from shell.clients import ServiceClient, TrainingClient, make_service_client
 from shell.commands import TrainRecipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
@@ -231,7 +231,8 @@ def check_tinker_api_key(config: TrainConfig) -> None:
 # --- the recipe --------------------------------------------------------------------------------
 
 
-async def _tokenizer_of(training_client: Any, model: str) -> Any:
+# Any: a Hugging Face tokenizer on Tinker (see `shell.clients.TrainingClient.get_tokenizer`).
+async def _tokenizer_of(training_client: TrainingClient, model: str) -> Any:
     try:
         # Tinker downloads the tokenizer from the Hugging Face hub: blocking IO, off the loop.
         return await asyncio.to_thread(training_client.get_tokenizer)
@@ -245,7 +246,7 @@ async def run_gsm8k(
     config: TrainConfig,
     *,
     options: Gsm8kOptions | None = None,
-    service_client: Any = None,
+    service_client: ServiceClient | None = None,
     console: Console | None = None,
 ) -> TrainResult:
     """Runs (or resumes) the GSM8K recipe: data → training client → renderer → `train`.
@@ -253,8 +254,8 @@ async def run_gsm8k(
     Args:
         config: the loop's options (`gsm8k_config(backend, explicit=...)` gives the recipe's).
         options: data and batch-shape options (default: `default_gsm8k_options(config.backend)`).
-        service_client: a `tinker.ServiceClient`-like client (default: the one of
-            `config.backend`, `shell.cli.make_service_client`).
+        service_client: the backend (default: the one of `config.backend`,
+            `shell.clients.make_service_client`).
         console: where the progress lines go (default: stdout).
 
     Returns:
