@@ -111,14 +111,17 @@ class LocalServiceClient:
 
     @property
     def max_batch_rows(self) -> int:
+        """Most sample rows per jitted sampling call."""
         return self._runtime.max_batch_rows
 
     @property
     def max_batch_tokens(self) -> int:
+        """Most `rows × (prompt bucket + new-token bucket)` per sampling call."""
         return self._runtime.max_batch_tokens
 
     @property
     def max_train_tokens(self) -> int:
+        """Most `datums × length bucket` per jitted training call."""
         return self._runtime.max_train_tokens
 
     def __enter__(self) -> LocalServiceClient:
