@@ -1,7 +1,7 @@
 """What the Tinker losses share: the `LossOutput` record, input checks, masking and ratio metrics.
 
-Used by `rlpure.losses` (the six losses) and `rlpure.losses` (the registry and
-`compute_loss`); see `rlpure.losses` for the notation (`lp`, `q`, `A`, `r`).
+Used by `rlpure.losses._functions` (the six losses) and `rlpure.losses._registry` (the registry
+and `compute_loss`); see `_functions` for the notation (`lp`, `q`, `A`, `r`).
 
 Conventions:
 - Every check takes the Tinker loss name first and puts it at the head of its message
@@ -12,7 +12,8 @@ Conventions:
   may be traced, and then they pass unchecked.
 - `valid_mask_D_T` (bool/float `[D, T]`, nonzero on real positions; `None` = all) becomes a
   bool mask; `rl_inputs` zeroes `lp`, `q` and `A` outside it *before* any arithmetic (the
-  "double where" idiom: padding, even NaN/inf, never reaches a value or a gradient).
+  "double where" idiom: padding, even NaN/inf, never reaches a value or a gradient) and returns
+  them as an `RLInputs` record.
 - Action positions are valid positions with `A != 0`; `ratio_metrics` reduces over them only
   (`action_tokens:sum`, `ratio:{mean,min,max}`, `clip_fraction:mean`), giving 1.0 / 0.0 when
   there are none, and `loss_output` adds the stop-gradient'ed `loss:sum`.
@@ -21,7 +22,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,7 @@ from jax.typing import ArrayLike
 
 __all__ = [
     "LossOutput",
+    "RLInputs",
     "as_input",
     "as_logprobs",
     "check_clip",
@@ -156,19 +158,44 @@ def loss_output(loss: jax.Array, lp: jax.Array, metrics: dict[str, jax.Array]) -
     )
 
 
+class RLInputs(NamedTuple):
+    """The checked inputs of an RL loss, zeroed outside the valid mask (what `rl_inputs` returns).
+
+    Attributes:
+        lp_D_T: float `[D, T]` learner logprobs as given (what `LossOutput` hands back).
+        lp_valid_D_T: `lp`, 0 outside the valid mask.
+        q_valid_D_T: sampling logprobs `q` (input `logprobs`), 0 outside the valid mask.
+        adv_valid_D_T: advantages `A`, 0 outside the valid mask.
+        valid_D_T: bool, True on real (non-padding) positions.
+        action_D_T: bool, True on valid positions with `A != 0` (where ratio metrics are taken).
+    """
+
+    lp_D_T: jax.Array
+    lp_valid_D_T: jax.Array
+    q_valid_D_T: jax.Array
+    adv_valid_D_T: jax.Array
+    valid_D_T: jax.Array
+    action_D_T: jax.Array
+
+
 def rl_inputs(
     loss: str,
     target_logprobs_D_T: ArrayLike,
     sampling_logprobs_D_T: ArrayLike,
     advantages_D_T: ArrayLike,
     valid_mask_D_T: ArrayLike | None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Returns (lp, lp zeroed off-mask, q zeroed, A zeroed, valid, action)."""
+) -> RLInputs:
+    """Checks an RL loss's inputs (named after `loss` in errors) and zeroes them off-mask."""
     lp = as_logprobs(loss, target_logprobs_D_T)
     q = as_input(loss, "logprobs", sampling_logprobs_D_T, lp)
     adv = as_input(loss, "advantages", advantages_D_T, lp)
     valid = valid_mask(loss, valid_mask_D_T, lp)
-    lp_v = jnp.where(valid, lp, 0)
-    q_v = jnp.where(valid, q, 0)
-    adv_v = jnp.where(valid, adv, 0)
-    return lp, lp_v, q_v, adv_v, valid, valid & (adv_v != 0)
+    adv_valid = jnp.where(valid, adv, 0)
+    return RLInputs(
+        lp_D_T=lp,
+        lp_valid_D_T=jnp.where(valid, lp, 0),
+        q_valid_D_T=jnp.where(valid, q, 0),
+        adv_valid_D_T=adv_valid,
+        valid_D_T=valid,
+        action_D_T=valid & (adv_valid != 0),
+    )

@@ -3,8 +3,9 @@
 Tinker computes `forward_backward(data, loss_fn=...)` on its servers; this module is the same
 objective as a pure function of the learner's per-token logprobs, so the local backend trains on
 exactly what Tinker would and researchers can test, differentiate and inspect it. Look losses
-up by Tinker name with `rlpure.losses` (`LOSSES`, `compute_loss`); the `LossOutput` record,
-the input checks and the ratio metrics they share live in `rlpure.losses`.
+up by Tinker name with `LOSSES` and `compute_loss` (`rlpure.losses._registry`); the
+`LossOutput` record, the input checks and the ratio metrics they share live in
+`rlpure.losses._common`. All of them are exported by the facade `rlpure.losses`.
 
 Conventions:
 - Arrays are padded `[D, T]` (datums × token positions), aligned with the *targets*: position

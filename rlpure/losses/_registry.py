@@ -3,12 +3,11 @@
 `compute_loss(name, target_logprobs_D_T, loss_fn_inputs, config)` is what Tinker's
 `forward_backward(data, loss_fn=name, loss_fn_config=config)` computes, as a pure function: it
 checks Tinker's inputs and config against the loss's `LossSpec`, fills in the documented config
-defaults and calls the loss in `rlpure.losses`. This module also re-exports the six
-losses and `LossOutput`, so `rlpure.losses` stays the one import for all of them.
+defaults and calls the loss in `rlpure.losses._functions`.
 
 Conventions:
 - Inputs go by Tinker's `loss_fn_inputs` names (`KNOWN_LOSS_INPUTS`), each a zero-padded
-  `[D, T]` array aligned with the targets, as in `rlpure.losses` (whose module
+  `[D, T]` array aligned with the targets, as in `rlpure.losses._functions` (whose module
   docstring states the notation, the sum reduction, the masks and the metrics). Every input
   given is shape-checked, even one the loss does not read; an unknown name (e.g. the
   cookbook's `mask`) is refused rather than ignored.
@@ -264,8 +263,8 @@ def loss_fn_inputs_from_batch(batch: DatumBatch) -> tuple[dict[str, jax.Array], 
         (['advantages', 'logprobs', 'sequence_ratio_mask', 'target_tokens', 'weights'], [[True, False]])
     """
     mask = jnp.asarray(batch.mask_D_T)
-    _, T = batch.shape
-    valid = jnp.arange(T)[None, :] < jnp.asarray(batch.length_D)[:, None]
+    _, t = batch.shape
+    valid = jnp.arange(t)[None, :] < jnp.asarray(batch.length_D)[:, None]
     inputs = {
         "target_tokens": jnp.asarray(batch.target_tokens_D_T),
         "weights": mask,
