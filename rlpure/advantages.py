@@ -400,7 +400,8 @@ def compute_advantages(
         padded = leave_one_out_advantages(rewards_P_G, valid_P_G)
     # Slice on the host: an eager jax slice would compile once per distinct (P, G_max).
     real = np.asarray(padded)[: packed.num_groups, : packed.max_group_size]
-    return jax.device_put(np.ascontiguousarray(real))
+    out: jax.Array = jax.device_put(np.ascontiguousarray(real))
+    return out
 
 
 # --- loss aggregation as advantage rescaling ---------------------------------------------------

@@ -117,7 +117,8 @@ def _finite_float(value: Any, record: str, field: str) -> float:
     return out
 
 
-def _tuple_of(values: Any, kind: type, record: str, field: str) -> tuple:
+def _tuple_of(values: Any, kind: type, record: str, field: str) -> tuple[Any, ...]:
+    """`values` as a tuple, each item checked to be a `kind` (which may be abstract: `Mapping`)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{record}.{field}: expected a sequence of {kind.__name__}")
     out = tuple(values)
@@ -131,8 +132,12 @@ def _tuple_of(values: Any, kind: type, record: str, field: str) -> tuple:
 
 def _plain_mapping(
     values: Any, record: str, field: str, kinds: tuple[type, ...], *, finite: bool
-) -> dict:
-    """A copy of a str-keyed mapping whose values are `kinds` (numpy scalars unwrapped)."""
+) -> dict[str, Any]:
+    """A copy of a str-keyed mapping whose values are `kinds` (numpy scalars unwrapped).
+
+    Its value type is whatever `kinds` admits (a runtime tuple), hence `Any`; the two callers
+    below give the precise types.
+    """
     if not isinstance(values, Mapping):
         raise TypeError(f"{record}.{field}: expected a mapping, got {type(values).__name__}")
     out = {}
@@ -153,11 +158,11 @@ def _plain_mapping(
     return out
 
 
-def _plain_metrics(values: Any, record: str, field: str) -> dict:
+def _plain_metrics(values: Any, record: str, field: str) -> Metrics:
     return _plain_mapping(values, record, field, (int, float), finite=True)
 
 
-def _plain_logs(values: Any, record: str, field: str) -> dict:
+def _plain_logs(values: Any, record: str, field: str) -> Logs:
     return _plain_mapping(values, record, field, (str, int, float), finite=False)
 
 
@@ -208,7 +213,8 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         return int(self.tokens.shape[0])
 
     def to_ints(self) -> list[int]:
-        return self.tokens.tolist()
+        ints: list[int] = self.tokens.tolist()  # an int32 array's `tolist` gives Python ints
+        return ints
 
     def append(self, tokens: Sequence[int] | np.ndarray) -> ModelInput:
         """Returns a new model input with `tokens` appended."""
@@ -526,12 +532,12 @@ def encode_msgpack(obj: Any) -> bytes:
 # Decoders are stateless and costly to build, so they are built once per target type (msgspec's
 # advice); the cache holds nothing that depends on the data decoded.
 @functools.lru_cache(maxsize=64)
-def _msgpack_decoder(kind: Any) -> msgspec.msgpack.Decoder:
+def _msgpack_decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
     return msgspec.msgpack.Decoder(kind, dec_hook=_dec_hook)
 
 
 @functools.lru_cache(maxsize=64)
-def _json_decoder(kind: Any) -> msgspec.json.Decoder:
+def _json_decoder(kind: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(kind, dec_hook=_dec_hook)
 
 
@@ -541,7 +547,8 @@ def decode_msgpack(data: bytes, kind: type[T]) -> T:
     Raises:
         msgspec.ValidationError: naming the path (`$.trajectories_G[0]...`) and the problem.
     """
-    return _msgpack_decoder(cast(Hashable, kind)).decode(data)
+    decoded: T = _msgpack_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    return decoded
 
 
 def encode_json(obj: Any) -> bytes:
@@ -551,4 +558,5 @@ def encode_json(obj: Any) -> bytes:
 
 def decode_json(data: bytes | str, kind: type[T]) -> T:
     """Decodes JSON `data` as `kind`, validating fully (see `decode_msgpack`)."""
-    return _json_decoder(cast(Hashable, kind)).decode(data)
+    decoded: T = _json_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    return decoded

@@ -59,7 +59,7 @@ def _runs(per_token: list[tuple[str, str, int]]) -> tuple[tuple[str, str, int, i
     return tuple((k, q, o, n) for k, q, o, n in runs)
 
 
-def _as_list(values: Any) -> list:
+def _as_list(values: Any) -> list[Any]:
     """Lists pass through (cookbook-style records hold lists); arrays become lists."""
     return values if isinstance(values, list) else values.tolist()
 
