@@ -1,11 +1,23 @@
 """shell: the effect layer around `rlpure`.
 
-Environments and datasets (`shell.env`), async rollouts with failure strategies
-(`shell.rollouts`), the sampler-facing completer (`shell.completers`), conversion of padded
-batches to `tinker.Datum`s (`shell.datums`), records to tinker-cookbook's for parity checks
-(`shell.cookbook`), the GRPO training loop (`shell.training`),
-checkpoints, logs, config and the `rlpure` CLI, scripted fakes for tests (`shell.fakes`), and
-the local JAX backend that speaks the Tinker client interface (`shell.local`).
+Modules:
+- `shell.env`: environments and datasets; `shell.rollouts`: async rollouts under failure
+  strategies; `shell.completers`: the sampler-facing token completer.
+- `shell.datums`: padded batches to `tinker.Datum`s; `shell.cookbook`: records to
+  tinker-cookbook's, for parity checks.
+- `shell.config`: `TrainConfig`; `shell.errors`: the project's exceptions.
+- `shell.clients`: the client boundary — the `ServiceClient` / `TrainingClient` /
+  `SamplingClient` protocols every backend satisfies, and `make_service_client`.
+- `shell.commands` and `shell.cli`: the `rlpure` command line and its command records.
+
+Subpackages:
+- `shell.training`: the GRPO loop, the policy update, checkpoints, resuming and run logs.
+- `shell.local`: the local JAX backend that speaks the Tinker client interface.
+- `shell.fakes`: scripted envs, policies and a Tinker SDK stand-in, for tests.
+- `shell.recipes`: the recipes and commands the CLI offers (`toy`, `gsm8k`, `demo`).
+
+This facade re-exports the names most code needs: envs, rollouts, completers, datums, config,
+errors, the local clients and the training loop.
 """
 
 from shell.completers import TinkerTokenCompleter, TokenCompleter
@@ -41,8 +53,6 @@ from shell.rollouts import (
     do_single_rollout,
 )
 from shell.training import TrainResult, evaluate, train, train_step
-
-# `shell.training.train` (the loop) is not re-exported: `shell.training` must stay the module.
 
 __all__ = [
     "BelowMinViableGroupError",

@@ -8,7 +8,7 @@ pydantic's validation of that list, which together are most of the cookbook's as
 `np.asarray(tokens, dtype=np.int32).tobytes()`, so by default the text chunk holds the int32
 numpy row itself, built with pydantic's `model_construct`. The tokens come from
 `rlpure.assemble_batch`, which only holds validated non-negative int32 ids, so nothing is skipped
-that could fail. `tests/test_datums.py` checks that these datums serialise to the same request
+that could fail. `tests/shell/test_datums.py` checks that these datums serialise to the same request
 bytes as fully validated list-based datums, and that their tokens pass the SDK's validation.
 Pass `validated=True` for datums built entirely through the SDK's validating constructors
 (Python lists of ints), e.g. to hand to code that compares `chunk.tokens` with lists.

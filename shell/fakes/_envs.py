@@ -1,4 +1,4 @@
-"""Scripted policies, envs and datasets that fail on cue (re-exported by `shell.fakes`).
+"""Scripted policies, envs and datasets that fail on cue (gathered by `shell.fakes`).
 
 For tests and for users who want to exercise the rollouts and the loop without a model:
 - `ScriptedPolicy` — a `TokenCompleter` returning scripted actions, failing at chosen calls.

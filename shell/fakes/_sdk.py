@@ -1,10 +1,12 @@
 """A scripted Tinker SDK stand-in: fake service, training and sampling clients.
 
-Re-exported by `shell.fakes`. `FakeServiceClient` → `FakeTrainingClient` →
-`FakeSamplingClient` — the subset of the Tinker SDK the loop uses, with the SDK's own types
-(`tinker.SampleResponse`, `tinker.AdamParams`, `tinker.Datum`, `tinker.ForwardBackwardOutput`),
-SDK 0.38 calling conventions (methods return a `tinker.APIFuture` at once; await it), and an
-ordered `events` log of every call, submit and await. `forward_backward` checks the `Datum`s as
+Gathered by `shell.fakes`. `FakeServiceClient` → `FakeTrainingClient` →
+`FakeSamplingClient` — the `shell.clients` protocols (the SDK methods the shell calls, with their
+SDK 0.38 signatures; options a fake has no use for are accepted and ignored) plus
+`load_state_with_optimizer`, with the SDK's own types (`tinker.SampleResponse`,
+`tinker.AdamParams`, `tinker.Datum`, `tinker.ForwardBackwardOutput`), SDK 0.38 calling
+conventions (methods return a `tinker.APIFuture` at once; await it), and an ordered `events`
+log of every call, submit and await. `forward_backward` checks the `Datum`s as
 the SDK would send them: it builds the SDK's `ForwardBackwardRequest`, serialises it with the
 SDK's own wire encoder, and checks the bytes equal those of the same datums rebuilt through the
 SDK's pydantic-validating constructors.
@@ -229,7 +231,7 @@ _LOSS_INPUTS = {
 
 
 class FakeTrainingClient:
-    """The training-client subset the loop uses, recording every call in `events`.
+    """A `shell.clients.TrainingClient` recording every call in `events`.
 
     Events: `("forward_backward", n_datums, loss_fn, loss_fn_config)`,
     `("optim_step", adam_params)`, `("await", label)`, `("save_state", name)`,
@@ -415,7 +417,8 @@ class FakeTrainingClient:
 
 
 class FakeServiceClient:
-    """`tinker.ServiceClient` stand-in: creates fake training and sampling clients.
+    """A `shell.clients.ServiceClient` (Tinker's stand-in): creates fake training and sampling
+    clients.
 
     Attributes:
         events: one ordered log shared by every client this service created.

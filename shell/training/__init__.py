@@ -2,13 +2,15 @@
 
 - `_loop`: `train` (the synchronous GRPO loop, resumable), `evaluate`, `TrainResult`.
 - `_policy_update`: one optimisation step on a step's groups (`train_on_groups`: advantages →
-  datums → `forward_backward` + `optim_step` → metrics) and its parts.
+  datums → `forward_backward` + `optim_step` → metrics, returned as a `PolicyUpdate`) and its
+  parts.
 - `_resume`: what a log dir records (`config.json`, `recipe_options.json`), which changes a
   resume refuses, and the training client a caller may hand over (`OpenedTrainingClient`).
 - `_checkpoints`: `save_state` plus a `checkpoints.jsonl` record; restoring the last one.
 - `_logs`: `metrics.jsonl`, `samples.jsonl`, the progress line and the reward curve.
 
-Each part's docstring states its conventions.
+Each part's docstring states its conventions. The clients these functions take are the
+`shell.clients` protocols.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from shell.training._checkpoints import (
 )
 from shell.training._logs import METRICS_FILE, REWARD_CURVE_FILE, SAMPLES_FILE, read_jsonl
 from shell.training._loop import TrainResult, evaluate, train
-from shell.training._policy_update import TrainStepOutput, train_on_groups, train_step
+from shell.training._policy_update import (
+    PolicyUpdate,
+    TrainStepOutput,
+    train_on_groups,
+    train_step,
+)
 from shell.training._resume import (
     CONFIG_FILE,
     RECIPE_OPTIONS_FILE,
@@ -42,6 +49,7 @@ __all__ = [
     "SAMPLES_FILE",
     "CheckpointRecord",
     "OpenedTrainingClient",
+    "PolicyUpdate",
     "TrainResult",
     "TrainStepOutput",
     "checked_last_checkpoint",

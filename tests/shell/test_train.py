@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import tinker
@@ -53,7 +54,13 @@ from shell.training._logs import (
     read_jsonl,
     truncate_jsonl_by_step,
 )
-from shell.training._policy_update import reference_logprobs_D_T, split_into_substeps, train_step
+from shell.training._policy_update import (
+    PolicyUpdate,
+    reference_logprobs_D_T,
+    split_into_substeps,
+    train_on_groups,
+    train_step,
+)
 
 GROUPS, GROUP_SIZE = 3, 4
 
@@ -290,6 +297,89 @@ def test_reference_logprobs_are_aligned_with_the_targets() -> None:
             ref_D_T[d, :length], -np.asarray(batch.target_tokens_D_T)[d, :length] / 100, rtol=1e-6
         )
         assert not ref_D_T[d, length:].any()
+
+
+def _constant_groups() -> list[TrajectoryGroup]:
+    """`_groups()` with every reward 1: no group carries a signal under centring."""
+    return [
+        TrajectoryGroup(
+            trajectories_G=tuple(
+                Trajectory(transitions=(msgspec.structs.replace(t.transitions[0], reward=1.0),))
+                for t in g.trajectories_G
+            ),
+            final_rewards_G=g.final_rewards_G,
+            metrics_G=g.metrics_G,
+        )
+        for g in _groups()
+    ]
+
+
+def _update_of(
+    groups: list[TrajectoryGroup], **options: Any
+) -> tuple[PolicyUpdate, FakeServiceClient]:
+    service = FakeServiceClient()
+
+    async def run() -> PolicyUpdate:
+        client = await service.create_lora_training_client("m")
+        config = _config(Path("unused"), **options)
+        reference = (
+            await service.create_sampling_client(base_model="m")
+            if config.kl_penalty_coef > 0
+            else None
+        )
+        return await train_on_groups(
+            groups,
+            training_client=client,
+            kl_reference_client=reference,
+            config=config,
+            adam_params=tinker.AdamParams(learning_rate=1e-3),
+        )
+
+    return asyncio.run(run()), service
+
+
+def test_train_on_groups_returns_the_new_sampler_and_its_metrics() -> None:
+    update, service = _update_of(_groups(), kl_penalty_coef=0.1)
+    assert isinstance(update, PolicyUpdate)
+    assert isinstance(update.sampling_client, FakeSamplingClient)
+    assert update.sampling_client.version == 1  # the weights after this update's optim_step
+    assert [e[0] for e in service.events].count("optim_step") == 1
+    assert list(update.metrics)[:3] == [
+        "kl_policy_base",
+        "batch/num_datums",
+        "batch/num_trained_groups",
+    ]
+    assert (
+        update.metrics["batch/num_datums"] == 5 and update.metrics["batch/num_trained_groups"] == 2
+    )
+    assert update.metrics["train/loss:sum"] > 0 and update.metrics["optim/step"] == 1.0
+    assert {"optim/kl_sample_train_v1", "optim/kl_sample_train_v2", "optim/entropy"} <= set(
+        update.metrics
+    )
+    # the fake's training logprobs are the sampling ones: the policy has not moved
+    assert update.metrics["optim/kl_sample_train_v1"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_train_on_groups_without_signal_returns_no_sampler_and_sends_nothing() -> None:
+    update, service = _update_of(_constant_groups(), remove_constant_reward_groups=True)
+    assert update == PolicyUpdate(sampling_client=None, metrics={"progress/no_signal": 1})
+    assert [e[0] for e in service.events] == ["create_lora_training_client", "await"]
+
+
+def test_train_on_groups_needs_a_reference_for_a_kl_penalty() -> None:
+    service = FakeServiceClient()
+    client = asyncio.run(_create(service))
+    with pytest.raises(ValueError, match=r"kl_reference_client is required .*kl_penalty_coef"):
+        asyncio.run(
+            train_on_groups(
+                _groups(),
+                training_client=client,
+                kl_reference_client=None,
+                config=_config(Path("unused"), kl_penalty_coef=0.1),
+                adam_params=tinker.AdamParams(learning_rate=1e-3),
+            )
+        )
+    assert [e for e in service.events if e[0] in ("forward_backward", "optim_step")] == []
 
 
 # --- resume ------------------------------------------------------------------------------------

@@ -36,10 +36,11 @@ training loop (`shell.training.train`) and its logs (`metrics.jsonl`, `samples.j
 greedy accuracy at step 0 and after the last step), `steps`, `wall_s` (the whole command,
 compilation included), the time split, and the recipe.
 
-Layout: this module holds the command (`add_demo_arguments`, `demo_main`, registered as
-`rlpure demo` on import) and re-exports the demo's public names from `shell.recipes.demo`
-(`DemoConfig`), `shell.recipes.demo` (envs and datasets), `shell.recipes.demo` (corpus,
-pretraining, cache, `BaseModelServiceClient`) and `shell.recipes.demo` (`run_demo`, the summary).
+Layout: this module holds the command (`add_demo_arguments`, `demo_main` and the `COMMAND`
+record, which `shell.recipes` lists for the CLI as `rlpure demo`) and is the facade of the
+demo's private parts: `_config` (`DemoConfig`, `demo_keys`), `_arithmetic` (envs and
+datasets), `_base_model` (corpus, pretraining, cache, `BaseModelServiceClient`) and `_run`
+(`run_demo`, the summary).
 """
 
 from __future__ import annotations

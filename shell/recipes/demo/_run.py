@@ -1,8 +1,8 @@
 """The demo's run: base model, then GRPO through the shared loop, then `summary.json`.
 
-Part of `rlpure demo` (see `shell.recipes.demo` for the recipe). `run_demo_async` splits the problems,
-gets the base model (`shell.recipes.demo`), and runs `shell.training.train` on the local
-backend with the arithmetic datasets (`shell.recipes.demo`); the loop writes
+Part of `rlpure demo` (see `shell.recipes.demo` for the recipe). `run_demo_async` splits the
+problems, gets the base model (`_base_model`), and runs `shell.training.train` on the local
+backend with the arithmetic datasets (`_arithmetic`); the loop writes
 `metrics.jsonl`, `samples.jsonl` and `reward_curve.png`, this module writes
 `pretrain_metrics.jsonl` (through the base-model stage) and `summary.json`. Accuracies in the
 summary are held-out greedy accuracies (`test/env/all/correct`) read back from

@@ -3,7 +3,7 @@
 - `_data`: GSM8K rows → validated `Gsm8kProblem`s (local JSONL or the hub), the `Gsm8kEnv`
   (`\\boxed{}` reward, format penalty) and its datasets.
 - `_recipe`: the recipe's options, per-backend defaults and `run_gsm8k` (the tutorial's loop
-  settings), registered with the CLI as `RECIPE`.
+  settings), and `RECIPE`, which `shell.recipes` lists for the CLI as `rlpure train gsm8k`.
 """
 
 from __future__ import annotations

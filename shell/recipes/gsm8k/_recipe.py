@@ -101,7 +101,7 @@ GSM8K_CONFIG_DEFAULTS: Mapping[str, Any] = {
     "eval_every": 20,
     "save_every": 20,
 }
-"""The recipe's `TrainConfig` defaults (the tutorial's, for Tinker); registered with the CLI."""
+"""The recipe's `TrainConfig` defaults (the tutorial's, for Tinker), `RECIPE.defaults`."""
 
 GSM8K_LOCAL_CONFIG_DEFAULTS: Mapping[str, Any] = {
     "base_model": "rlpure/tiny",
