@@ -364,3 +364,10 @@ def test_sampled_logprobs_never_positive_or_infinite_for_a_confident_model() -> 
         logprobs = out.logprobs_B_M[:3]
         assert np.all(np.isfinite(logprobs)), temperature
         assert np.all(logprobs <= 0.0), (temperature, float(logprobs.max()))
+
+
+def test_the_suite_runs_with_implicit_rank_promotion_as_an_error() -> None:
+    # tests/conftest.py sets it; the model's broadcasts are explicit (`scale_E[None, None, :]`).
+    assert jax.config.jax_numpy_rank_promotion == "raise"
+    with pytest.raises(ValueError, match="rank_promotion"):
+        jnp.ones((2, 3)) * jnp.ones((3,))
