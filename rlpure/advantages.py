@@ -171,9 +171,9 @@ def pack_rewards(groups_P: Sequence[TrajectoryGroup]) -> PackedRewards:
 def _group_sums(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Masked float32 sum and count of each row, `[P, 1]` each (count as float32)."""
     masked_P_G = jnp.where(valid_P_G, rewards_P_G, 0.0)
-    sum_P1 = jnp.sum(masked_P_G, axis=1, keepdims=True)
-    count_P1 = jnp.sum(valid_P_G, axis=1, keepdims=True).astype(jnp.float32)
-    return sum_P1, count_P1
+    sum_P_1 = jnp.sum(masked_P_G, axis=1, keepdims=True)
+    count_P_1 = jnp.sum(valid_P_G, axis=1, keepdims=True).astype(jnp.float32)
+    return sum_P_1, count_P_1
 
 
 def _constant_rows(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> jax.Array:
@@ -184,9 +184,9 @@ def _constant_rows(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> jax.Array:
 
 
 def _centered(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> jax.Array:
-    sum_P1, count_P1 = _group_sums(rewards_P_G, valid_P_G)
-    mean_P1 = sum_P1 / jnp.maximum(count_P1, 1.0)
-    return jnp.where(valid_P_G, rewards_P_G - mean_P1, 0.0)
+    sum_P_1, count_P_1 = _group_sums(rewards_P_G, valid_P_G)
+    mean_P_1 = sum_P_1 / jnp.maximum(count_P_1, 1.0)
+    return jnp.where(valid_P_G, rewards_P_G - mean_P_1, 0.0)
 
 
 @jax.jit
@@ -252,13 +252,13 @@ def group_normalized_advantages(
     """
     # Constant groups are zeroed explicitly: with inexact float32 sums their centred values can
     # be a few ulps off 0, which a tiny std would blow up.
-    constant_P1 = _constant_rows(rewards_P_G, valid_P_G)[:, None]
-    centered_P_G = jnp.where(constant_P1, 0.0, _centered(rewards_P_G, valid_P_G))
+    constant_P_1 = _constant_rows(rewards_P_G, valid_P_G)[:, None]
+    centered_P_G = jnp.where(constant_P_1, 0.0, _centered(rewards_P_G, valid_P_G))
     if scope == "group":
-        _, count_P1 = _group_sums(rewards_P_G, valid_P_G)
-        sq_P1 = jnp.sum(jnp.square(centered_P_G), axis=1, keepdims=True)
-        dof_P1 = count_P1 - ddof
-        std = jnp.sqrt(jnp.where(dof_P1 > 0, sq_P1 / jnp.maximum(dof_P1, 1.0), 0.0))
+        _, count_P_1 = _group_sums(rewards_P_G, valid_P_G)
+        sq_P_1 = jnp.sum(jnp.square(centered_P_G), axis=1, keepdims=True)
+        dof_P_1 = count_P_1 - ddof
+        std = jnp.sqrt(jnp.where(dof_P_1 > 0, sq_P_1 / jnp.maximum(dof_P_1, 1.0), 0.0))
     elif scope == "batch":
         masked_P_G = jnp.where(valid_P_G, rewards_P_G, 0.0)
         count = jnp.sum(valid_P_G).astype(jnp.float32)
@@ -296,9 +296,9 @@ def leave_one_out_advantages(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> ja
         >>> [round(a, 4) for a in leave_one_out_advantages(r, np.ones((1, 4), bool))[0].tolist()]
         [0.6667, -0.6667, -0.6667, 0.6667]
     """
-    sum_P1, count_P1 = _group_sums(rewards_P_G, valid_P_G)
-    others_mean_P_G = (sum_P1 - rewards_P_G) / jnp.maximum(count_P1 - 1.0, 1.0)
-    return jnp.where(valid_P_G & (count_P1 > 1.0), rewards_P_G - others_mean_P_G, 0.0)
+    sum_P_1, count_P_1 = _group_sums(rewards_P_G, valid_P_G)
+    others_mean_P_G = (sum_P_1 - rewards_P_G) / jnp.maximum(count_P_1 - 1.0, 1.0)
+    return jnp.where(valid_P_G & (count_P_1 > 1.0), rewards_P_G - others_mean_P_G, 0.0)
 
 
 @jax.jit
@@ -416,8 +416,8 @@ def _like(result: jax.Array, template: np.ndarray | jax.Array) -> np.ndarray | j
 
 @jax.jit
 def _divide_by_sequence_mask_sum(advantages_D_T: jax.Array, mask_D_T: jax.Array) -> jax.Array:
-    tokens_D1 = jnp.sum(mask_D_T, axis=1, keepdims=True)
-    return advantages_D_T / jnp.maximum(tokens_D1, 1.0)
+    tokens_D_1 = jnp.sum(mask_D_T, axis=1, keepdims=True)
+    return advantages_D_T / jnp.maximum(tokens_D_1, 1.0)
 
 
 @jax.jit

@@ -3,7 +3,8 @@
 Conventions:
 - A problem is `a + b` with integer operands in `[0, max_operand]` (`ArithmeticProblem`); the
   problem space of a `max_operand` is the `(max_operand + 1)²` ordered pairs, indexed
-  `i = a · (max_operand + 1) + b`. Arrays over problems carry the suffix `_N`.
+  `i = a · (max_operand + 1) + b`. Arrays over problems carry the suffix `_P` (STYLE's letter for
+  problems).
 - The question text is `"{a}+{b}"` (short: the byte tokenizer spends a token per character).
   A well-formed response is a bare integer (`"8"`) or the result completing the question's
   equation (`"=8"`); its answer is that integer (`parse_answer`). Parsing is strict: decimal
@@ -121,8 +122,8 @@ def split_problems(key: jax.Array, *, max_operand: int, num_test: int) -> Proble
             f"split_problems: num_test must be in [1, {len(problems) - 1}] for max_operand "
             f"{max_operand}, got {num_test}"
         )
-    order_N = np.asarray(jax.random.permutation(key, len(problems)))
-    test_index = set(order_N[:num_test].tolist())
+    order_P = np.asarray(jax.random.permutation(key, len(problems)))
+    test_index = set(order_P[:num_test].tolist())
     return ProblemSplit(
         train=tuple(p for i, p in enumerate(problems) if i not in test_index),
         test=tuple(p for i, p in enumerate(problems) if i in test_index),
@@ -212,9 +213,9 @@ def corpus_responses(
             f"corpus_responses: need 0 <= p_correct, p_high and p_correct + p_high <= 1, "
             f"got p_correct={p_correct}, p_high={p_high}"
         )
-    u_N = np.asarray(jax.random.uniform(key, (len(problems),)), np.float64)
+    u_P = np.asarray(jax.random.uniform(key, (len(problems),)), np.float64)
     out = []
-    for problem, u in zip(problems, u_N.tolist(), strict=True):
+    for problem, u in zip(problems, u_P.tolist(), strict=True):
         total = problem.answer
         if u < p_correct:
             out.append(careful_response(problem))
