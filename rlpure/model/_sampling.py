@@ -278,7 +278,7 @@ def sample_tokens(
 
         # One cached decoder step on the new token at position length + step.
         pos_B = length_B + step
-        x_B_1_E = params["embed_V_D"][token_B][:, None, :]
+        x_B_1_E = params["embed_V_E"][token_B][:, None, :]
         allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= pos_B[:, None])[:, None, :]
 
         def block(

@@ -186,18 +186,18 @@ def init_params(key: jax.Array, config: ModelConfig) -> Params:
     def layer(layer_key: jax.Array) -> Params:
         kq, kk, kv, ko, ki, kout = jax.random.split(layer_key, 6)
         return {
-            "attn_norm_scale_D": jnp.ones((e,), jnp.float32),
-            "attn_norm_bias_D": jnp.zeros((e,), jnp.float32),
-            "wq_D_H_K": normal(kq, (e, h, c)),
-            "wk_D_H_K": normal(kk, (e, n, c)),
-            "wv_D_H_K": normal(kv, (e, n, c)),
-            "wo_H_K_D": normal(ko, (h, c, e)),
-            "mlp_norm_scale_D": jnp.ones((e,), jnp.float32),
-            "mlp_norm_bias_D": jnp.zeros((e,), jnp.float32),
-            "w_in_D_F": normal(ki, (e, f)),
+            "attn_norm_scale_E": jnp.ones((e,), jnp.float32),
+            "attn_norm_bias_E": jnp.zeros((e,), jnp.float32),
+            "wq_E_H_C": normal(kq, (e, h, c)),
+            "wk_E_N_C": normal(kk, (e, n, c)),
+            "wv_E_N_C": normal(kv, (e, n, c)),
+            "wo_H_C_E": normal(ko, (h, c, e)),
+            "mlp_norm_scale_E": jnp.ones((e,), jnp.float32),
+            "mlp_norm_bias_E": jnp.zeros((e,), jnp.float32),
+            "w_in_E_F": normal(ki, (e, f)),
             "b_in_F": jnp.zeros((f,), jnp.float32),
-            "w_out_F_D": normal(kout, (f, e)),
-            "b_out_D": jnp.zeros((e,), jnp.float32),
+            "w_out_F_E": normal(kout, (f, e)),
+            "b_out_E": jnp.zeros((e,), jnp.float32),
         }
 
     per_layer = [layer(layer_key) for layer_key in keys[2:]]
@@ -205,11 +205,11 @@ def init_params(key: jax.Array, config: ModelConfig) -> Params:
     # sees one layer's slice).
     layers = {name: jnp.stack([p[name] for p in per_layer]) for name in per_layer[0]}
     return {
-        "embed_V_D": normal(keys[0], (v, e)),
+        "embed_V_E": normal(keys[0], (v, e)),
         "layers": layers,
-        "final_norm_scale_D": jnp.ones((e,), jnp.float32),
-        "final_norm_bias_D": jnp.zeros((e,), jnp.float32),
-        "unembed_D_V": normal(keys[1], (e, v)),
+        "final_norm_scale_E": jnp.ones((e,), jnp.float32),
+        "final_norm_bias_E": jnp.zeros((e,), jnp.float32),
+        "unembed_E_V": normal(keys[1], (e, v)),
     }
 
 
@@ -267,11 +267,11 @@ def qkv(
     `[B, T, N, C]`, and rotates queries and keys by their int32 `positions_B_T`.
     """
     h_B_T_E = _layer_norm(
-        x_B_T_E, layer["attn_norm_scale_D"], layer["attn_norm_bias_D"], config.norm_eps
+        x_B_T_E, layer["attn_norm_scale_E"], layer["attn_norm_bias_E"], config.norm_eps
     )
-    q_B_T_H_C = jnp.einsum("bte,ehc->bthc", h_B_T_E, layer["wq_D_H_K"])
-    k_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wk_D_H_K"])
-    v_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wv_D_H_K"])
+    q_B_T_H_C = jnp.einsum("bte,ehc->bthc", h_B_T_E, layer["wq_E_H_C"])
+    k_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wk_E_N_C"])
+    v_B_T_N_C = jnp.einsum("bte,enc->btnc", h_B_T_E, layer["wv_E_N_C"])
     return AttentionInputs(
         q_B_T_H_C=_rope(q_B_T_H_C, positions_B_T, config.rope_base),
         k_B_T_N_C=_rope(k_B_T_N_C, positions_B_T, config.rope_base),
@@ -300,21 +300,21 @@ def finish_block(
 
     Returns the new residual stream, float32 `[B, T, E]`.
     """
-    x_B_T_E = x_B_T_E + jnp.einsum("bthc,hce->bte", attn_B_T_H_C, layer["wo_H_K_D"])
+    x_B_T_E = x_B_T_E + jnp.einsum("bthc,hce->bte", attn_B_T_H_C, layer["wo_H_C_E"])
     h_B_T_E = _layer_norm(
-        x_B_T_E, layer["mlp_norm_scale_D"], layer["mlp_norm_bias_D"], config.norm_eps
+        x_B_T_E, layer["mlp_norm_scale_E"], layer["mlp_norm_bias_E"], config.norm_eps
     )
-    h_B_T_F = jax.nn.gelu(h_B_T_E @ layer["w_in_D_F"] + layer["b_in_F"][None, None, :])
-    out_B_T_E: jax.Array = h_B_T_F @ layer["w_out_F_D"] + layer["b_out_D"][None, None, :]
+    h_B_T_F = jax.nn.gelu(h_B_T_E @ layer["w_in_E_F"] + layer["b_in_F"][None, None, :])
+    out_B_T_E: jax.Array = h_B_T_F @ layer["w_out_F_E"] + layer["b_out_E"][None, None, :]
     return x_B_T_E + out_B_T_E
 
 
 def unembed(params: Params, x_B_T_E: jax.Array, config: ModelConfig) -> jax.Array:
     """Final LayerNorm and unembedding: logits float32 `[B, T, V]` of the stream `x_B_T_E`."""
     h_B_T_E = _layer_norm(
-        x_B_T_E, params["final_norm_scale_D"], params["final_norm_bias_D"], config.norm_eps
+        x_B_T_E, params["final_norm_scale_E"], params["final_norm_bias_E"], config.norm_eps
     )
-    unembed_E_V: jax.Array = params["unembed_D_V"]
+    unembed_E_V: jax.Array = params["unembed_E_V"]
     return h_B_T_E @ unembed_E_V
 
 
@@ -325,7 +325,7 @@ def forward(params: Params, tokens_B_T: jax.Array, config: ModelConfig) -> Forwa
     positions_B_T = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
     causal_T_S = jnp.tril(jnp.ones((t, t), bool))
     allowed_B_T_S = jnp.broadcast_to(causal_T_S[None, :, :], (b, t, t))
-    x_B_T_E = params["embed_V_D"][tokens_B_T]
+    x_B_T_E = params["embed_V_E"][tokens_B_T]
 
     def block(x_B_T_E: jax.Array, layer: Params) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         q_B_T_H_C, k_B_T_N_C, v_B_T_N_C = qkv(layer, x_B_T_E, positions_B_T, config)

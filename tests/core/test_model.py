@@ -35,7 +35,7 @@ def _np_params(params: M.Params) -> dict:
 def _reference_logits(params: M.Params, tokens: list[int], config: M.ModelConfig) -> np.ndarray:
     """Slow float64 forward of one sequence with explicit loops over positions and heads."""
     p = _np_params(params)
-    n, d, h, k = len(tokens), config.d_model, config.n_heads, config.head_dim
+    n, e, h, c = len(tokens), config.d_model, config.n_heads, config.head_dim
 
     def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
         mean = x.mean()
@@ -43,42 +43,42 @@ def _reference_logits(params: M.Params, tokens: list[int], config: M.ModelConfig
         return (x - mean) / math.sqrt(var + config.norm_eps) * scale + bias
 
     def rope(v: np.ndarray, pos: int) -> np.ndarray:
-        half = k // 2
+        half = c // 2
         out = np.empty_like(v)
         for i in range(half):
             angle = pos * config.rope_base ** (-i / half)
-            c, s = math.cos(angle), math.sin(angle)
-            out[i] = v[i] * c - v[i + half] * s
-            out[i + half] = v[i] * s + v[i + half] * c
+            cos, sin = math.cos(angle), math.sin(angle)
+            out[i] = v[i] * cos - v[i + half] * sin
+            out[i + half] = v[i] * sin + v[i + half] * cos
         return out
 
     def gelu(x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
-    xs = [p["embed_V_D"][t].copy() for t in tokens]
+    xs = [p["embed_V_E"][t].copy() for t in tokens]
     for index in range(config.n_layers):
         layer = {name: stacked[index] for name, stacked in p["layers"].items()}
-        normed = [layer_norm(x, layer["attn_norm_scale_D"], layer["attn_norm_bias_D"]) for x in xs]
-        q = [[rope(normed[i] @ layer["wq_D_H_K"][:, j], i) for j in range(h)] for i in range(n)]
-        kk = [[rope(normed[i] @ layer["wk_D_H_K"][:, j], i) for j in range(h)] for i in range(n)]
-        v = [[normed[i] @ layer["wv_D_H_K"][:, j] for j in range(h)] for i in range(n)]
+        normed = [layer_norm(x, layer["attn_norm_scale_E"], layer["attn_norm_bias_E"]) for x in xs]
+        q = [[rope(normed[i] @ layer["wq_E_H_C"][:, j], i) for j in range(h)] for i in range(n)]
+        kk = [[rope(normed[i] @ layer["wk_E_N_C"][:, j], i) for j in range(h)] for i in range(n)]
+        v = [[normed[i] @ layer["wv_E_N_C"][:, j] for j in range(h)] for i in range(n)]
         new_xs = []
         for i in range(n):
-            attn = np.zeros(d)
+            attn = np.zeros(e)
             for j in range(h):
-                scores = np.array([q[i][j] @ kk[s][j] / math.sqrt(k) for s in range(i + 1)])
+                scores = np.array([q[i][j] @ kk[s][j] / math.sqrt(c) for s in range(i + 1)])
                 w = np.exp(scores - scores.max())
                 w /= w.sum()
                 head = sum(w[s] * v[s][j] for s in range(i + 1))
-                attn += head @ layer["wo_H_K_D"][j]
+                attn += head @ layer["wo_H_C_E"][j]
             x = xs[i] + attn
-            hidden = layer_norm(x, layer["mlp_norm_scale_D"], layer["mlp_norm_bias_D"])
-            hidden = gelu(hidden @ layer["w_in_D_F"] + layer["b_in_F"])
-            new_xs.append(x + hidden @ layer["w_out_F_D"] + layer["b_out_D"])
+            hidden = layer_norm(x, layer["mlp_norm_scale_E"], layer["mlp_norm_bias_E"])
+            hidden = gelu(hidden @ layer["w_in_E_F"] + layer["b_in_F"])
+            new_xs.append(x + hidden @ layer["w_out_F_E"] + layer["b_out_E"])
         xs = new_xs
     return np.stack(
         [
-            layer_norm(x, p["final_norm_scale_D"], p["final_norm_bias_D"]) @ p["unembed_D_V"]
+            layer_norm(x, p["final_norm_scale_E"], p["final_norm_bias_E"]) @ p["unembed_E_V"]
             for x in xs
         ]
     )
@@ -144,7 +144,7 @@ def test_named_configs_and_param_count() -> None:
     assert 100_000 <= M.count_params(PARAMS) <= 150_000
     assert CONFIG.init_std == 0.1 and CONFIG.vocab_size == VOCAB_SIZE
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(PARAMS))
-    assert float(jnp.std(PARAMS["embed_V_D"])) == pytest.approx(0.1, rel=0.05)
+    assert float(jnp.std(PARAMS["embed_V_E"])) == pytest.approx(0.1, rel=0.05)
     with pytest.raises(ValueError, match="unknown local model 'nope'"):
         M.get_model_config("nope")
     with pytest.raises(ValueError, match="divisible"):
@@ -357,7 +357,7 @@ def test_sampled_logprobs_never_positive_or_infinite_for_a_confident_model() -> 
     # used to come out a few ulps above 0, which TokensWithLogprobs refuses. Tiny temperatures
     # used to give +-inf.
     peaked = dict(PARAMS)
-    peaked["unembed_D_V"] = PARAMS["unembed_D_V"] * 100.0
+    peaked["unembed_E_V"] = PARAMS["unembed_E_V"] * 100.0
     prompts = _prompts(6, n=3)
     for temperature in (1e-12, 0.05, 0.3, 0.7, 1.0):
         out = _sample(_batch(prompts, temperature=temperature, max_new=[16, 16, 16]), peaked)

@@ -181,7 +181,7 @@ def test_arrays_the_config_has_but_the_checkpoint_lacks_are_refused(
 )
 def test_a_misshapen_array_is_refused(ckpt: Path, change: Callable[[Any], Any]) -> None:
     arrays = _arrays(ckpt)
-    name = "params/embed_V_D"
+    name = "params/embed_V_E"
     arrays[name] = change(arrays[name])
     _write_arrays(ckpt, arrays, relist=False)
     _assert_refused(ckpt, "arrays.npz", name, "expected (259, 16) float32")
@@ -214,7 +214,7 @@ def test_a_corrupt_npz_is_refused(ckpt: Path, tmp_path: Path) -> None:
     (ckpt / "arrays.npz").write_bytes(b"not a zip file at all")
     _assert_refused(ckpt, "cannot read arrays.npz")
     with zipfile.ZipFile(ckpt / "arrays.npz", "w") as archive:
-        archive.writestr("params/embed_V_D.npy", b"\x93NUMPY garbage")
+        archive.writestr("params/embed_V_E.npy", b"\x93NUMPY garbage")
     _assert_refused(ckpt, "cannot read arrays.npz")
     (ckpt / "arrays.npz").unlink()
     _assert_refused(ckpt, "cannot read arrays.npz")
@@ -224,7 +224,7 @@ def test_a_corrupt_npz_is_refused(ckpt: Path, tmp_path: Path) -> None:
 
 def test_a_pickled_array_is_refused(ckpt: Path) -> None:
     arrays: dict[str, Any] = _arrays(ckpt)
-    arrays["params/embed_V_D"] = np.array([{"evil": 1}], dtype=object)
+    arrays["params/embed_V_E"] = np.array([{"evil": 1}], dtype=object)
     np.savez(ckpt / "arrays.npz", **arrays)
     _assert_refused(ckpt, "cannot read arrays.npz", "allow_pickle")
 

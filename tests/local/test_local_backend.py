@@ -409,7 +409,7 @@ def _short_run(seed: int) -> tuple[list[list[int]], np.ndarray]:
     trainer.optim_step(types.AdamParams(learning_rate=1e-3))
     sampler = trainer.save_weights_and_get_sampling_client().result()
     tokens.extend(s.tokens for s in sampler.sample(_prompt("5+6="), 2, SP16).result().sequences)
-    return tokens, np.asarray(trainer.params["unembed_D_V"])
+    return tokens, np.asarray(trainer.params["unembed_E_V"])
 
 
 def test_same_seed_gives_an_identical_run_and_another_seed_does_not() -> None:
