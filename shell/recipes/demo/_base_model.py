@@ -142,7 +142,9 @@ async def pretrain_base_model(
                 final_loss_per_token=float(record["final_loss_per_token"]),
             )
     service = LocalServiceClient(seed=seed, checkpoint_dir=entry)
-    trainer = await service.create_lora_training_client(base_model=config.base_model)
+    trainer: TrainingClient = await service.create_lora_training_client(
+        base_model=config.base_model
+    )
     renderer = get_renderer("role_colon", trainer.get_tokenizer())
     corpus_key = demo_keys(seed)["corpus"]
     adam = tinker.AdamParams(learning_rate=config.pretrain_lr, beta1=0.9, beta2=0.95, eps=1e-8)
