@@ -217,7 +217,7 @@ class LocalTrainingClient:
 
     def optim_step(
         self,
-        optim_params: types.AdamParams | None = None,
+        optim_params: types.OptimParams | None = None,
         *,
         adam_params: types.AdamParams | None = None,
     ) -> tinker.APIFuture[types.OptimStepResponse]:
@@ -257,7 +257,7 @@ class LocalTrainingClient:
 
     async def optim_step_async(
         self,
-        optim_params: types.AdamParams | None = None,
+        optim_params: types.OptimParams | None = None,
         *,
         adam_params: types.AdamParams | None = None,
     ) -> tinker.APIFuture[types.OptimStepResponse]:
