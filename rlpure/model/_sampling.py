@@ -67,10 +67,9 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             then with the step index at each step, so a row's draws depend on its material
             only, never on the rest of the batch.
         stop_token_mask_B_V: bool `[B, V]`, True for ids that end the row.
-        stop_seqs_B_S_L: int32 `[B, Q, W]` stop sequences, **right-aligned**, left-padded with
-            -1 (a wildcard); all -1 for an unused slot. (The field's suffix predates the axis
-            table; it is `B_Q_W`.)
-        stop_seq_valid_B_S: bool `[B, Q]`, True for used slots.
+        stop_seqs_B_Q_W: int32 `[B, Q, W]` stop sequences, **right-aligned**, left-padded with
+            -1 (a wildcard); all -1 for an unused slot.
+        stop_seq_valid_B_Q: bool `[B, Q]`, True for used slots.
     """
 
     prompt_tokens_B_T: jax.Array | np.ndarray
@@ -81,8 +80,8 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     top_p_B: jax.Array | np.ndarray
     key_material_B_K: jax.Array | np.ndarray
     stop_token_mask_B_V: jax.Array | np.ndarray
-    stop_seqs_B_S_L: jax.Array | np.ndarray
-    stop_seq_valid_B_S: jax.Array | np.ndarray
+    stop_seqs_B_Q_W: jax.Array | np.ndarray
+    stop_seq_valid_B_Q: jax.Array | np.ndarray
 
 
 class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -215,8 +214,8 @@ def sample_tokens(
     max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
     temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
     stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
-    stop_seqs_B_Q_W = jnp.asarray(batch.stop_seqs_B_S_L, jnp.int32)
-    stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_S, bool)
+    stop_seqs_B_Q_W = jnp.asarray(batch.stop_seqs_B_Q_W, jnp.int32)
+    stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_Q, bool)
     top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
     top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
     b, t = prompt_B_T.shape

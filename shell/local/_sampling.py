@@ -44,7 +44,12 @@ _UINT32 = 1 << 32
 
 
 class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """One validated `sample` call: its prompt and per-row settings, before batching."""
+    """One validated `sample` call: its prompt and per-row settings, before batching.
+
+    `key_material_U_K`: uint32 `[U, K]`, the PRNG key words of each of the request's `U =
+    num_samples` rows (`U`, samples of one request, is a letter of this module's own; `K` key
+    words, as in `rlpure.model`'s sampler).
+    """
 
     prompt_T: np.ndarray
     num_samples: int
@@ -52,7 +57,7 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     temperature: float
     top_k: int
     top_p: float
-    key_material_N_K: np.ndarray
+    key_material_U_K: np.ndarray
     stop_token_ids: tuple[int, ...]
     stop_sequences: tuple[tuple[int, ...], ...]
     include_prompt_logprobs: bool
@@ -254,7 +259,7 @@ class LocalSamplingClient:
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
-            key_material_N_K=key_material,
+            key_material_U_K=key_material,
             stop_token_ids=stop_ids,
             stop_sequences=stop_seqs,
             include_prompt_logprobs=bool(include_prompt_logprobs),
@@ -342,10 +347,10 @@ class LocalSamplingClient:
         temperature_B = np.zeros(b, np.float32)
         top_k_B = np.zeros(b, np.int32)
         top_p_B = np.ones(b, np.float32)
-        key_material_B_K = np.zeros((b, requests[0].key_material_N_K.shape[1]), np.uint32)
+        key_material_B_K = np.zeros((b, requests[0].key_material_U_K.shape[1]), np.uint32)
         stop_mask_B_V = np.zeros((b, config.vocab_size), bool)
-        stop_seqs_B_S_L = np.full((b, n_seqs, window), -1, np.int32)
-        stop_valid_B_S = np.zeros((b, n_seqs), bool)
+        stop_seqs_B_Q_W = np.full((b, n_seqs, window), -1, np.int32)
+        stop_valid_B_Q = np.zeros((b, n_seqs), bool)
         for row, (r, i) in enumerate(rows):
             prompt_B_T[row, : r.prompt_T.size] = r.prompt_T
             length_B[row] = r.prompt_T.size
@@ -353,11 +358,11 @@ class LocalSamplingClient:
             temperature_B[row] = r.temperature
             top_k_B[row] = r.top_k
             top_p_B[row] = r.top_p
-            key_material_B_K[row] = r.key_material_N_K[i]
+            key_material_B_K[row] = r.key_material_U_K[i]
             stop_mask_B_V[row, list(r.stop_token_ids)] = True
             for s, seq in enumerate(r.stop_sequences):
-                stop_seqs_B_S_L[row, s, window - len(seq) :] = seq
-                stop_valid_B_S[row, s] = True
+                stop_seqs_B_Q_W[row, s, window - len(seq) :] = seq
+                stop_valid_B_Q[row, s] = True
         batch = model_lib.SampleBatch(
             prompt_tokens_B_T=prompt_B_T,
             prompt_length_B=length_B,
@@ -367,8 +372,8 @@ class LocalSamplingClient:
             top_p_B=top_p_B,
             key_material_B_K=key_material_B_K,
             stop_token_mask_B_V=stop_mask_B_V,
-            stop_seqs_B_S_L=stop_seqs_B_S_L,
-            stop_seq_valid_B_S=stop_valid_B_S,
+            stop_seqs_B_Q_W=stop_seqs_B_Q_W,
+            stop_seq_valid_B_Q=stop_valid_B_Q,
         )
         out = model_lib.sample_tokens(self._params, batch, config=config, max_new_tokens=m)
         tokens_B_M = np.asarray(out.tokens_B_M)

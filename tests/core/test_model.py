@@ -107,10 +107,10 @@ def _batch(
         seeds = np.stack([np.zeros(B), np.ones(B), np.arange(B)], 1)
     stop_mask = np.zeros((B, VOCAB_SIZE), bool)
     stop_mask[:n, list(stop_ids)] = True
-    stop_seqs_B_S_L = np.full((B, 4, 8), -1, np.int32)
+    stop_seqs_B_Q_W = np.full((B, 4, 8), -1, np.int32)
     stop_valid = np.zeros((B, 4), bool)
     for s, seq in enumerate(stop_seqs):
-        stop_seqs_B_S_L[:n, s, 8 - len(seq) :] = seq
+        stop_seqs_B_Q_W[:n, s, 8 - len(seq) :] = seq
         stop_valid[:n, s] = True
     return M.SampleBatch(
         prompt_tokens_B_T=prompt_B_T,
@@ -121,8 +121,8 @@ def _batch(
         top_p_B=np.full(B, top_p, np.float32),
         key_material_B_K=np.asarray(seeds, np.uint32),
         stop_token_mask_B_V=stop_mask,
-        stop_seqs_B_S_L=stop_seqs_B_S_L,
-        stop_seq_valid_B_S=stop_valid,
+        stop_seqs_B_Q_W=stop_seqs_B_Q_W,
+        stop_seq_valid_B_Q=stop_valid,
     )
 
 
@@ -368,6 +368,7 @@ def test_sampled_logprobs_never_positive_or_infinite_for_a_confident_model() -> 
 
 def test_the_suite_runs_with_implicit_rank_promotion_as_an_error() -> None:
     # tests/conftest.py sets it; the model's broadcasts are explicit (`scale_E[None, None, :]`).
-    assert jax.config.jax_numpy_rank_promotion == "raise"
+    # a getattr: jax.config declares no type for its flag attributes
+    assert getattr(jax.config, "jax_numpy_rank_promotion") == "raise"  # noqa: B009
     with pytest.raises(ValueError, match="rank_promotion"):
         jnp.ones((2, 3)) * jnp.ones((3,))
