@@ -278,3 +278,46 @@ def test_load_splits_and_preloaded_builder(tmp_path: Path, cache_dir: Path) -> N
     )
     train, test = asyncio.run(builder())
     assert test is None and train.problems == splits.train and len(train) == 2
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"])
+@pytest.mark.parametrize("empty_split", ["train", "test"])
+def test_an_empty_split_file_is_a_data_error_not_a_hang(
+    tmp_path: Path, cache_dir: Path, content: str, empty_split: str
+) -> None:
+    # `datasets` raised a bare StopIteration on an empty file; through `asyncio.to_thread` that
+    # hung the awaiting task forever, so this test bounds the await.
+    rows = [{"question": f"q{i}?", "answer": f"#### {i}"} for i in range(3)]
+    for split in ("train", "test"):
+        _write_jsonl(tmp_path / f"{split}.jsonl", rows)
+    empty = tmp_path / f"{empty_split}.jsonl"
+    empty.write_text(content)
+    builder = Gsm8kDatasetBuilder(
+        batch_size=2, group_size=2, renderer=RENDERER, data_dir=tmp_path, cache_dir=cache_dir
+    )
+
+    async def build() -> object:
+        return await asyncio.wait_for(builder(), timeout=60)
+
+    with pytest.raises(Gsm8kDataError, match="has no rows") as info:
+        asyncio.run(build())
+    assert str(empty) in str(info.value)
+
+
+def test_a_stop_iteration_in_the_loader_thread_cannot_hang_the_await(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from shell.recipes.gsm8k import _data
+
+    def raise_stop(*args: object, **kwargs: object) -> None:
+        raise StopIteration
+
+    monkeypatch.setattr(_data, "load_gsm8k", raise_stop)
+
+    async def load() -> object:
+        return await asyncio.wait_for(
+            asyncio.to_thread(_data.load_gsm8k_splits_in_thread, data_dir=tmp_path), timeout=30
+        )
+
+    with pytest.raises(RuntimeError, match="unexpected StopIteration"):
+        asyncio.run(load())

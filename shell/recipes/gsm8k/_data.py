@@ -65,6 +65,7 @@ __all__ = [
     "Gsm8kSplits",
     "load_gsm8k",
     "load_gsm8k_splits",
+    "load_gsm8k_splits_in_thread",
     "problems_from_rows",
     "shuffle_problems",
 ]
@@ -178,7 +179,8 @@ def load_gsm8k(
         ValueError: for an unknown split.
         DatasetUnavailableError: the local file is missing, or the hub cannot be reached
             (the message suggests `--data-dir`).
-        Gsm8kDataError: a file that is not JSONL, or a row with the wrong schema.
+        Gsm8kDataError: a file that is not JSONL, a file or split without rows, or a row with
+            the wrong schema.
     """
     if split not in _SPLITS:
         raise ValueError(f"load_gsm8k: split must be one of {_SPLITS}, got {split!r}")
@@ -192,6 +194,12 @@ def load_gsm8k(
                 f"GSM8K: no {split} file at {path} (expected {split}.jsonl in --data-dir)"
             )
         source = str(path)
+        if _is_blank(path):
+            # `datasets` raises a bare StopIteration on a file without rows, which cannot
+            # cross `asyncio.to_thread` (the awaiting task would hang forever).
+            raise Gsm8kDataError(
+                f"GSM8K {source}: the file has no rows (expected one JSON object per line)"
+            )
         try:
             ds = datasets.load_dataset(
                 "json", data_files={split: str(path)}, split=split, cache_dir=cache
@@ -199,6 +207,8 @@ def load_gsm8k(
         except datasets.exceptions.DatasetGenerationError as err:
             cause = err.__cause__ or err
             raise Gsm8kDataError(f"GSM8K {source}: not a valid JSONL file: {cause}") from err
+        except StopIteration:
+            raise Gsm8kDataError(f"GSM8K {source}: the file has no rows") from None
     else:
         source = f"{GSM8K_HUB_PATH}:{GSM8K_HUB_CONFIG}/{split}"
         try:
@@ -217,7 +227,31 @@ def load_gsm8k(
             f"GSM8K {source}: missing column(s) {sorted(missing)}; has {ds.column_names}"
         )
     problems = problems_from_rows(ds.select_columns(["question", "answer"]), source=source)
+    if not problems:
+        raise Gsm8kDataError(f"GSM8K {source}: the split has no rows")
     return problems if seed is None else shuffle_problems(problems, seed=seed)
+
+
+def _is_blank(path: Path) -> bool:
+    """Whether the file holds nothing but whitespace (read in chunks: GSM8K files are MBs)."""
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
+def load_gsm8k_splits_in_thread(**kwargs: Any) -> Gsm8kSplits:
+    """`load_gsm8k_splits(**kwargs)` for `asyncio.to_thread`: never lets `StopIteration` out.
+
+    A `StopIteration` raised in a worker thread cannot be set on the awaiting future (asyncio
+    refuses it with a `TypeError` inside the thread), so the await would never return; it is
+    re-raised here as a `RuntimeError` (a bug in a dependency, with its traceback).
+    """
+    try:
+        return load_gsm8k_splits(**kwargs)
+    except StopIteration as err:
+        raise RuntimeError(f"load_gsm8k_splits: unexpected StopIteration: {err!r}") from err
 
 
 class Gsm8kSplits(msgspec.Struct, frozen=True, kw_only=True):
@@ -413,7 +447,7 @@ class Gsm8kDatasetBuilder(RLDatasetBuilder):
         splits = self.preloaded
         if splits is None:
             splits = await asyncio.to_thread(
-                load_gsm8k_splits,
+                load_gsm8k_splits_in_thread,
                 data_dir=self.data_dir,
                 seed=self.seed,
                 max_test_problems=self.max_test_problems,

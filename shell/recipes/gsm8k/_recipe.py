@@ -55,7 +55,11 @@ from shell.clients import ServiceClient, TrainingClient, make_service_client
 from shell.commands import TrainRecipe
 from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
 from shell.errors import ConfigError, RlpureError
-from shell.recipes.gsm8k._data import Gsm8kDatasetBuilder, Gsm8kSplits, load_gsm8k_splits
+from shell.recipes.gsm8k._data import (
+    Gsm8kDatasetBuilder,
+    Gsm8kSplits,
+    load_gsm8k_splits_in_thread,
+)
 from shell.training import (
     TrainResult,
     checked_last_checkpoint,
@@ -276,7 +280,7 @@ async def run_gsm8k(
     # `train` checks again; checking here refuses a mixed run before a session is opened.
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     splits: Gsm8kSplits = await asyncio.to_thread(
-        load_gsm8k_splits,
+        load_gsm8k_splits_in_thread,
         data_dir=options.data_dir,
         seed=config.seed,
         max_test_problems=options.max_test_problems,
