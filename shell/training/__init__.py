@@ -7,6 +7,7 @@
 - `_resume`: what a log dir records (`config.json`, `recipe_options.json`), which changes a
   resume refuses, and the training client a caller may hand over (`OpenedTrainingClient`).
 - `_checkpoints`: `save_state` plus a `checkpoints.jsonl` record; restoring the last one.
+- `_lock`: one writer per log dir (`hold_log_dir`, `LogDirLockedError`, `LOCK_FILE`).
 - `_logs`: `metrics.jsonl`, `samples.jsonl`, the progress line and the reward curve.
 
 Each part's docstring states its conventions. The clients these functions take are the
@@ -21,6 +22,7 @@ from shell.training._checkpoints import (
     last_checkpoint,
     load_checkpoints,
 )
+from shell.training._lock import LOCK_FILE, LogDirLockedError, hold_log_dir
 from shell.training._logs import METRICS_FILE, REWARD_CURVE_FILE, SAMPLES_FILE, read_jsonl
 from shell.training._loop import TrainResult, evaluate, train
 from shell.training._policy_update import (
@@ -42,18 +44,21 @@ from shell.training._resume import (
 __all__ = [
     "CHECKPOINTS_FILE",
     "CONFIG_FILE",
+    "LOCK_FILE",
     "METRICS_FILE",
     "RECIPE_OPTIONS_FILE",
     "RESUME_MAY_CHANGE",
     "REWARD_CURVE_FILE",
     "SAMPLES_FILE",
     "CheckpointRecord",
+    "LogDirLockedError",
     "OpenedTrainingClient",
     "PolicyUpdate",
     "TrainResult",
     "TrainStepOutput",
     "checked_last_checkpoint",
     "evaluate",
+    "hold_log_dir",
     "last_checkpoint",
     "load_checkpoints",
     "open_training_client",

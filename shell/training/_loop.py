@@ -30,6 +30,10 @@ after its step are dropped first. What a run records for that (`config.json`,
 a caller may hand over (`OpenedTrainingClient`) are the conventions of
 `shell.training._resume`; `train` follows them.
 
+One writer per log dir: `train` holds the log dir's advisory lock (`shell.training._lock`) for
+the whole call, so a second run on the same `log_dir` is refused (`LogDirLockedError`, naming the
+holder's pid) before it reads or writes anything there.
+
 Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
 step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`.
 """
@@ -63,6 +67,7 @@ from shell.rollouts import (
     do_batch_rollouts,
 )
 from shell.training._checkpoints import CheckpointRecord, save_checkpoint
+from shell.training._lock import hold_log_dir
 from shell.training._logs import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -329,9 +334,37 @@ async def train(
         ConfigError: resuming with a changed config field or recipe option (see
             `check_resumable_config`), or a `training_client` not opened for `log_dir`'s last
             checkpoint (see above).
+        LogDirLockedError: another run holds `log_dir` (a `ConfigError` naming its pid; see
+            `hold_log_dir`). Nothing in the log dir is touched then.
     """
+    with hold_log_dir(config.log_dir):
+        return await _locked_train(
+            config,
+            dataset=dataset,
+            service_client=service_client,
+            test_dataset=test_dataset,
+            tokenizer=tokenizer,
+            kl_reference_client=kl_reference_client,
+            training_client=training_client,
+            recipe_options=recipe_options,
+            console=console,
+        )
+
+
+async def _locked_train(
+    config: TrainConfig,
+    *,
+    dataset: RLDataset,
+    service_client: ServiceClient,
+    test_dataset: RLDataset | None,
+    tokenizer: TokenizerLike | None,
+    kl_reference_client: SamplingClient | None,
+    training_client: OpenedTrainingClient | TrainingClient | None,
+    recipe_options: Mapping[str, Any] | None,
+    console: Console | None,
+) -> TrainResult:
+    """`train`'s body, run while this process holds the log dir's lock."""
     log_dir = Path(config.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     client = (
         None

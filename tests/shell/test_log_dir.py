@@ -1,0 +1,184 @@
+"""A log directory has one writer (an OS lock, never stale) and can be moved but not half-copied."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shell.config import TrainConfig, build_config
+from shell.errors import ConfigError
+from shell.fakes import (
+    FakeCheckpointStore,
+    FakeServiceClient,
+    ScriptedDataset,
+    ScriptedEnv,
+    ScriptedGroupBuilder,
+)
+from shell.training import (
+    LOCK_FILE,
+    LogDirLockedError,
+    TrainResult,
+    hold_log_dir,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(log_dir: Path, **options: Any) -> TrainConfig:
+    return build_config(
+        {"log_dir": str(log_dir), "backend": "fake", "progress": False, "max_tokens": 4},
+        options,
+    )
+
+
+def _dataset(num_batches: int) -> ScriptedDataset:
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        target = 3 + (batch + problem) % 5
+        return ScriptedGroupBuilder(
+            lambda _: ScriptedEnv(
+                prompt=[1, target], reward_fn=lambda a: float((a == target).mean())
+            ),
+            group_size=2,
+        )
+
+    return ScriptedDataset(builder, num_batches=num_batches, groups_per_batch=2)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes (the lock file's pid included)."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def _holder(log_dir: Path) -> subprocess.Popen[bytes]:
+    """A real `rlpure train toy` on `log_dir` that runs long (slow envs), started and locked."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
+            "--log-dir", str(log_dir), "--num-batches", "1000", "--env-latency", "0.2",
+            "--save-every", "1", "--no-progress",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    # the holder is locked once it has written its pid, and has written a step once
+    # metrics.jsonl has a line
+    while time.monotonic() < deadline:
+        lock = log_dir / LOCK_FILE
+        metrics = log_dir / "metrics.jsonl"
+        if (
+            lock.exists()
+            and lock.read_text().startswith(f"{process.pid} ")
+            and metrics.exists()
+            and metrics.read_text().count("\n") >= 1
+        ):
+            return process
+        if process.poll() is not None:
+            raise AssertionError(f"holder ended early: {process.stderr.read()!r}")  # type: ignore[union-attr]
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError("holder never started training")
+
+
+def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+    process.wait(timeout=30)
+    if process.stderr is not None:
+        process.stderr.close()
+
+
+def test_a_second_run_on_a_held_log_dir_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    holder = _holder(log_dir)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)  # freeze the holder: the dir must not change now
+        before = _snapshot(log_dir)
+        second = subprocess.run(
+            [
+                sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
+                "--log-dir", str(log_dir), "--num-batches", "2", "--no-progress",
+            ],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in second.stderr, second.stderr
+        assert f"pid {holder.pid}" in lines[0] and str(log_dir) in lines[0]
+        with pytest.raises(LogDirLockedError, match=rf"pid {holder.pid}\b"):
+            asyncio.run(
+                train(
+                    _config(log_dir),
+                    dataset=_dataset(2),
+                    service_client=FakeServiceClient(
+                        store=FakeCheckpointStore(log_dir / "fake_states.json")
+                    ),
+                )
+            )
+        assert _snapshot(log_dir) == before
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        _stop(holder)
+
+
+def test_kill_9_of_the_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    holder = _holder(log_dir)
+    _stop(holder, signal.SIGKILL)
+    assert (log_dir / LOCK_FILE).read_text().startswith(f"{holder.pid} ")  # the file stays
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
+            "--log-dir", str(log_dir), "--num-batches", "3", "--no-progress",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (log_dir / LOCK_FILE).read_text().split()[0] != str(holder.pid)
+
+
+def test_two_trains_in_one_process_on_one_log_dir_one_is_refused(tmp_path: Path) -> None:
+    service = FakeServiceClient()
+
+    async def both() -> tuple[TrainResult | BaseException, ...]:
+        return await asyncio.gather(
+            train(_config(tmp_path), dataset=_dataset(2), service_client=service),
+            train(_config(tmp_path), dataset=_dataset(2), service_client=service),
+            return_exceptions=True,
+        )
+
+    outcomes = asyncio.run(both())
+    refused = [o for o in outcomes if isinstance(o, LogDirLockedError)]
+    assert len(refused) == 1, outcomes
+    assert isinstance(refused[0], ConfigError)
+    assert f"pid {os.getpid()}" in str(refused[0])
+    # the lock is released when train returns: a later run goes ahead
+    later = asyncio.run(train(_config(tmp_path), dataset=_dataset(3), service_client=service))
+    assert later.end_step == 3
+
+
+def test_hold_log_dir_is_re_entrant_for_its_holder(tmp_path: Path) -> None:
+    with hold_log_dir(tmp_path) as held:
+        assert held == tmp_path.resolve()
+        result = asyncio.run(
+            train(_config(tmp_path), dataset=_dataset(2), service_client=FakeServiceClient())
+        )
+        assert result.end_step == 2
+    with hold_log_dir(tmp_path):
+        # another holder in this process (a context outside this `with`) is refused
+        enter = hold_log_dir(tmp_path).__enter__
+        with pytest.raises(LogDirLockedError, match=rf"pid {os.getpid()}\b"):
+            contextvars.Context().run(enter)
