@@ -15,26 +15,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import inspect
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from shell.clients import describe_tinker_error, watch_tinker_retries
 from shell.commands import Command, TrainRecipe
 from shell.config import (
     FIELD_HELP,
     TrainConfig,
     build_config,
+    check_log_dir,
     field_choices,
     load_config_file,
 )
 from shell.errors import ConfigError, RlpureError
 from shell.recipes import COMMANDS, TRAIN_RECIPES
-from shell.training import TrainResult
+from shell.training import METRICS_FILE, TrainResult, read_jsonl
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "summary_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +79,37 @@ def _parse_value(kind: Any, nullable: bool, name: str) -> Callable[[str], Any]:
     return parse
 
 
+def _default_text(
+    name: str, base: Any, recipe: TrainRecipe | None, others: Sequence[TrainRecipe]
+) -> str:
+    """`(default: ...)` of a field: the recipe's, with its per-backend values; on the bare
+    `rlpure train` parser the `TrainConfig` default and every recipe's own."""
+    if recipe is not None:
+        text = f"default: {recipe.defaults.get(name, base)!r}"
+        per_backend = [
+            f"{value!r} on --backend {backend}"
+            for backend, layer in sorted(recipe.backend_defaults.items())
+            if (value := layer.get(name, recipe.defaults.get(name, base)))
+            != recipe.defaults.get(name, base)
+        ]
+        return f"({text}" + "".join(f"; {p}" for p in per_backend) + ")"
+    overrides = []
+    for other in others:
+        layers = {
+            "": other.defaults,
+            **{f" --backend {b}": layer for b, layer in other.backend_defaults.items()},
+        }
+        for where, layer in layers.items():
+            if name in layer and layer[name] != base:
+                overrides.append(f"{other.name}{where}: {layer[name]!r}")
+    return f"(default: {base!r}" + "".join(f"; {o}" for o in overrides) + ")"
+
+
 def _add_config_options(
-    parser: argparse.ArgumentParser, *, defaults: Mapping[str, Any] | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    recipe: TrainRecipe | None = None,
+    recipes: Sequence[TrainRecipe] = (),
 ) -> None:
     group = parser.add_argument_group(
         "training options (TrainConfig; override --config and recipe defaults)"
@@ -84,14 +118,16 @@ def _add_config_options(
         "--config",
         metavar="FILE",
         default=argparse.SUPPRESS,
-        help="TOML or JSON file with TrainConfig fields (flags override it).",
+        help="TOML or JSON file with TrainConfig fields and the recipe's own options, named "
+        "as their flags with '_' for '-' (e.g. data_dir = \"data\"); flags override it.",
     )
     hints = inspect.get_annotations(TrainConfig, eval_str=True)
     base = TrainConfig()
     for name in TrainConfig.__struct_fields__:
         kind, nullable = _optional_inner(hints[name])
-        default = (defaults or {}).get(name, getattr(base, name))
-        help_text = f"{FIELD_HELP[name]} (default: {default!r})"
+        help_text = (
+            f"{FIELD_HELP[name]} {_default_text(name, getattr(base, name), recipe, recipes)}"
+        )
         if kind is bool:
             group.add_argument(
                 _flag(name),
@@ -116,8 +152,13 @@ def build_parser(
     *,
     commands: Mapping[str, Command] = COMMANDS,
     recipes: Mapping[str, TrainRecipe] = TRAIN_RECIPES,
+    recipe_defaults: bool = True,
 ) -> argparse.ArgumentParser:
-    """The full `rlpure` parser: `train` with every recipe in `recipes`, and `commands`."""
+    """The full `rlpure` parser: `train` with every recipe in `recipes`, and `commands`.
+
+    With `recipe_defaults=False` a recipe's own options are absent from the namespace unless
+    given (what `main` uses to put `--config` file values between defaults and flags).
+    """
     parser = argparse.ArgumentParser(
         prog="rlpure",
         description="Reinforcement learning for language models on the Tinker API: a pure JAX "
@@ -135,17 +176,27 @@ def build_parser(
         "with the same --log-dir resumes from its last checkpoint. Every option below is also "
         "accepted after the recipe name; `rlpure train RECIPE --help` adds the recipe's own.",
     )
-    _add_config_options(train_parser)
+    ordered = sorted(recipes.values(), key=lambda r: r.name)
+    _add_config_options(train_parser, recipes=ordered)
     recipe_parsers = train_parser.add_subparsers(dest="recipe", metavar="RECIPE", required=True)
-    for recipe in sorted(recipes.values(), key=lambda r: r.name):
+    for recipe in ordered:
         recipe_parser = recipe_parsers.add_parser(
             recipe.name,
             help=recipe.help,
             description=recipe.description or recipe.help,
         )
-        _add_config_options(recipe_parser, defaults=recipe.defaults)
+        _add_config_options(recipe_parser, recipe=recipe)
         if recipe.add_arguments is not None:
             recipe.add_arguments(recipe_parser)
+        if recipe.add_arguments is not None and not recipe_defaults:
+            # Absent unless given, so a `--config` file's value can sit between the recipe's
+            # default and the flag (`_apply_recipe_options`).
+            # (`set_defaults` would put the SUPPRESS marker itself on the namespace; argparse
+            # has no public way to reach an added action, hence `_actions`.)
+            own = set(_recipe_defaults(recipe))
+            for action in recipe_parser._actions:
+                if action.dest in own:
+                    action.default = argparse.SUPPRESS
 
     for cmd in sorted(commands.values(), key=lambda c: c.name):
         cmd_parser = subparsers.add_parser(
@@ -156,14 +207,83 @@ def build_parser(
     return parser
 
 
+def _recipe_parser(recipe: TrainRecipe) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    if recipe.add_arguments is not None:
+        recipe.add_arguments(parser)
+    return parser
+
+
+def _recipe_defaults(recipe: TrainRecipe) -> dict[str, Any]:
+    """`{dest: default}` of the recipe's own options (`recipe.add_arguments`)."""
+    return vars(_recipe_parser(recipe).parse_args([]))
+
+
+def _file_recipe_options(
+    recipe: TrainRecipe, values: Mapping[str, Any], path: str
+) -> dict[str, Any]:
+    """The recipe options of a `--config` file, parsed by the recipe's own flags (so a file
+    value gets the flag's type and choices checks); a bool is `--x` / `--no-x`."""
+    argv: list[str] = []
+    for dest, value in values.items():
+        flag = _flag(dest)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is None:
+            continue
+        elif isinstance(value, (str, int, float)):
+            argv.extend([flag, str(value)])
+        else:
+            raise ConfigError(
+                f"config file {path}: {dest}: expected a string or number, got {value!r}"
+            )
+    try:
+        parsed, extra = _recipe_parser(recipe).parse_known_args(argv)
+    except argparse.ArgumentError as err:
+        raise ConfigError(f"config file {path}: {err}") from None
+    if extra:
+        raise ConfigError(
+            f"config file {path}: cannot read {' '.join(extra)!r} as {recipe.name} options"
+        )
+    return {dest: getattr(parsed, dest) for dest in values}
+
+
+def _load_file(args: argparse.Namespace) -> dict[str, Any]:
+    return load_config_file(args.config) if getattr(args, "config", None) else {}
+
+
 def _config_from_args(recipe: TrainRecipe, args: argparse.Namespace) -> TrainConfig:
-    file_layer: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        file_layer = load_config_file(args.config)
-    flags = {
-        name: getattr(args, name) for name in TrainConfig.__struct_fields__ if hasattr(args, name)
-    }
-    return build_config(recipe.defaults, file_layer, flags)
+    """Defaults < recipe defaults < the recipe's defaults for the backend < file < flags."""
+    fields = set(TrainConfig.__struct_fields__)
+    file_layer = {k: v for k, v in _load_file(args).items() if k in fields}
+    flags = {name: getattr(args, name) for name in fields if hasattr(args, name)}
+    backend = flags.get("backend", file_layer.get("backend", recipe.defaults.get("backend")))
+    backend = TrainConfig().backend if backend is None else str(backend)
+    return build_config(recipe.defaults_for(backend), file_layer, flags)
+
+
+def _apply_recipe_options(recipe: TrainRecipe, args: argparse.Namespace) -> None:
+    """Fills `args` with the recipe's own options: default < `--config` file < flag.
+
+    Raises:
+        ConfigError: a file key that is neither a `TrainConfig` field nor a recipe option.
+    """
+    defaults = _recipe_defaults(recipe)
+    file_values = _load_file(args)
+    unknown = set(file_values) - set(TrainConfig.__struct_fields__) - set(defaults)
+    if unknown:
+        raise ConfigError(
+            f"config file {args.config}: unknown field(s) {sorted(unknown)}: neither a "
+            f"TrainConfig field nor a {recipe.name} option ({', '.join(sorted(defaults)) or 'none'})"
+        )
+    from_file = _file_recipe_options(
+        recipe,
+        {k: v for k, v in file_values.items() if k in defaults},
+        str(getattr(args, "config", "")),
+    )
+    for dest, default in defaults.items():
+        if not hasattr(args, dest):
+            setattr(args, dest, from_file.get(dest, default))
 
 
 def _exit_code(result: Any) -> int:
@@ -183,6 +303,72 @@ async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+def _final_eval(log_dir: str) -> str | None:
+    """`name value` pairs of the final evaluation in `log_dir/metrics.jsonl`, or None."""
+    try:
+        records = read_jsonl(Path(log_dir) / METRICS_FILE)
+    except (OSError, ValueError):
+        return None
+    finals = [r for r in records if r.get("final_eval")]
+    if not finals:
+        return None
+    shown = [
+        f"{key.removeprefix('test/env/all/')} {value:.3f}"
+        for key, value in finals[-1].items()
+        if key.startswith("test/env/all/")
+        and key.rsplit("/", 1)[-1] in ("total", "correct")
+        and isinstance(value, (int, float))
+    ]
+    return ", ".join(shown) or None
+
+
+def summary_line(result: TrainResult) -> str:
+    """The last line `rlpure train` prints: what ran, the log dir, the final eval, the checkpoint.
+
+    A rerun of a finished run trains nothing and says so.
+    """
+    if result.end_step == result.start_step:
+        head = f"Nothing to do: {result.log_dir} already trained {result.end_step} steps"
+    else:
+        ran = result.end_step - result.start_step
+        head = (
+            f"Trained steps {result.start_step}..{result.end_step - 1} "
+            f"({ran} step{'s' * (ran != 1)}, {result.end_step} in total) in {result.log_dir}"
+        )
+    parts = [head]
+    final_eval = _final_eval(result.log_dir)
+    if final_eval:
+        parts.append(f"final eval: {final_eval}")
+    if result.checkpoint is not None:
+        parts.append(f"checkpoint: {result.checkpoint.state_path} (step {result.checkpoint.step})")
+    if result.reward_curve:
+        parts.append(f"reward curve: {result.reward_curve}")
+    return "; ".join(parts)
+
+
+_WORLD_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""`OSError`s that are the machine's state (disk full, quota, read-only file system), not a bug."""
+
+
+def _user_error(err: BaseException) -> tuple[int, str] | None:
+    """`(exit code, message)` for an exception that is the user's or the world's, else None.
+
+    See the module docstring for the classes.
+    """
+    if isinstance(err, ConfigError):
+        return 2, f"configuration error: {err}"
+    if isinstance(err, RlpureError):
+        return 1, f"{type(err).__name__}: {err}"
+    tinker_error = describe_tinker_error(err)
+    if tinker_error is not None:
+        return 1, tinker_error
+    if isinstance(err, PermissionError) or (
+        isinstance(err, OSError) and err.errno in _WORLD_ERRNOS
+    ):
+        return 1, f"{type(err).__name__}: {err}"
+    return None
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -190,7 +376,7 @@ def main(
     recipes: Mapping[str, TrainRecipe] = TRAIN_RECIPES,
 ) -> int:
     """Entry point of the `rlpure` console script; returns the exit code."""
-    parser = build_parser(commands=commands, recipes=recipes)
+    parser = build_parser(commands=commands, recipes=recipes, recipe_defaults=False)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -199,27 +385,30 @@ def main(
     )
     for noisy in ("httpx", "jax", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    watch_tinker_retries()
     try:
         if args.command == "train":
             recipe = recipes[args.recipe]
             config = _config_from_args(recipe, args)
+            _apply_recipe_options(recipe, args)
+            check_log_dir(config.log_dir)
             result = _run(recipe.run, config, args)
             if isinstance(result, TrainResult):
-                print(
-                    f"Trained steps {result.start_step}..{result.end_step} in {result.log_dir}"
-                    + (f"; reward curve: {result.reward_curve}" if result.reward_curve else "")
-                )
+                print(summary_line(result))
             return _exit_code(result)
         return _exit_code(_run(commands[args.command].run, args))
-    except ConfigError as err:
-        print(f"rlpure: configuration error: {err}", file=sys.stderr)
-        return 2
-    except RlpureError as err:
-        print(f"rlpure: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("rlpure: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        handled = _user_error(err)
+        if handled is None:
+            raise  # a bug: Python prints the traceback (exit code 1)
+        code, message = handled
+        if args.verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(f"rlpure: {' '.join(message.split())}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Conventions (SDK 0.38):
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Generator, Mapping
 from pathlib import Path
@@ -40,8 +41,12 @@ __all__ = [
     "SamplingClient",
     "ServiceClient",
     "TrainingClient",
+    "describe_tinker_error",
     "make_service_client",
+    "watch_tinker_retries",
 ]
+
+logger = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -249,3 +254,75 @@ def make_service_client(config: BackendOptions) -> ServiceClient:
     return FakeServiceClient(
         store=FakeCheckpointStore(log_dir / "fake_states.json"), seed=config.seed
     )
+
+
+# --- Tinker failures on the console ------------------------------------------------------------
+
+
+_TINKER_KEY_HINT = "check TINKER_API_KEY (a Tinker API key starts with 'tml-')"
+
+
+def _tinker_url() -> str:
+    from tinker.lib.base_url import resolve_base_url
+
+    return resolve_base_url()
+
+
+def describe_tinker_error(err: BaseException) -> str | None:
+    """One line for a `tinker.TinkerError` (what failed, what to check), or None for others.
+
+    The key's value is never part of the line (the SDK's messages do not carry it either).
+    """
+    if not isinstance(err, tinker.TinkerError):
+        return None
+    text = " ".join(str(err).split())
+    if isinstance(err, tinker.APIConnectionError):  # APITimeoutError included
+        return (
+            f"Tinker: cannot reach the service at {_tinker_url()}: {text}; check the network "
+            "and TINKER_BASE_URL (unset means the production service)"
+        )
+    if isinstance(err, (tinker.AuthenticationError, tinker.PermissionDeniedError)):
+        return f"Tinker: the service refused the API key: {text}; {_TINKER_KEY_HINT}"
+    if isinstance(err, tinker.APIStatusError):
+        return f"Tinker: the service refused a request (HTTP {err.status_code}): {text}"
+    if "tml-" in text or "api_key" in text:
+        return f"Tinker: {text}; {_TINKER_KEY_HINT}"
+    return f"Tinker: {type(err).__name__}: {text}"
+
+
+class _FirstRetryWarning(logging.Filter):
+    """On the SDK's first "Retrying request" (a DEBUG record), one WARNING with a hint; the SDK's
+    own records pass only at the level the logger would have shown them."""
+
+    def __init__(self, shown_level: int) -> None:
+        super().__init__()
+        self.shown_level = shown_level
+        self.warned = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.warned and record.getMessage().startswith("Retrying request"):
+            self.warned = True
+            logger.warning(
+                "Tinker: a request to %s failed and the SDK is retrying it (it keeps its own "
+                "retry policy, so this may take minutes); check the network, TINKER_BASE_URL "
+                "and TINKER_API_KEY. Run with -v to see every retry.",
+                _tinker_url(),
+            )
+        return record.levelno >= self.shown_level
+
+
+TINKER_RETRY_LOGGER = "tinker._base_client"
+"""The SDK logger whose DEBUG record "Retrying request to ..." marks a failing request."""
+
+
+def watch_tinker_retries() -> None:
+    """Reports the Tinker SDK's first retry at WARNING on the console (once per process).
+
+    Call after `logging` is configured: the SDK logger is opened to DEBUG so its retry record
+    is seen, and a filter drops what the configured level would have dropped.
+    """
+    sdk = logging.getLogger(TINKER_RETRY_LOGGER)
+    if any(isinstance(f, _FirstRetryWarning) for f in sdk.filters):
+        return
+    sdk.addFilter(_FirstRetryWarning(sdk.getEffectiveLevel()))
+    sdk.setLevel(logging.DEBUG)

@@ -5,8 +5,9 @@ Conventions:
   `COMMAND = Command(...)`); `shell.recipes` lists them by explicit import, so a renamed or
   broken recipe fails loudly instead of vanishing from `--help`.
 - `by_name(items)` keys records by name and refuses duplicates; `rlpure train` is reserved.
-- A recipe's `defaults` are `TrainConfig` fields (checked at construction); precedence is
-  `TrainConfig` defaults < recipe defaults < `--config FILE` < flags.
+- A recipe's `defaults` (and `backend_defaults[backend]`) are `TrainConfig` fields (checked at
+  construction); precedence is `TrainConfig` defaults < recipe defaults < the recipe's defaults
+  for the chosen backend < `--config FILE` < flags.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class TrainRecipe:
             the backend).
         add_arguments: adds recipe-specific flags to the recipe's parser.
         defaults: recipe defaults for `TrainConfig` fields (overridden by file and flags).
+        backend_defaults: per backend (`"local"`, ...), `TrainConfig` defaults that replace
+            `defaults` when that backend is chosen (still overridden by file and flags); the
+            CLI applies them and `--help` shows them.
 
     Raises:
         ValueError: a default that is not a `TrainConfig` field.
@@ -67,12 +71,30 @@ class TrainRecipe:
     add_arguments: ArgumentsHook | None = None
     defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str | None = None
+    backend_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = set(self.defaults) - set(TrainConfig.__struct_fields__)
+        fields = set(TrainConfig.__struct_fields__)
+        unknown = set(self.defaults) - fields
+        for backend, layer in self.backend_defaults.items():
+            unknown |= {f"{backend}:{key}" for key in set(layer) - fields}
         if unknown:
             raise ValueError(f"train recipe {self.name!r}: unknown TrainConfig defaults {unknown}")
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+        object.__setattr__(
+            self,
+            "backend_defaults",
+            MappingProxyType(
+                {
+                    backend: MappingProxyType(dict(layer))
+                    for backend, layer in self.backend_defaults.items()
+                }
+            ),
+        )
+
+    def defaults_for(self, backend: str) -> dict[str, Any]:
+        """The recipe's `TrainConfig` defaults on `backend`: `defaults`, then its backend's."""
+        return {**self.defaults, **self.backend_defaults.get(backend, {})}
 
 
 _Named = TypeVar("_Named", Command, TrainRecipe)

@@ -24,19 +24,26 @@ import msgspec
 
 from rlpure.advantages import AggregationMode, Estimator
 from rlpure.losses import PolicyLossName
+from rlpure.model import MODEL_CONFIGS
 from shell.errors import ConfigError
 from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStrategy
 
 __all__ = [
     "FIELD_HELP",
+    "MAX_SEED",
     "TrainConfig",
     "build_config",
+    "check_log_dir",
     "config_to_dict",
     "field_choices",
     "load_config_file",
 ]
 
 Backend = Literal["local", "tinker", "fake"]
+
+MAX_SEED = 2**63 - 1
+"""The largest `seed`: `jax.random.key` takes it as a signed 64-bit integer (a larger one ends
+in an `OverflowError` deep inside JAX)."""
 StrategyName = Literal["fail_fast", "retry", "min_viable"]
 
 
@@ -85,7 +92,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         finite = math.isfinite
         need(bool(self.log_dir), "log_dir", "must be a non-empty path")
         need(self.lora_rank >= 1, "lora_rank", "must be >= 1")
-        need(self.seed >= 0, "seed", "must be >= 0")
+        need(0 <= self.seed <= MAX_SEED, "seed", "must lie in [0, 2**63 - 1]")
         need(self.max_steps is None or self.max_steps >= 0, "max_steps", "must be >= 0 or null")
         need(finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "must be > 0")
         need(0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
@@ -99,6 +106,17 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         )
         need(self.num_substeps >= 1, "num_substeps", "must be >= 1")
         need(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        if self.backend == "local":
+            # Refused here, before any compilation: the local model's context length is known
+            # from its config. (A name outside MODEL_CONFIGS may be a `LocalServiceClient`'s
+            # own `model_configs` entry; the CLI refuses it in `make_service_client`.)
+            model = MODEL_CONFIGS.get(self.base_model)
+            need(
+                model is None or self.max_tokens < model.max_seq_len,
+                "max_tokens",
+                f"must be < the context length of local model {self.base_model!r} "
+                f"({model.max_seq_len if model else 0} tokens, prompt included)",
+            )
         need(finite(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0")
         need(
             (self.loss_aggregation == "constant_length") == (self.aggregation_length is not None),
@@ -236,6 +254,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = json.loads(path.read_text(encoding="utf-8"))
         else:
             raise ConfigError(f"config file {path}: expected a .toml or .json file")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: not UTF-8 text ({err.reason})") from None
     except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"config file {path}: {err}") from None
     if not isinstance(data, dict):
@@ -274,3 +294,26 @@ def field_choices(field: str) -> tuple[str, ...] | None:
         "rollout_strategy": StrategyName,
     }.get(field)
     return None if annotation is None else get_args(annotation)
+
+
+def check_log_dir(path: str | os.PathLike[str], *, option: str = "--log-dir") -> None:
+    """Refuses a log directory that cannot be one, before anything runs (nothing is created).
+
+    The path must be a writable directory, or not exist yet with its nearest existing parent a
+    writable directory.
+
+    Raises:
+        ConfigError: naming `option` and the path: a file, or a place this process cannot write.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{option} {target}: exists and is not a directory")
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{option} {target}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {target}: {probe} is not writable by this user")

@@ -14,6 +14,7 @@ Conventions:
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import numpy as np
@@ -21,19 +22,29 @@ import numpy as np
 from shell.clients import make_service_client
 from shell.commands import TrainRecipe
 from shell.config import TrainConfig
+from shell.errors import ConfigError
 from shell.fakes import ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
 from shell.training import TrainResult, checked_last_checkpoint, recipe_options, train
 
-__all__ = ["RECIPE", "TOY_RESUME_MAY_CHANGE", "toy_recipe_options"]
+__all__ = ["RECIPE", "TOY_RESUME_MAY_CHANGE", "check_toy_options", "toy_recipe_options"]
 
 
 def _toy_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("toy task")
-    group.add_argument("--num-batches", type=int, default=8, help="Number of training batches.")
-    group.add_argument("--groups-per-batch", type=int, default=4, help="Problems per batch.")
-    group.add_argument("--group-size", type=int, default=4, help="Rollouts per problem (G).")
     group.add_argument(
-        "--env-latency", type=float, default=0.0, help="Simulated seconds per env step."
+        "--num-batches", type=int, default=8, help="Number of training batches (default: 8)."
+    )
+    group.add_argument(
+        "--groups-per-batch", type=int, default=4, help="Problems per batch (default: 4)."
+    )
+    group.add_argument(
+        "--group-size", type=int, default=4, help="Rollouts per problem, G (default: 4)."
+    )
+    group.add_argument(
+        "--env-latency",
+        type=float,
+        default=0.0,
+        help="Simulated seconds per env step (default: 0).",
     )
 
 
@@ -83,7 +94,28 @@ def _toy_datasets(args: argparse.Namespace) -> tuple[Any, Any]:
     return train_set, test_set
 
 
+def check_toy_options(args: argparse.Namespace) -> None:
+    """Refuses toy options that would train nothing or fail mid-run, before any client.
+
+    Raises:
+        ConfigError: `--num-batches`, `--groups-per-batch` or `--group-size` below 1, or
+            `--env-latency` negative or not finite.
+    """
+    for name in ("num_batches", "groups_per_batch", "group_size"):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"toy --{name.replace('_', '-')}: must be an int >= 1, got {value!r}")
+    latency = args.env_latency
+    if (
+        isinstance(latency, bool)
+        or not isinstance(latency, (int, float))
+        or not (math.isfinite(latency) and latency >= 0)
+    ):
+        raise ConfigError(f"toy --env-latency: must be a finite number >= 0, got {latency!r}")
+
+
 async def _run_toy(config: TrainConfig, args: argparse.Namespace) -> TrainResult:
+    check_toy_options(args)
     recipe_options = toy_recipe_options(args)
     # `train` checks again; checking here refuses a mixed run before a client is made.
     checked_last_checkpoint(config, recipe_options=recipe_options)

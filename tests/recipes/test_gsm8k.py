@@ -316,7 +316,10 @@ def test_a_stop_iteration_in_the_loader_thread_cannot_hang_the_await(
 
     async def load() -> object:
         return await asyncio.wait_for(
-            asyncio.to_thread(_data.load_gsm8k_splits_in_thread, data_dir=tmp_path), timeout=30
+            asyncio.to_thread(
+                _data.without_stop_iteration(_data.load_gsm8k_splits), data_dir=tmp_path
+            ),
+            timeout=30,
         )
 
     with pytest.raises(RuntimeError, match="unexpected StopIteration"):

@@ -128,7 +128,7 @@ def test_toy_recipe_trains_end_to_end_on_the_fake_backend(
     )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
-    assert "Step  0 | reward:" in out and "Trained steps 0..3" in out
+    assert "Step  0 | reward:" in out and "Trained steps 0..2 (3 steps, 3 in total)" in out
     assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2, 3]
     assert (log_dir / "reward_curve.png").exists()
     saved = json.loads((log_dir / "config.json").read_text())

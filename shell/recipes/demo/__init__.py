@@ -49,6 +49,8 @@ import argparse
 from pathlib import Path
 
 from shell.commands import Command
+from shell.config import MAX_SEED, check_log_dir
+from shell.errors import ConfigError
 from shell.recipes.demo._arithmetic import ArithmeticDataset, ArithmeticEnv
 from shell.recipes.demo._base_model import (
     BaseModelServiceClient,
@@ -118,11 +120,23 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--group-size", type=int, default=defaults.group_size, help="Samples per problem."
     )
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=0,
+        help="Checkpoint GRPO every N steps, so a killed demo resumes losing fewer than N "
+        "steps (default 0: only at the end).",
+    )
     parser.add_argument("--quiet", action="store_true", help="Do not print per-step lines.")
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """Runs the demo from parsed arguments, prints the summary; exit code 0."""
+    """Runs the demo from parsed arguments, prints the summary; exit code 0.
+
+    Raises:
+        ConfigError: an option out of range or an unusable `--log-dir` / `--cache-dir`,
+            before anything is compiled.
+    """
     config = DemoConfig(
         rl_steps=args.rl_steps,
         rl_lr=args.rl_lr,
@@ -131,12 +145,21 @@ def demo_main(args: argparse.Namespace) -> int:
         group_size=args.group_size,
     )
     log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/demo-seed{args.seed}")
+    # Refused up front (exit code 2), before the pretraining stage compiles anything.
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"demo --seed: must lie in [0, 2**63 - 1], got {args.seed}")
+    if args.save_every < 0:
+        raise ConfigError(f"demo --save-every: must be >= 0, got {args.save_every}")
+    check_log_dir(log_dir)
+    if args.cache_dir is not None:
+        check_log_dir(args.cache_dir, option="--cache-dir")
     summary = run_demo(
         seed=args.seed,
         log_dir=log_dir,
         config=config,
         cache_dir=args.cache_dir,
         progress=not args.quiet,
+        save_every=args.save_every,
     )
     print(
         f"rlpure demo (seed {summary['seed']}): held-out greedy accuracy "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +101,24 @@ def _pretrain_cache_key(config: DemoConfig, seed: int) -> str:
     return f"seed{seed}-{digest}"
 
 
+def _read_base_record(record_path: Path) -> dict[str, Any] | None:
+    """The cache entry's record, or None when absent or unusable (torn, invalid): the base
+    model is then rebuilt (a warning names the file) instead of failing every later demo."""
+    try:
+        text = record_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+        if not isinstance(record["state_path"], str):
+            raise TypeError("state_path is not a string")
+        float(record["final_loss_per_token"])
+    except (ValueError, TypeError, KeyError) as err:
+        logger.warning("Base model: ignoring unusable %s (%s); pretraining again", record_path, err)
+        return None
+    return dict(record)
+
+
 async def pretrain_base_model(
     *,
     config: DemoConfig,
@@ -131,16 +150,15 @@ async def pretrain_base_model(
     start = time.perf_counter()
     entry = cache_dir / _pretrain_cache_key(config, seed)
     record_path = entry / _BASE_RECORD
-    if record_path.exists():
-        record = json.loads(record_path.read_text())
-        if Path(record["state_path"], "manifest.json").exists():
-            logger.info("Base model: cached at %s", record["state_path"])
-            return PretrainResult(
-                state_path=record["state_path"],
-                cached=True,
-                seconds=time.perf_counter() - start,
-                final_loss_per_token=float(record["final_loss_per_token"]),
-            )
+    record = _read_base_record(record_path)
+    if record is not None and Path(record["state_path"], "manifest.json").exists():
+        logger.info("Base model: cached at %s", record["state_path"])
+        return PretrainResult(
+            state_path=record["state_path"],
+            cached=True,
+            seconds=time.perf_counter() - start,
+            final_loss_per_token=float(record["final_loss_per_token"]),
+        )
     service = LocalServiceClient(seed=seed, checkpoint_dir=entry)
     trainer: TrainingClient = await service.create_lora_training_client(
         base_model=config.base_model
@@ -186,9 +204,12 @@ async def pretrain_base_model(
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     saved = await trainer.save_state("base", overwrite=True)
     entry.mkdir(parents=True, exist_ok=True)
-    record_path.write_text(
+    # Atomic: a kill mid-write leaves the old record or none, never a torn one.
+    temp = record_path.with_name(f".{_BASE_RECORD}.tmp-{os.getpid()}")
+    temp.write_text(
         json.dumps({"state_path": str(saved.path), "final_loss_per_token": loss_per_token})
     )
+    os.replace(temp, record_path)
     return PretrainResult(
         state_path=str(saved.path),
         cached=False,

@@ -1,7 +1,8 @@
 """The offline demo's recipe (`DemoConfig`) and the seed's per-stage keys (`demo_keys`).
 
 Part of `rlpure demo` (see `shell.recipes.demo` for the whole recipe). `DemoConfig` validates its
-fields once, in `__post_init__` (counts `>= 1`, `pretrain_steps >= 0`, learning rates `> 0`).
+fields once, in `__post_init__` (counts `>= 1`, `pretrain_steps >= 0`, learning rates finite
+and `> 0`), raising `shell.errors.ConfigError` (a `ValueError`).
 `demo_keys(seed)` splits `jax.random.key(seed)` into the three keys of the run, one per stage:
 `split` (train/test problems), `corpus` (the base model's pretraining corpus) and `rl` (GRPO
 batches); every stage draws from its own key, so changing one stage leaves the others' draws unchanged.
@@ -9,8 +10,12 @@ batches); every stage draws from its own key, so changing one stage leaves the o
 
 from __future__ import annotations
 
+import math
+
 import jax
 import msgspec
+
+from shell.errors import ConfigError
 
 __all__ = ["DemoConfig", "demo_keys"]
 
@@ -53,6 +58,7 @@ class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):
     format_coef: float = 0.1
 
     def __post_init__(self) -> None:
+        # ConfigError (a ValueError): the CLI reports it as one line with exit code 2.
         for name in (
             "max_operand",
             "num_test",
@@ -64,12 +70,24 @@ class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):
             "eval_every",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"DemoConfig.{name}: expected >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"DemoConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.pretrain_steps < 0:
-            raise ValueError(f"DemoConfig.pretrain_steps: expected >= 0, got {self.pretrain_steps}")
+            raise ConfigError(
+                f"DemoConfig.pretrain_steps: expected >= 0, got {self.pretrain_steps}"
+            )
         for name in ("pretrain_lr", "rl_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"DemoConfig.{name}: expected > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"DemoConfig.{name}: expected a finite value > 0, got {value}")
+        for name in ("p_correct", "p_high"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(
+                    f"DemoConfig.{name}: expected in [0, 1], got {getattr(self, name)}"
+                )
+        if not (math.isfinite(self.format_coef) and self.format_coef >= 0):
+            raise ConfigError(
+                f"DemoConfig.format_coef: expected a finite value >= 0, got {self.format_coef}"
+            )
 
 
 def demo_keys(seed: int) -> dict[str, jax.Array]:

@@ -71,6 +71,7 @@ async def run_demo_async(
     config: DemoConfig | None = None,
     cache_dir: Path | None = None,
     progress: bool = True,
+    save_every: int = 0,
 ) -> dict[str, Any]:
     """Runs the demo (see the module docstring) and writes `summary.json`; returns it.
 
@@ -80,6 +81,7 @@ async def run_demo_async(
         config: the recipe (default `DemoConfig()`).
         cache_dir: base-model cache (default `<log_dir>/base_model`).
         progress: print the loop's per-step lines.
+        save_every: checkpoint GRPO every N steps (`TrainConfig.save_every`; 0: at the end).
     """
     from shell.local import LocalServiceClient
 
@@ -101,6 +103,7 @@ async def run_demo_async(
         temperature=1.0,
         advantage_estimator="group_centered",
         eval_every=config.eval_every,
+        save_every=save_every,
         progress=progress,
     )
     recipe_options = demo_recipe_options(config)
@@ -183,10 +186,16 @@ def run_demo(
     config: DemoConfig | None = None,
     cache_dir: Path | None = None,
     progress: bool = True,
+    save_every: int = 0,
 ) -> dict[str, Any]:
     """`run_demo_async` in a fresh event loop (for scripts and benchmarks)."""
     return asyncio.run(
         run_demo_async(
-            seed=seed, log_dir=log_dir, config=config, cache_dir=cache_dir, progress=progress
+            seed=seed,
+            log_dir=log_dir,
+            config=config,
+            cache_dir=cache_dir,
+            progress=progress,
+            save_every=save_every,
         )
     )

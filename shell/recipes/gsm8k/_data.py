@@ -25,12 +25,13 @@ Conventions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -65,9 +66,9 @@ __all__ = [
     "Gsm8kSplits",
     "load_gsm8k",
     "load_gsm8k_splits",
-    "load_gsm8k_splits_in_thread",
     "problems_from_rows",
     "shuffle_problems",
+    "without_stop_iteration",
 ]
 
 GSM8K_HUB_PATH = "openai/gsm8k"
@@ -241,17 +242,25 @@ def _is_blank(path: Path) -> bool:
     return True
 
 
-def load_gsm8k_splits_in_thread(**kwargs: Any) -> Gsm8kSplits:
-    """`load_gsm8k_splits(**kwargs)` for `asyncio.to_thread`: never lets `StopIteration` out.
+_T = TypeVar("_T")
+
+
+def without_stop_iteration(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """`fn` for `asyncio.to_thread`: a `StopIteration` it raises becomes a `RuntimeError`.
 
     A `StopIteration` raised in a worker thread cannot be set on the awaiting future (asyncio
     refuses it with a `TypeError` inside the thread), so the await would never return; it is
-    re-raised here as a `RuntimeError` (a bug in a dependency, with its traceback).
+    re-raised as a `RuntimeError` (a bug in a dependency, with its traceback).
     """
-    try:
-        return load_gsm8k_splits(**kwargs)
-    except StopIteration as err:
-        raise RuntimeError(f"load_gsm8k_splits: unexpected StopIteration: {err!r}") from err
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> _T:
+        try:
+            return fn(*args, **kwargs)
+        except StopIteration as err:
+            raise RuntimeError(f"{fn.__name__}: unexpected StopIteration: {err!r}") from err
+
+    return call
 
 
 class Gsm8kSplits(msgspec.Struct, frozen=True, kw_only=True):
@@ -447,7 +456,7 @@ class Gsm8kDatasetBuilder(RLDatasetBuilder):
         splits = self.preloaded
         if splits is None:
             splits = await asyncio.to_thread(
-                load_gsm8k_splits_in_thread,
+                without_stop_iteration(load_gsm8k_splits),
                 data_dir=self.data_dir,
                 seed=self.seed,
                 max_test_problems=self.max_test_problems,

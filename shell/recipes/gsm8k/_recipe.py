@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,12 +54,13 @@ from rich.console import Console
 from rlpure.render import get_renderer
 from shell.clients import ServiceClient, TrainingClient, make_service_client
 from shell.commands import TrainRecipe
-from shell.config import TrainConfig, build_config, config_to_dict, load_config_file
+from shell.config import TrainConfig, build_config
 from shell.errors import ConfigError, RlpureError
 from shell.recipes.gsm8k._data import (
     Gsm8kDatasetBuilder,
     Gsm8kSplits,
-    load_gsm8k_splits_in_thread,
+    load_gsm8k_splits,
+    without_stop_iteration,
 )
 from shell.training import (
     TrainResult,
@@ -151,8 +153,10 @@ class Gsm8kOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(
                 f"gsm8k --max-test-problems: must be >= 0, got {self.max_test_problems}"
             )
-        if not self.format_coef >= 0:
-            raise ConfigError(f"gsm8k --format-coef: must be >= 0, got {self.format_coef}")
+        if not (math.isfinite(self.format_coef) and self.format_coef >= 0):
+            raise ConfigError(
+                f"gsm8k --format-coef: must be a finite number >= 0, got {self.format_coef}"
+            )
 
 
 _TINKER_OPTIONS = Gsm8kOptions()
@@ -280,7 +284,7 @@ async def run_gsm8k(
     # `train` checks again; checking here refuses a mixed run before a session is opened.
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     splits: Gsm8kSplits = await asyncio.to_thread(
-        load_gsm8k_splits_in_thread,
+        without_stop_iteration(load_gsm8k_splits),
         data_dir=options.data_dir,
         seed=config.seed,
         max_test_problems=options.max_test_problems,
@@ -372,46 +376,31 @@ def add_gsm8k_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _explicit_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The `TrainConfig` values the user gave: the `--config` file's, then the flags'.
-
-    The CLI adds every `TrainConfig` flag with `default=argparse.SUPPRESS`, so a field is on
-    `args` only when it was given.
-    """
-    explicit: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        explicit.update(load_config_file(args.config))
-    explicit.update(
-        {name: getattr(args, name) for name in TrainConfig.__struct_fields__ if hasattr(args, name)}
-    )
-    return explicit
-
-
 def _options_from_args(backend: str, args: argparse.Namespace) -> Gsm8kOptions:
     given = {
         "data_dir": getattr(args, "data_dir", None),
         "batch_size": getattr(args, "batch_size", None),
         "group_size": getattr(args, "group_size", None),
         "max_test_problems": getattr(args, "max_test_problems", None),
-        "fewshot": getattr(args, "fewshot", True),
-        "format_coef": getattr(args, "format_coef", 0.1),
+        "fewshot": getattr(args, "fewshot", None),
+        "format_coef": getattr(args, "format_coef", None),
         "cache_dir": getattr(args, "cache_dir", None),
     }
-    return default_gsm8k_options(backend, **{k: v for k, v in given.items() if v is not None})
+    base = msgspec.structs.asdict(default_gsm8k_options(backend))
+    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
+    try:
+        return msgspec.convert(merged, Gsm8kOptions)
+    except msgspec.ValidationError as err:
+        raise ConfigError(f"gsm8k options: {err}") from None
 
 
 async def run_gsm8k_recipe(config: TrainConfig, args: argparse.Namespace) -> TrainResult:
-    """The `rlpure train gsm8k` hook: applies the backend's defaults, then `run_gsm8k`.
+    """The `rlpure train gsm8k` hook: the recipe options for the backend, then `run_gsm8k`.
 
-    `config` arrives with the Tinker defaults (`GSM8K_CONFIG_DEFAULTS`); on the local backend
-    the fields of `GSM8K_LOCAL_CONFIG_DEFAULTS` that the user did not give are replaced.
+    `config` arrives with the backend's defaults applied by the CLI (`RECIPE.backend_defaults`:
+    `GSM8K_LOCAL_CONFIG_DEFAULTS` on the local backend) and the recipe options on `args`
+    (flags over `--config` file values).
     """
-    if config.backend == "local":
-        explicit = _explicit_config(args)
-        config = build_config(
-            config_to_dict(config),
-            {k: v for k, v in GSM8K_LOCAL_CONFIG_DEFAULTS.items() if k not in explicit},
-        )
     options = _options_from_args(config.backend, args)
     return await run_gsm8k(config, options=options)
 
@@ -432,6 +421,7 @@ RECIPE = TrainRecipe(
     run=run_gsm8k_recipe,
     add_arguments=add_gsm8k_arguments,
     defaults=GSM8K_CONFIG_DEFAULTS,
+    backend_defaults={"local": GSM8K_LOCAL_CONFIG_DEFAULTS},
     description=_DESCRIPTION,
 )
 """`rlpure train gsm8k`."""
