@@ -44,7 +44,12 @@ import numpy as np
 from shell.clients import ServiceClient, TrainingClient
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
-from shell.training._checkpoints import CheckpointRecord, last_checkpoint, restore_training_client
+from shell.training._checkpoints import (
+    CheckpointRecord,
+    check_states_exist,
+    last_checkpoint,
+    restore_training_client,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -173,12 +178,16 @@ def checked_last_checkpoint(
 
     Raises:
         ConfigError: see `check_resumable_config`.
+        CheckpointError: an unreadable `checkpoints.jsonl`, a record naming a state outside
+            the log dir, or a last checkpoint whose saved files are missing (see
+            `shell.training._checkpoints`).
     """
     resume = last_checkpoint(config.log_dir)
     if resume is not None:
         check_resumable_config(
             Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options
         )
+        check_states_exist(resume, config.log_dir)
     return resume
 
 

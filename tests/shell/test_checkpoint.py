@@ -1,23 +1,32 @@
-"""checkpoints.jsonl survives a torn last line; checkpoint names never collide."""
+"""checkpoints.jsonl survives a torn last line; checkpoint names never collide; records name
+states relative to their log dir and never outside it."""
 
 from __future__ import annotations
 
 import asyncio
+import doctest
 from pathlib import Path
 
+import msgspec
+import pytest
+
+from shell.errors import CheckpointError
 from shell.fakes import FakeServiceClient
+from shell.training import _checkpoints
 from shell.training._checkpoints import (
     CHECKPOINTS_FILE,
     CheckpointRecord,
     append_checkpoint,
     load_checkpoints,
+    recorded_path,
+    resolved_path,
     save_checkpoint,
 )
 
 
 def _record(step: int) -> CheckpointRecord:
     return CheckpointRecord(
-        step=step, name=f"s{step}", state_path=f"/tmp/s{step}", rng_key_data=(0, step),
+        step=step, name=f"s{step}", state_path=f"fake://s{step}", rng_key_data=(0, step),
         final=False, wall_time=0.0, kl_reference_path=None,
     )  # fmt: skip
 
@@ -46,3 +55,35 @@ def test_saving_the_same_step_twice_uses_distinct_names(tmp_path: Path) -> None:
     assert len(names) == 2
     assert len(set(names)) == 2 and all(n.startswith("step_000002_") for n in names)
     assert [r.step for r in load_checkpoints(tmp_path)] == [2, 2]
+
+
+def test_paths_inside_the_log_dir_are_recorded_relative_and_read_back_resolved(
+    tmp_path: Path,
+) -> None:
+    log_dir = tmp_path / "run"
+    state = log_dir / "local_states" / "m" / "state" / "s"
+    stored = recorded_path(str(state), log_dir)
+    assert stored == "local_states/m/state/s"
+    assert recorded_path("tinker://abc/weights/s", log_dir) == "tinker://abc/weights/s"
+    assert resolved_path(stored, log_dir, where="w") == str(state.resolve())
+    assert resolved_path("tinker://abc/s", log_dir, where="w") == "tinker://abc/s"
+    assert doctest.testmod(_checkpoints).failed == 0
+
+
+@pytest.mark.parametrize("stored", ["../other/local_states/s", "local_states/../../x"])
+def test_a_record_climbing_out_of_the_log_dir_is_refused(tmp_path: Path, stored: str) -> None:
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    record = msgspec.structs.replace(_record(1), state_path=stored)
+    (log_dir / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(record) + b"\n")
+    with pytest.raises(CheckpointError, match=r"checkpoints.jsonl: line 1: .*climbs out"):
+        load_checkpoints(log_dir)
+
+
+def test_an_absolute_record_outside_the_log_dir_is_refused(tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    record = msgspec.structs.replace(_record(1), kl_reference_path="/elsewhere/kl")
+    (log_dir / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(record) + b"\n")
+    with pytest.raises(CheckpointError, match=r"line 1: the state /elsewhere/kl lies outside"):
+        load_checkpoints(log_dir)

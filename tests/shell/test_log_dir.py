@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from shell.config import TrainConfig, build_config
-from shell.errors import ConfigError
+from shell.errors import CheckpointError, ConfigError
 from shell.fakes import (
     FakeCheckpointStore,
     FakeServiceClient,
@@ -24,12 +26,15 @@ from shell.fakes import (
     ScriptedGroupBuilder,
 )
 from shell.training import (
+    CHECKPOINTS_FILE,
     LOCK_FILE,
     LogDirLockedError,
     TrainResult,
     hold_log_dir,
+    read_jsonl,
     train,
 )
+from tests.local.micro import MICRO_NAME, micro_service
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,3 +187,85 @@ def test_hold_log_dir_is_re_entrant_for_its_holder(tmp_path: Path) -> None:
         enter = hold_log_dir(tmp_path).__enter__
         with pytest.raises(LogDirLockedError, match=rf"pid {os.getpid()}\b"):
             contextvars.Context().run(enter)
+
+
+# --- relocatable log dirs ----------------------------------------------------------------------
+
+
+def _local_run(log_dir: Path, *, max_steps: int) -> TrainResult:
+    """A micro-model run on the local backend, its states in `<log_dir>/local_states`."""
+    config = build_config(
+        {
+            "log_dir": str(log_dir),
+            "backend": "local",
+            "base_model": MICRO_NAME,
+            "progress": False,
+            "max_tokens": 2,
+            "save_every": 1,
+            "max_steps": max_steps,
+        },
+        {},
+    )
+    return asyncio.run(
+        train(
+            config,
+            dataset=_dataset(4),
+            service_client=micro_service(log_dir / "local_states"),
+        )
+    )
+
+
+def _recorded_state_paths(log_dir: Path) -> list[str]:
+    lines = (log_dir / CHECKPOINTS_FILE).read_text().splitlines()
+    return [json.loads(line)["state_path"] for line in lines]
+
+
+def test_a_moved_log_dir_resumes_where_it_was(tmp_path: Path) -> None:
+    uninterrupted = _local_run(tmp_path / "whole", max_steps=4)
+    first = _local_run(tmp_path / "D", max_steps=2)
+    assert first.end_step == 2
+    paths = _recorded_state_paths(tmp_path / "D")
+    assert paths and all(p.startswith("local_states/") for p in paths), paths
+    shutil.move(tmp_path / "D", tmp_path / "D2")
+    resumed = _local_run(tmp_path / "D2", max_steps=4)
+    assert (resumed.start_step, resumed.end_step) == (2, 4)
+    assert resumed.checkpoint is not None
+    assert Path(resumed.checkpoint.state_path).is_relative_to(tmp_path / "D2")
+    # the moved run continues exactly: the same metrics as a run never interrupted
+    rewards = [
+        [r.get("env/all/reward/total") for r in read_jsonl(d / "metrics.jsonl")]
+        for d in (tmp_path / "whole", tmp_path / "D2")
+    ]
+    assert rewards[0] == rewards[1]
+    assert uninterrupted.end_step == 4
+
+
+def test_a_copy_without_its_states_refuses_to_resume(tmp_path: Path) -> None:
+    _local_run(tmp_path / "D", max_steps=2)
+    shutil.copytree(tmp_path / "D", tmp_path / "D2", ignore=shutil.ignore_patterns("local_states"))
+    before = _snapshot(tmp_path / "D2")
+    with pytest.raises(
+        CheckpointError, match=r"step-2 checkpoint's state .*D2/local_states.* missing"
+    ):
+        _local_run(tmp_path / "D2", max_steps=4)
+    after = _snapshot(tmp_path / "D2")
+    after.pop(LOCK_FILE)
+    before.pop(LOCK_FILE)
+    assert after == before  # nothing written (only the lock file names the refused run)
+
+
+def test_absolute_records_of_earlier_versions_resume_inside_and_are_refused_outside(
+    tmp_path: Path,
+) -> None:
+    _local_run(tmp_path / "D", max_steps=2)
+    log = tmp_path / "D" / CHECKPOINTS_FILE
+    root = (tmp_path / "D").resolve()
+    legacy = log.read_text().replace('"local_states/', f'"{root}/local_states/')
+    log.write_text(legacy)  # what an earlier rlpure wrote
+    shutil.copytree(tmp_path / "D", tmp_path / "D2")  # with its states, records naming D's
+    # inside the same dir: still resumes
+    assert _local_run(tmp_path / "D", max_steps=3).start_step == 2
+    # a copy whose records name the original's states: refused, saying how to convert
+    with pytest.raises(CheckpointError, match=r"outside the log dir .*sed -i") as refused:
+        _local_run(tmp_path / "D2", max_steps=4)
+    assert str(root) in str(refused.value)

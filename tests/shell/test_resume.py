@@ -34,7 +34,7 @@ from shell.training._resume import (
 
 # the on-disk names are part of a log directory's format: pinned, not imported
 CONFIG_FILE, RECIPE_OPTIONS_FILE = "config.json", "recipe_options.json"
-RECORD = CheckpointRecord(step=2, name="s2", state_path="/states/s2", rng_key_data=(0, 7))
+RECORD = CheckpointRecord(step=2, name="s2", state_path="fake://states/s2", rng_key_data=(0, 7))
 
 
 def _recorded_run(
@@ -163,5 +163,5 @@ def test_callers_training_client_unwraps_a_client_opened_for_the_same_checkpoint
     assert callers_training_client(client, resume=None, log_dir=tmp_path) is client
     with pytest.raises(ConfigError, match=r"opened from no checkpoint \(a fresh run\), but "):
         callers_training_client(fresh, resume=RECORD, log_dir=tmp_path)
-    with pytest.raises(ConfigError, match=r"resuming from the step-2 checkpoint /states/s2"):
+    with pytest.raises(ConfigError, match=r"resuming from the step-2 checkpoint fake://states/s2"):
         callers_training_client(client, resume=RECORD, log_dir=tmp_path)
