@@ -297,23 +297,19 @@ def field_choices(field: str) -> tuple[str, ...] | None:
 
 
 def check_log_dir(path: str | os.PathLike[str], *, option: str = "--log-dir") -> None:
-    """Refuses a log directory that cannot be one, before anything runs (nothing is created).
-
-    The path must be a writable directory, or not exist yet with its nearest existing parent a
-    writable directory.
+    """Makes sure `path` is a writable directory before anything runs (creating it if absent,
+    as the run would).
 
     Raises:
-        ConfigError: naming `option` and the path: a file, or a place this process cannot write.
+        ConfigError: naming `option` and the path: a file, or a place this process cannot
+            create or write.
     """
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise ConfigError(f"{option} {target}: exists and is not a directory")
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(f"{option} {target}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option} {target}: {probe} is not writable by this user")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {target}: cannot create it: {err.strerror}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {target}: not writable by this user")

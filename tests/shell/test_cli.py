@@ -18,7 +18,7 @@ from shell import cli
 from shell.commands import Command, TrainRecipe, by_name
 from shell.config import FIELD_HELP, TrainConfig, build_config, load_config_file
 from shell.errors import ConfigError
-from shell.recipes import COMMANDS, TRAIN_RECIPES, toy
+from shell.recipes import COMMANDS, TRAIN_RECIPES, gsm8k, toy
 from shell.training import load_checkpoints, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -303,3 +303,49 @@ def test_options_the_chosen_strategy_would_ignore_are_refused(options, field):
 
     with pytest.raises(ConfigError, match=rf"TrainConfig\.{field}: only applies to"):
         build_config(options)
+
+
+def test_gsm8k_help_shows_the_real_defaults_per_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = " ".join(_help(["train", "gsm8k", "--help"], capsys).split())
+    assert "(default: 256; 16 on --backend local)" in text
+    assert "(default: 'Qwen/Qwen3.5-9B-Base'; 'rlpure/tiny' on --backend local)" in text
+    train_text = " ".join(_help(["train", "--help"], capsys).split())
+    assert "(default: 256; gsm8k --backend local: 16; toy: 4)" in train_text
+
+
+def test_recipe_options_may_go_in_the_config_file_and_flags_win(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('data_dir = "from-file"\nbatch_size = 3\nfewshot = false\n')
+    recipe = gsm8k.RECIPE
+    fake = TrainRecipe(
+        "g",
+        help="g",
+        run=lambda config, args: seen.update(vars(args), max_tokens=config.max_tokens),
+        add_arguments=recipe.add_arguments,
+        defaults=recipe.defaults,
+        backend_defaults=recipe.backend_defaults,
+    )
+    argv = ["train", "g", "--backend", "local", "--log-dir", str(tmp_path / "r"),
+            "--config", str(config_file), "--batch-size", "5"]  # fmt: skip
+    assert cli.main(argv, recipes={"g": fake}) == 0
+    assert seen["data_dir"] == "from-file" and seen["fewshot"] is False
+    assert seen["batch_size"] == 5 and seen["max_tokens"] == 16
+    config_file.write_text('batch_size = "many"\n')
+    assert cli.main(argv, recipes={"g": fake}) == 2
+
+
+def test_a_finished_run_rerun_says_nothing_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "toy", "--backend", "fake", "--log-dir", str(tmp_path / "t"),
+            "--max-steps", "2", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert first.startswith("Trained steps 0..1 (2 steps, 2 in total) in ")
+    assert "final eval: " in first and "checkpoint: " in first
+    assert cli.main(argv) == 0
+    again = capsys.readouterr().out.strip().splitlines()[-1]
+    assert again.startswith(f"Nothing to do: {tmp_path / 't'} already trained 2 steps")
