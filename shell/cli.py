@@ -5,8 +5,15 @@ Conventions:
   `Command` / `TrainRecipe` records `shell.recipes` lists by explicit import; `main` and
   `build_parser` take other tables (`commands=`, `recipes=`) for a program of your own.
 - Every `TrainConfig` field is a `--flag` of `rlpure train` and of every recipe, documented
-  from `shell.config.FIELD_HELP`. Precedence: defaults < recipe defaults < `--config FILE`
-  (TOML/JSON) < flags. The config is validated once, as a whole (`ConfigError` → exit code 2).
+  from `shell.config.FIELD_HELP` with the defaults the recipe really uses. Precedence: defaults
+  < recipe defaults < the recipe's defaults for the backend < `--config FILE` (TOML/JSON) < flags. The config is validated once, as a whole (`ConfigError` → exit code 2).
+- Errors, decided per exception class (`_user_error`); each user error is ONE line on stderr
+  (`rlpure: ...`), with its traceback only under `-v`:
+  `ConfigError` (an option, `--config` file or log dir) → exit 2; any other `RlpureError`
+  (data, checkpoints, rollouts, tokenizer) → exit 1; a `tinker.TinkerError` → exit 1 with what
+  to check (`shell.clients.describe_tinker_error`); `PermissionError` and a full disk, quota or
+  read-only file system → exit 1; Ctrl-C → 130. Anything else is a bug and keeps Python's
+  traceback (exit 1). Recipe options given in `--config` sit between their defaults and flags.
 - `--backend tinker` uses the real SDK, which reads `TINKER_API_KEY` from the environment; the
   key is never printed, logged or written to the log directory.
 """
