@@ -31,9 +31,13 @@ import logging
 import os
 import re
 import time
+from functools import cache
 from pathlib import Path
+from typing import Annotated
 
+import jax
 import msgspec
+import numpy as np
 
 from shell.clients import ServiceClient, TrainingClient
 from shell.errors import CheckpointError
@@ -75,7 +79,7 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     step: int
     name: str
     state_path: str
-    rng_key_data: tuple[int, ...]
+    rng_key_data: tuple[Annotated[int, msgspec.Meta(ge=0, lt=2**32)], ...]
     final: bool = False
     wall_time: float = 0.0
     kl_reference_path: str | None = None
@@ -166,6 +170,12 @@ def resolved_path(stored: str, log_dir: Path, *, where: str) -> str:
     raise CheckpointError(f"{where}: the state {stored!r} climbs out of the log dir {root}")
 
 
+@cache
+def _key_words() -> int:
+    """How many uint32 words the loop's PRNG key has (2 for jax's default threefry)."""
+    return int(np.asarray(jax.random.key_data(jax.random.key(0))).size)
+
+
 def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
     """All checkpoint records of a log directory, oldest first (none: empty list), their paths
     resolved against `log_dir` (absolute paths; URIs as recorded).
@@ -190,6 +200,11 @@ def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
                 break
             raise CheckpointError(f"{path}: line {number}: {err}") from None
         where = f"{path}: line {number}"
+        if len(record.rng_key_data) != _key_words():
+            raise CheckpointError(
+                f"{where}: field 'rng_key_data': expected {_key_words()} uint32 words (the "
+                f"loop's jax PRNG key), got {len(record.rng_key_data)}"
+            )
         records.append(
             msgspec.structs.replace(
                 record,

@@ -7,7 +7,9 @@ Conventions:
   from (`truncate_jsonl_by_step`), rewriting the file atomically (temporary file + `os.replace`)
   so earlier lines are never lost, whatever moment a second kill lands.
 - A line cut short by a kill (no trailing newline, not valid JSON) can only be the last one; it
-  is dropped with a warning. An unreadable line anywhere else is an error.
+  is dropped with a warning. An unreadable line anywhere else, or a `step` that is not an
+  integer, is a `LogFileError` naming the file, the line and the field (a damaged log is a data
+  error the CLI reports in one line, not a traceback).
 - `samples.jsonl` holds decoded rollouts (`decode_rollout_samples`), a few groups per step, with
   the same `step` key and the same truncation on resume.
 - The reward curve is drawn with matplotlib's object API on an Agg canvas (no `pyplot`, no
@@ -29,12 +31,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlpure.records import TrajectoryGroup
+from shell.errors import CheckpointError
 
 __all__ = [
     "METRICS_FILE",
     "REWARD_CURVE_FILE",
     "SAMPLES_FILE",
     "JsonlWriter",
+    "LogFileError",
     "RunProgress",
     "decode_rollout_samples",
     "format_progress_line",
@@ -102,16 +106,20 @@ class JsonlWriter:
         self.close()
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Reads a JSONL file (missing file: empty list), dropping a torn last line.
+class LogFileError(CheckpointError, ValueError):
+    """A log file of a log directory is damaged; the message names the file, line and field.
 
-    Raises:
-        ValueError: a line other than the last is not a JSON object (names file and line).
+    A `CheckpointError` (it blocks resuming the log dir) and a `ValueError` (what `read_jsonl`
+    raised before it had its own class).
     """
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+
+
+def _numbered_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """`(line number, record)` of each JSON object line of `path` (see `read_jsonl`)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise LogFileError(f"{path}: not UTF-8 text ({err})") from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -122,11 +130,29 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if number == len(lines):
                 logger.warning("%s: dropping torn last line %d (%s)", path, number, err)
                 break
-            raise ValueError(f"{path}: line {number} is not valid JSON: {err}") from None
+            raise LogFileError(f"{path}: line {number} is not valid JSON: {err}") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {number} is not a JSON object")
-        records.append(record)
+            raise LogFileError(f"{path}: line {number} is not a JSON object")
+        step = record.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise LogFileError(
+                f"{path}: line {number}: field 'step': expected an integer, got {step!r}"
+            )
+        records.append((number, record))
     return records
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Reads a JSONL file (missing file: empty list), dropping a torn last line.
+
+    Raises:
+        LogFileError: a line other than the last is not a JSON object, or a record's `step` is
+            not an integer (names file, line and field).
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [record for _, record in _numbered_records(path)]
 
 
 def truncate_jsonl_by_step(path: str | os.PathLike[str], *, keep_below: int) -> int:
@@ -134,12 +160,15 @@ def truncate_jsonl_by_step(path: str | os.PathLike[str], *, keep_below: int) -> 
 
     Returns:
         The number of records dropped (0 also when the file does not exist).
+
+    Raises:
+        LogFileError: see `read_jsonl` (the file is left as it is).
     """
     path = Path(path)
     if not path.exists():
         return 0
     records = read_jsonl(path)
-    kept = [r for r in records if int(r.get("step", -1)) < keep_below]
+    kept = [r for r in records if r.get("step", -1) < keep_below]
     raw_lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     if len(kept) == raw_lines:
         return 0
@@ -288,7 +317,7 @@ def plot_reward_curve(
     ax = fig.add_subplot()
     drawn = False
     for key, label in _CURVES:
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        points = [(r["step"], r[key]) for r in records if "step" in r and r.get(key) is not None]
         if points:
             steps, values = zip(*points, strict=True)
             ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=label)

@@ -76,6 +76,7 @@ from shell.training._logs import (
     RunProgress,
     decode_rollout_samples,
     plot_reward_curve,
+    read_jsonl,
     truncate_jsonl_by_step,
 )
 from shell.training._policy_update import (
@@ -334,6 +335,9 @@ async def train(
         ConfigError: resuming with a changed config field or recipe option (see
             `check_resumable_config`), or a `training_client` not opened for `log_dir`'s last
             checkpoint (see above).
+        CheckpointError: a damaged `checkpoints.jsonl`, `metrics.jsonl` or `samples.jsonl`
+            (`LogFileError`), naming file, line and field, or states the last checkpoint
+            names that are missing or outside the log dir; nothing is rewritten then.
         LogDirLockedError: another run holds `log_dir` (a `ConfigError` naming its pid; see
             `hold_log_dir`). Nothing in the log dir is touched then.
     """
@@ -366,6 +370,8 @@ async def _locked_train(
     """`train`'s body, run while this process holds the log dir's lock."""
     log_dir = Path(config.log_dir)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
+    for log in (METRICS_FILE, SAMPLES_FILE):
+        read_jsonl(log_dir / log)  # a damaged log stops the run before anything is rewritten
     client = (
         None
         if training_client is None

@@ -269,3 +269,89 @@ def test_absolute_records_of_earlier_versions_resume_inside_and_are_refused_outs
     with pytest.raises(CheckpointError, match=r"outside the log dir .*sed -i") as refused:
         _local_run(tmp_path / "D2", max_steps=4)
     assert str(root) in str(refused.value)
+
+
+# --- damaged log files -------------------------------------------------------------------------
+
+
+def _fake_run(log_dir: Path, *, max_steps: int) -> TrainResult:
+    return asyncio.run(
+        train(
+            _config(log_dir, max_steps=max_steps, save_every=1),
+            dataset=_dataset(4),
+            service_client=FakeServiceClient(
+                store=FakeCheckpointStore(log_dir / "fake_states.json")
+            ),
+        )
+    )
+
+
+def _damage(path: Path, line: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[line - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "text", "message"),
+    [
+        ("metrics.jsonl", 1, '{"step": 0, "env', r"metrics.jsonl: line 1 is not valid JSON"),
+        ("metrics.jsonl", 2, '{"step": "one"}', r"metrics.jsonl: line 2: field 'step': .*'one'"),
+        ("samples.jsonl", 1, "[1, 2]", r"samples.jsonl: line 1 is not a JSON object"),
+        (
+            CHECKPOINTS_FILE,
+            2,
+            '{"step": 2, "name": "s", "state_path": "fake://x", "rng_key_data": [1, 2, 3]}',
+            r"checkpoints.jsonl: line 2: field 'rng_key_data': expected 2 uint32 words.* got 3",
+        ),
+        (
+            CHECKPOINTS_FILE,
+            2,
+            '{"step": 2, "name": "s", "state_path": "fake://x", "rng_key_data": [1, 4294967296]}',
+            r"checkpoints.jsonl: line 2: .*rng_key_data\[1\]",
+        ),
+        (
+            CHECKPOINTS_FILE,
+            1,
+            '{"step": "one", "name": "s", "state_path": "fake://x", "rng_key_data": [1, 2]}',
+            r"checkpoints.jsonl: line 1: Expected `int`, got `str` - at `\$.step`",
+        ),
+    ],
+)
+def test_a_damaged_log_file_is_a_checkpoint_error_naming_file_line_and_field(
+    tmp_path: Path, file: str, line: int, text: str, message: str
+) -> None:
+    _fake_run(tmp_path, max_steps=2)
+    _damage(tmp_path / file, line, text)
+    before = _snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match=message):
+        _fake_run(tmp_path, max_steps=4)
+    after = _snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k != LOCK_FILE} == {
+        k: v for k, v in before.items() if k != LOCK_FILE
+    }
+
+
+def test_a_damaged_log_file_is_one_line_from_the_cli(tmp_path: Path) -> None:
+    command = [
+        sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
+        "--log-dir", str(tmp_path), "--num-batches", "3", "--save-every", "1", "--no-progress",
+    ]  # fmt: skip
+    assert subprocess.run(command, cwd=REPO, capture_output=True, timeout=120).returncode == 0
+    _damage(tmp_path / "metrics.jsonl", 1, '{"step": 0, "env')
+    record = '{"step": 1, "name": "s", "state_path": "fake://x", "rng_key_data": [1]}'
+    _damage(tmp_path / CHECKPOINTS_FILE, 1, record)  # a JAX TypeError before
+    command[command.index("3")] = "5"
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (message,) = result.stderr.strip().splitlines()
+    assert "checkpoints.jsonl: line 1: field 'rng_key_data'" in message
+
+
+def test_a_torn_last_metrics_line_is_still_dropped_on_resume(tmp_path: Path) -> None:
+    _fake_run(tmp_path, max_steps=2)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 2, "env')  # a kill mid-write
+    assert _fake_run(tmp_path, max_steps=4).start_step == 2
+    assert [r["step"] for r in read_jsonl(metrics)] == [0, 1, 2, 3]
