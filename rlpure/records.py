@@ -541,13 +541,29 @@ def _json_decoder(kind: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(kind, dec_hook=_dec_hook)
 
 
+# What msgspec raises, instead of a `ValidationError`, on untrusted input where `kind` leaves the
+# structure open (`Any`, `list`, `dict` fields): nesting deeper than the interpreter's recursion
+# limit, and strings that are not UTF-8. Both are faults of the data, reported as such.
+_UNVALIDATED_ERRORS = (RecursionError, UnicodeDecodeError)
+
+
+def _validation_error(err: RecursionError | UnicodeDecodeError) -> msgspec.ValidationError:
+    if isinstance(err, RecursionError):
+        return msgspec.ValidationError("input is nested too deeply")
+    return msgspec.ValidationError(f"invalid UTF-8 in a string: {err.reason} at byte {err.start}")
+
+
 def decode_msgpack(data: bytes, kind: type[T]) -> T:
     """Decodes msgpack `data` as `kind` (e.g. `tuple[TrajectoryGroup, ...]`), validating fully.
 
     Raises:
-        msgspec.ValidationError: naming the path (`$.trajectories_G[0]...`) and the problem.
+        msgspec.ValidationError: naming the path (`$.trajectories_G[0]...`) and the problem;
+            also for input nested too deeply or holding strings that are not UTF-8.
     """
-    decoded: T = _msgpack_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    try:
+        decoded: T = _msgpack_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    except _UNVALIDATED_ERRORS as err:
+        raise _validation_error(err) from None
     return decoded
 
 
@@ -558,5 +574,8 @@ def encode_json(obj: Any) -> bytes:
 
 def decode_json(data: bytes | str, kind: type[T]) -> T:
     """Decodes JSON `data` as `kind`, validating fully (see `decode_msgpack`)."""
-    decoded: T = _json_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    try:
+        decoded: T = _json_decoder(cast(Hashable, kind)).decode(data)  # a decoder for `kind`
+    except _UNVALIDATED_ERRORS as err:
+        raise _validation_error(err) from None
     return decoded

@@ -536,3 +536,19 @@ def test_total_step_reward_is_pythons_left_to_right_sum(traj: Trajectory, first:
         want = sum(step.reward for step in t.transitions)
         got = t.total_step_reward()
         assert (repr(got), type(got)) == (repr(want), type(want))
+
+
+def test_hostile_input_raises_validation_error_not_recursion_or_unicode_errors() -> None:
+    data = encode_json((_group(2),))
+    deep = b"[" * 100_000 + b"1" + b"]" * 100_000  # an array field decodes through the hook
+    nested = data.replace(b'"tokens":[10,11]', b'"tokens":' + deep, 1)
+    bad_utf8 = data.replace(b'"stop_reason":"stop"', b'"stop_reason":"st\xffp"', 1)
+    for hostile in (nested, bad_utf8):
+        with pytest.raises(msgspec.ValidationError):
+            decode_json(hostile, Batch)
+    with pytest.raises(msgspec.ValidationError, match="nested too deeply"):
+        decode_json(deep, list[Any])
+    with pytest.raises(msgspec.ValidationError, match="invalid UTF-8"):
+        decode_msgpack(b"\x91\xa3\xffab", list[str])  # [str of 3 bytes, not UTF-8]
+    with pytest.raises(msgspec.ValidationError, match="nested too deeply"):
+        decode_msgpack(b"\x91" * 100_000 + b"\x01", list[Any])
