@@ -11,7 +11,12 @@ Conventions:
   the sampling streams, so a resumed run continues exactly), the sorted names of the arrays in
   `arrays.npz` and the user's metadata. Every key is required and strictly typed.
 - Writing is crash-safe: a checkpoint is written (and fsynced) in a fresh hidden sibling
-  `.{name}.tmp-*` and renamed into place, so the real name never holds a half-written one.
+  `.{name}.tmp-{pid}-{hex}` and renamed into place, so the real name never holds a half-written
+  one. A write killed before its rename leaves that folder behind; the next write into the same
+  folder removes such leftovers (`_remove_stale_staging`): only names of this pattern, only when
+  the writing process is gone (or is this one and the write is no longer in flight), never the
+  `.tmp-` copy of an interrupted overwrite (below), and a leftover named by an earlier rlpure
+  (`.{name}.tmp-{hex}`, no pid) once it is an hour old.
   Overwriting renames the old checkpoint aside (`.{name}.old-*`) first, moves the new one in,
   and only then deletes the old one; if the move fails the old one is put back. A process killed
   between the two renames leaves both copies on disk (old under `.old-*`, new under `.tmp-*`),
@@ -28,7 +33,9 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -140,6 +147,56 @@ def _move_into_place(staging: Path, directory: Path) -> None:
         )
 
 
+_STAGING = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{32}$")
+_LEGACY_STAGING_AGE_S = 3600.0
+_IN_FLIGHT: set[Path] = set()
+"""Staging folders this process is writing now (never removed as leftovers)."""
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def _is_stale(path: Path, match: re.Match[str]) -> bool:
+    """Whether the staging folder `path` is a leftover no writer will finish or rename."""
+    name = match["name"]
+    interrupted_overwrite = not (path.parent / name).exists() and any(
+        path.parent.glob(f".{glob.escape(name)}.old-*")
+    )
+    if interrupted_overwrite:
+        return False  # may be the complete new copy: `_interrupted_overwrite_hint` names it
+    if match["pid"] is None:
+        try:
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            return False
+        return age > _LEGACY_STAGING_AGE_S
+    pid = int(match["pid"])
+    if pid == os.getpid():
+        return path not in _IN_FLIGHT
+    return not _process_alive(pid)
+
+
+def _remove_stale_staging(directory: Path) -> None:
+    """Removes the leftover staging folders of interrupted writes in `directory`."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for path in entries:
+        match = _STAGING.match(path.name)
+        if match is None or not path.is_dir() or path.is_symlink() or not _is_stale(path, match):
+            continue
+        logger.info("removing %s, left by an interrupted checkpoint write", path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def write_checkpoint(
     directory: Path,
     *,
@@ -158,8 +215,39 @@ def write_checkpoint(
     manifest (`"state"` or `"sampler"`).
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex}"
-    staging.mkdir()
+    _remove_stale_staging(directory.parent)
+    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    _IN_FLIGHT.add(staging)
+    try:
+        staging.mkdir()
+        _write_staged(
+            staging,
+            directory,
+            base_model=base_model,
+            config=config,
+            params=params,
+            opt_state=opt_state,
+            optim_steps=optim_steps,
+            kind=kind,
+            user_metadata=user_metadata,
+        )
+    finally:
+        _IN_FLIGHT.discard(staging)
+
+
+def _write_staged(
+    staging: Path,
+    directory: Path,
+    *,
+    base_model: str,
+    config: model_lib.ModelConfig,
+    params: model_lib.Params,
+    opt_state: Any | None,
+    optim_steps: int,
+    kind: Literal["state", "sampler"],
+    user_metadata: Mapping[str, str] | None,
+) -> None:
+    """Fills `staging` and moves it to `directory` (`staging` removed if anything fails)."""
     try:
         arrays = _tree_to_named_arrays(params, "params")
         if opt_state is not None:

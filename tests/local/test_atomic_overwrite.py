@@ -155,3 +155,43 @@ def test_a_failed_cleanup_of_the_old_copy_does_not_fail_the_save(
     assert checkpoint.optim_steps == 1 and params_equal(checkpoint.params, trainer.params)
     (aside,) = [name for name in _hidden_siblings(path) if name.startswith(".ckpt.old-")]
     assert aside in caplog.text and "was not deleted" in caplog.text
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_the_next_save_removes_leftovers_of_killed_writes_only(tmp_path: Path) -> None:
+    trainer = micro_trainer(tmp_path)
+    path = Path(trainer.save_state("a").result().path)
+    parent = path.parent
+    hex32 = "0" * 32
+    dead, alive = _dead_pid(), os.getppid()
+    leftovers = {
+        f".step_1.tmp-{dead}-{hex32}": True,  # its writer was killed: removed
+        f".step_2.tmp-{os.getpid()}-{hex32}": True,  # this process, not in flight: removed
+        f".step_3.tmp-{alive}-{hex32}": False,  # a live writer's: kept
+        f".step_4.tmp-{hex32}": False,  # an earlier rlpure's, recent: kept
+        f".step_5.tmp-{hex32}": True,  # an earlier rlpure's, over an hour old: removed
+        f".step_6.tmp-{dead}-x": False,  # not this writer's pattern: kept
+        f".ckpt.tmp-{dead}-{hex32}": False,  # the new copy of an interrupted overwrite: kept
+        ".ckpt.old-" + hex32: False,  # (its old copy; `ckpt` itself is missing)
+    }
+    for name in leftovers:
+        (parent / name).mkdir()
+        (parent / name / "arrays.npz").write_bytes(b"partial")
+    old = os.stat(parent / f".step_5.tmp-{hex32}").st_mtime - 7200
+    os.utime(parent / f".step_5.tmp-{hex32}", (old, old))
+    (parent / "not_hidden.tmp-" / "x").mkdir(parents=True)
+    trainer.save_state("b").result()
+    for name, removed in leftovers.items():
+        assert (parent / name).exists() is not removed, name
+    assert (parent / "not_hidden.tmp-" / "x").exists()
+    assert read_checkpoint(str(path), with_optimizer=True).optim_steps == 0
+    assert read_checkpoint(str(parent / "b"), with_optimizer=True).optim_steps == 0
