@@ -13,13 +13,17 @@ Conventions:
   one layer under `_ATTENTION_ELEMENTS`. Row counts are powers of two (at least 1), so chunking
   reuses compiled shapes.
 - Checkpoints live under `checkpoint_dir / model_id / kind / name`; without a `checkpoint_dir`
-  a fresh temporary directory is created on first use.
+  a fresh temporary directory (`rlpure-local-*`) is created on first use and removed when the
+  interpreter exits (`atexit`; a killed process leaves it). A given `checkpoint_dir` is never
+  removed.
 - `next_sample_request_index()` counts the `sample` requests of every sampling client of the
   service (it names the returned sequences, `local-{request}-{sample}`).
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,7 +48,8 @@ class LocalRuntime:
         max_batch_rows: most sample rows per jitted sampling call (>= 1).
         max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call.
         max_train_tokens: most `datums × length bucket` per jitted training call.
-        checkpoint_dir: where checkpoints are written (`None`: a temporary directory).
+        checkpoint_dir: where checkpoints are written (`None`: a temporary directory, removed
+            at exit).
     """
 
     def __init__(
@@ -105,6 +110,8 @@ class LocalRuntime:
         """
         if self._checkpoint_dir is None:
             self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
+            # at exit, not when this runtime is collected: a saved path may outlive the service
+            atexit.register(shutil.rmtree, self._checkpoint_dir, ignore_errors=True)
         directory = (self._checkpoint_dir / model_id / kind / checkpoint_name(name)).resolve()
         if directory.exists() and not overwrite:
             raise FileExistsError(f"checkpoint {str(directory)!r} exists (pass overwrite=True)")

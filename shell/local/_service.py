@@ -3,8 +3,8 @@
 Conventions:
 - The service owns what its clients share, as one `LocalRuntime` (`shell.local._runtime`) handed
   to every client: the run's `seed` (the base model is `init_params(key(seed))`; unseeded
-  sampling derives from it), the checkpoint directory (a fresh temporary directory on first use
-  unless `checkpoint_dir` is given), the sample-request counter and the memory budgets that
+  sampling derives from it), the checkpoint directory (a fresh temporary directory on first use,
+  removed at exit, unless `checkpoint_dir` is given), the sample-request counter and the memory budgets that
   bound one jitted call. The service itself keeps the named model configs and the counters that
   name training clients (`local-{seed}-{index}`) and number sampling clients.
 - A training client gets the service's `create_sampling_client` as a plain callable (for its own
@@ -52,7 +52,8 @@ class LocalServiceClient:
 
     Args:
         seed: the run's seed: model init and unseeded sampling derive from it.
-        checkpoint_dir: where checkpoints are written (default: a new temporary directory).
+        checkpoint_dir: where checkpoints are written (default: a new temporary directory,
+            removed when the interpreter exits; a given directory is never removed).
         max_batch_rows: most sample rows served by one jitted sampling call.
         max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call
             (bounds the KV cache and prefill memory for long prompts).
