@@ -187,6 +187,7 @@ class _Run:
     key: jax.Array
     strategy: RolloutStrategy
     adam_params: tinker.AdamParams
+    warned_no_signal: bool = False
 
 
 async def _kl_reference(
@@ -261,7 +262,15 @@ async def _run_step(
         )
         metrics.update(update.metrics)
         if update.sampling_client is None:
-            logger.warning("Step %d: every group has constant reward; not training", step)
+            metrics["batch/num_datums"] = 0
+            # once per run, then quietly: a run of constant steps is one finding, not many
+            logger.log(
+                logging.DEBUG if run.warned_no_signal else logging.WARNING,
+                "Step %d: every group has constant reward; not training (further such steps "
+                "are logged at DEBUG level)",
+                step,
+            )
+            run.warned_no_signal = True
         else:
             run.sampling_client = update.sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start

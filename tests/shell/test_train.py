@@ -722,18 +722,27 @@ def test_docstring_examples_run(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 
 
-def test_a_step_where_every_group_is_constant_is_not_trained_when_dropping_them(tmp_path):
-    config = _config(tmp_path, max_steps=2, remove_constant_reward_groups=True)
+def test_a_step_where_every_group_is_constant_is_not_trained_when_dropping_them(tmp_path, caplog):
+    config = _config(tmp_path, max_steps=3, remove_constant_reward_groups=True, progress=True)
     service = FakeServiceClient()
     dataset = ScriptedDataset(
         lambda b, i: ScriptedGroupBuilder(lambda k: ScriptedEnv(rewards=[1.0]), group_size=4),
-        num_batches=2,
+        num_batches=3,
         groups_per_batch=2,
     )
-    asyncio.run(train(config, dataset=dataset, service_client=service))
+    out = io.StringIO()
+    with caplog.at_level(logging.DEBUG, logger="shell.training._loop"):
+        asyncio.run(
+            train(config, dataset=dataset, service_client=service, console=Console(file=out))
+        )
     assert "forward_backward" not in [event[0] for event in service.events]
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r.get("progress/no_signal") for r in records] == [1, 1]
+    assert [r.get("progress/no_signal") for r in records] == [1, 1, 1]
+    assert [r.get("batch/num_datums") for r in records] == [0, 0, 0]
+    constant = [r for r in caplog.records if "every group has constant reward" in r.message]
+    assert [r.levelno for r in constant] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    step_lines = [line for line in out.getvalue().splitlines() if line.startswith("Step")]
+    assert len(step_lines) == 3 and all(line.endswith("datums: 0") for line in step_lines)
 
 
 def test_resuming_with_a_config_that_changes_training_is_refused(tmp_path):
