@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from rlpure.records import TrajectoryGroup
 from shell.errors import CheckpointError
@@ -214,7 +221,10 @@ def format_progress_line(step: int, metrics: Mapping[str, Any]) -> str:
 class RunProgress:
     """A rich progress bar over training steps, printing the per-step line above it.
 
-    The bar is shown only on a terminal; the lines are always printed (to `console`).
+    The bar (phase, steps done of total, elapsed time, ETA) is shown only on a terminal; the
+    lines are always printed (to `console`). `phase(text)` names what the run is doing now
+    ("compiling…", "evaluating…"): a line when the phase changes and the bar's label.
+    `step_done` advances the counter before it prints the step's line, so the two agree.
     """
 
     def __init__(
@@ -228,15 +238,18 @@ class RunProgress:
         self.console = console if console is not None else Console()
         self.enabled = enabled
         self._progress = Progress(
-            TextColumn("[bold]training"),
+            TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=self.console,
             disable=not (enabled and self.console.is_terminal),
             transient=True,
         )
-        self._task = self._progress.add_task("steps", total=total, completed=completed)
+        self._task = self._progress.add_task("training", total=total, completed=completed)
+        self._phase = "training"
 
     def __enter__(self) -> RunProgress:
         self._progress.start()
@@ -245,12 +258,25 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
+    def phase(self, text: str, *, line: bool = True) -> None:
+        """Shows `text` as what the run does now: the bar label, and (with `line`) one printed
+        line when it changes."""
+        if text == self._phase:
+            return
+        self._phase = text
+        self._progress.update(self._task, description=text)
+        if line and self.enabled:
+            self.console.print(f"[dim]{text}[/dim]", highlight=False)
+
     def step_done(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Counts step `step` as done, then prints its line."""
+        self._progress.advance(self._task)
+        self._progress.refresh()
         if self.enabled:
             self.console.print(format_progress_line(step, metrics), highlight=False)
-        self._progress.advance(self._task)
 
     def note(self, text: str) -> None:
+        """Prints `text` above the bar."""
         if self.enabled:
             self.console.print(text, highlight=False)
 
@@ -310,20 +336,24 @@ def plot_reward_curve(
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     records = read_jsonl(metrics_path)
     fig = Figure(figsize=(7, 4), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     drawn = False
-    for key, label in _CURVES:
+    # Train reward drawn last (on top): test points sit on train's line when both are 1.0.
+    for zorder, (key, label) in zip((3, 2, 2), _CURVES, strict=True):
         points = [(r["step"], r[key]) for r in records if "step" in r and r.get(key) is not None]
         if points:
             steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=label)
+            marker = "o" if len(points) < 30 else None
+            ax.plot(steps, values, marker=marker, label=label, zorder=zorder)
             drawn = True
     if not drawn:
         return None
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title("rlpure: reward per step")

@@ -450,6 +450,15 @@ async def _locked_train(
         if resume is not None:
             progress.note(f"Resuming from step {start} ({resume.state_path})")
         for step in range(start, num_steps):
+            eval_due = (
+                test_dataset is not None and config.eval_every and step % config.eval_every == 0
+            )
+            if step == start:
+                progress.phase("compiling and running the first step…")
+            elif eval_due:
+                progress.phase(f"evaluating on the test set, then step {step}…")
+            else:
+                progress.phase("training", line=False)
             metrics, groups = await _run_step(run, step, dataset=dataset, test_dataset=test_dataset)
             if not groups:
                 skipped.append(step)
@@ -465,6 +474,7 @@ async def _locked_train(
             if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < num_steps:
                 checkpoint = await _checkpoint(run, step + 1)
         if test_dataset is not None and config.eval_every:
+            progress.phase("final evaluation on the test set…")
             final_eval = await evaluate(
                 test_dataset, run.sampling_client, config=config, strategy=run.strategy
             )

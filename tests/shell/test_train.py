@@ -49,6 +49,7 @@ from shell.training import (
     train,
 )
 from shell.training._logs import (
+    RunProgress,
     format_progress_line,
     plot_reward_curve,
     read_jsonl,
@@ -678,6 +679,61 @@ def test_progress_bar_and_lines_render_on_a_terminal(tmp_path: Path) -> None:
     text = buffer.getvalue()
     assert "Step  0 | reward: " in text and "Step  1 | reward: " in text
     assert "degenerate: " in text and f"datums: {GROUPS * GROUP_SIZE}" in text
+
+
+def test_phase_lines_say_what_the_run_does_before_its_step_lines(tmp_path: Path) -> None:
+    out = io.StringIO()
+    config = _config(tmp_path / "run", progress=True, max_steps=3, eval_every=2)
+    _train(
+        config,
+        FakeServiceClient(),
+        _dataset(3),
+        console=Console(file=out),
+        test_dataset=_dataset(1),
+    )
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "compiling and running the first step…"
+    assert lines[1].startswith("Step  0 | ")
+    assert lines[2].startswith("Step  1 | ")  # "training" changes the bar's label only
+    assert lines[3] == "evaluating on the test set, then step 2…"
+    assert lines[4].startswith("Step  2 | ")
+    assert lines[5] == "final evaluation on the test set…"
+
+
+def test_the_step_counter_is_advanced_before_the_step_line_is_printed() -> None:
+    progress = RunProgress(total=2, console=Console(file=io.StringIO()))
+    seen: list[float] = []
+    progress.console.print = lambda *a, **k: seen.append(  # type: ignore[method-assign]
+        progress._progress.tasks[0].completed
+    )
+    progress.step_done(0, {"env/all/reward/total": 1.0})
+    assert seen == [1]
+    progress.phase("evaluating")
+    progress.phase("evaluating")  # unchanged: no second line
+    assert seen == [1, 1]
+
+
+def test_reward_curve_draws_train_on_top_with_whole_step_ticks(tmp_path: Path) -> None:
+    rows = [{"step": s, "env/all/reward/total": 1.0, "test/env/all/correct": 1.0} for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import matplotlib.figure
+
+    drawn: list[Any] = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(fig: Any, *args: Any, **kwargs: Any) -> None:
+        drawn.append(fig)
+        original(fig, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", keep)
+        assert plot_reward_curve(tmp_path / "metrics.jsonl", tmp_path / "c.png") is not None
+    (ax,) = drawn[0].axes
+    by_label = {line.get_label(): line.get_zorder() for line in ax.get_lines()}
+    train = by_label["train reward (mean total)"]
+    assert all(train > z for label, z in by_label.items() if not label.startswith("train"))
+    ticks = [tick for tick in ax.get_xticks() if 0 <= tick <= 2]
+    assert ticks and all(float(tick).is_integer() for tick in ticks)
 
 
 def test_truncation_keeps_earlier_lines_and_drops_a_torn_last_line(tmp_path: Path) -> None:
