@@ -44,7 +44,7 @@ from shell.config import (
 )
 from shell.errors import ConfigError, RlpureError
 from shell.recipes import COMMANDS, TRAIN_RECIPES
-from shell.training import METRICS_FILE, TrainResult, read_jsonl
+from shell.training import METRICS_FILE, TrainResult, hold_log_dir, read_jsonl
 
 __all__ = ["build_parser", "main", "summary_line"]
 
@@ -399,7 +399,9 @@ def main(
             config = _config_from_args(recipe, args)
             _apply_recipe_options(recipe, args)
             check_log_dir(config.log_dir)
-            result = _run(recipe.run, config, args)
+            # Held before the recipe loads data or compiles: a second run on this dir fails fast.
+            with hold_log_dir(config.log_dir):
+                result = _run(recipe.run, config, args)
             if isinstance(result, TrainResult):
                 print(summary_line(result))
             return _exit_code(result)

@@ -355,3 +355,31 @@ def test_a_torn_last_metrics_line_is_still_dropped_on_resume(tmp_path: Path) -> 
     metrics.write_text(metrics.read_text() + '{"step": 2, "env')  # a kill mid-write
     assert _fake_run(tmp_path, max_steps=4).start_step == 2
     assert [r["step"] for r in read_jsonl(metrics)] == [0, 1, 2, 3]
+
+
+def test_the_cli_takes_the_lock_before_a_recipe_or_the_demo_does_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from shell import cli
+    from shell.commands import TrainRecipe, by_name
+    from shell.recipes import COMMANDS
+
+    ran: list[str] = []
+
+    def probe(config: TrainConfig, args: argparse.Namespace) -> None:
+        ran.append(config.log_dir)
+
+    recipes = by_name([TrainRecipe("probe", "Records that it ran.", probe)])
+    demo_dir = tmp_path / "demo"
+    with hold_log_dir(tmp_path), hold_log_dir(demo_dir):
+        # A fresh context: not this holder, so refused like another run.
+        argv = ["train", "probe", "--log-dir", str(tmp_path)]
+        code = contextvars.Context().run(cli.main, argv, recipes=recipes)
+        demo_argv = ["demo", "--log-dir", str(demo_dir), "--rl-steps", "1", "--quiet"]
+        demo_code = contextvars.Context().run(cli.main, demo_argv, commands=COMMANDS)
+    assert (code, demo_code) == (2, 2)
+    assert ran == []
+    assert sorted(p.name for p in demo_dir.iterdir()) == [LOCK_FILE]  # no base model written
+    assert capsys.readouterr().err.count(f"pid {os.getpid()}") == 2

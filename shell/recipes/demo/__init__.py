@@ -60,6 +60,7 @@ from shell.recipes.demo._base_model import (
 )
 from shell.recipes.demo._config import DemoConfig, demo_keys
 from shell.recipes.demo._run import PRETRAIN_METRICS_FILE, SUMMARY_FILE, run_demo, run_demo_async
+from shell.training import hold_log_dir
 
 __all__ = [
     "COMMAND",
@@ -153,14 +154,15 @@ def demo_main(args: argparse.Namespace) -> int:
     check_log_dir(log_dir)
     if args.cache_dir is not None:
         check_log_dir(args.cache_dir, option="--cache-dir")
-    summary = run_demo(
-        seed=args.seed,
-        log_dir=log_dir,
-        config=config,
-        cache_dir=args.cache_dir,
-        progress=not args.quiet,
-        save_every=args.save_every,
-    )
+    with hold_log_dir(log_dir):  # before pretraining writes base_model.json into it
+        summary = run_demo(
+            seed=args.seed,
+            log_dir=log_dir,
+            config=config,
+            cache_dir=args.cache_dir,
+            progress=not args.quiet,
+            save_every=args.save_every,
+        )
     print(
         f"rlpure demo (seed {summary['seed']}): held-out greedy accuracy "
         f"{summary['accuracy_before']} -> {summary['accuracy_after']} in {summary['steps']} "
