@@ -211,3 +211,26 @@ def test_tiny_demo_writes_its_files_and_is_deterministic(tmp_path: Path) -> None
             seed=0, log_dir=tmp_path / "a", config=changed, cache_dir=cache, progress=False
         )
     assert (tmp_path / "a" / "metrics.jsonl").read_bytes() == metrics_before
+
+
+def test_the_base_model_cache_survives_a_move_and_a_torn_record(tmp_path: Path) -> None:
+    from shell.recipes.demo import pretrain_base_model
+    from shell.recipes.demo._base_model import _pretrain_cache_key
+
+    problems = [ArithmeticProblem(a=1, b=2), ArithmeticProblem(a=2, b=2)]
+
+    def pretrain(cache: Path) -> demo.PretrainResult:
+        return asyncio.run(
+            pretrain_base_model(config=TINY, seed=0, corpus_problems=problems, cache_dir=cache)
+        )
+
+    first = pretrain(tmp_path / "a" / "base_model")
+    assert not first.cached
+    (tmp_path / "a").rename(tmp_path / "b")
+    moved = pretrain(tmp_path / "b" / "base_model")
+    assert moved.cached and Path(moved.state_path).is_relative_to(tmp_path / "b")
+    record = tmp_path / "b" / "base_model" / _pretrain_cache_key(TINY, 0) / "base_model.json"
+    record.write_text('{"state_path": "st')  # torn by a kill in an older version
+    rebuilt = pretrain(tmp_path / "b" / "base_model")
+    assert not rebuilt.cached
+    assert json.loads(record.read_text())["final_loss_per_token"] == rebuilt.final_loss_per_token

@@ -151,10 +151,17 @@ async def pretrain_base_model(
     entry = cache_dir / _pretrain_cache_key(config, seed)
     record_path = entry / _BASE_RECORD
     record = _read_base_record(record_path)
-    if record is not None and Path(record["state_path"], "manifest.json").exists():
-        logger.info("Base model: cached at %s", record["state_path"])
+    # Stored relative to the cache entry, so a moved log dir keeps its cache (an absolute path
+    # from an earlier version still works where it exists).
+    cached_state = entry / record["state_path"] if record is not None else None
+    if (
+        record is not None
+        and cached_state is not None
+        and (cached_state / "manifest.json").exists()
+    ):
+        logger.info("Base model: cached at %s", cached_state)
         return PretrainResult(
-            state_path=record["state_path"],
+            state_path=str(cached_state),
             cached=True,
             seconds=time.perf_counter() - start,
             final_loss_per_token=float(record["final_loss_per_token"]),
@@ -207,7 +214,12 @@ async def pretrain_base_model(
     # Atomic: a kill mid-write leaves the old record or none, never a torn one.
     temp = record_path.with_name(f".{_BASE_RECORD}.tmp-{os.getpid()}")
     temp.write_text(
-        json.dumps({"state_path": str(saved.path), "final_loss_per_token": loss_per_token})
+        json.dumps(
+            {
+                "state_path": os.path.relpath(saved.path, entry),
+                "final_loss_per_token": loss_per_token,
+            }
+        )
     )
     os.replace(temp, record_path)
     return PretrainResult(
