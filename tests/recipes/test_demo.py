@@ -234,3 +234,42 @@ def test_the_base_model_cache_survives_a_move_and_a_torn_record(tmp_path: Path) 
     rebuilt = pretrain(tmp_path / "b" / "base_model")
     assert not rebuilt.cached
     assert json.loads(record.read_text())["final_loss_per_token"] == rebuilt.final_loss_per_token
+
+
+@pytest.mark.slow
+def test_a_demo_killed_during_grpo_resumes_losing_at_most_save_every_steps(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "shell.cli", "demo", "--log-dir", str(log_dir), "--quiet",
+            "--pretrain-steps", "20", "--rl-steps", "30", "--save-every", "5",
+            "--groups-per-batch", "2", "--group-size", "2"]  # fmt: skip
+    metrics = log_dir / "metrics.jsonl"
+
+    def steps_logged() -> list[int]:
+        if not metrics.exists():
+            return []
+        lines = metrics.read_text().splitlines()
+        return [json.loads(line)["step"] for line in lines if line.endswith("}")]
+
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while len(steps_logged()) < 13 and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    done = max(steps_logged()) + 1
+    assert 13 <= done < 30, done  # killed during GRPO, not after it
+    saved = [json.loads(line)["step"] for line in (log_dir / "checkpoints.jsonl").open()]
+    assert done - max(saved) <= 5
+
+    finished = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    summary = json.loads((log_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == max(saved)
+    train_steps = [s for s in steps_logged() if s < 30]
+    assert train_steps == list(range(30))  # each step once: the lost ones were redone
