@@ -50,9 +50,6 @@ __all__ = ["build_parser", "main", "summary_line"]
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_MODULES: tuple[str, ...] = ("shell.recipes.gsm8k", "shell.recipes.demo")
-"""Modules imported (when they exist) so their `@command` / `@train_recipe` functions register."""
-
 # --- parser ------------------------------------------------------------------------------------
 
 

@@ -109,7 +109,8 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         if self.backend == "local":
             # Refused here, before any compilation: the local model's context length is known
             # from its config. (A name outside MODEL_CONFIGS may be a `LocalServiceClient`'s
-            # own `model_configs` entry; the CLI refuses it in `make_service_client`.)
+            # own `model_configs` entry; the local service refuses an unknown one when it makes the
+            # training client.)
             model = MODEL_CONFIGS.get(self.base_model)
             need(
                 model is None or self.max_tokens < model.max_seq_len,

@@ -23,6 +23,7 @@ Conventions:
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -112,7 +113,10 @@ class LocalRuntime:
             self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
             # at exit, not when this runtime is collected: a saved path may outlive the service
             atexit.register(shutil.rmtree, self._checkpoint_dir, ignore_errors=True)
-        directory = (self._checkpoint_dir / model_id / kind / checkpoint_name(name)).resolve()
+        # absolute, not resolved: a symlinked `local_states` keeps its paths inside the log dir
+        directory = Path(
+            os.path.abspath(self._checkpoint_dir / model_id / kind / checkpoint_name(name))
+        )
         if directory.exists() and not overwrite:
             raise FileExistsError(f"checkpoint {str(directory)!r} exists (pass overwrite=True)")
         return directory

@@ -128,7 +128,9 @@ def recorded_path(path: str, log_dir: str | os.PathLike[str]) -> str:
         _WARNED_OUTSIDE.add(root)
         logger.warning(
             "%s: the state %s is saved outside this log dir, so the log dir cannot be resumed "
-            "from elsewhere (the local backend keeps states inside it with "
+            "from elsewhere, nor at all once that state is gone (a default LocalServiceClient() "
+            "deletes its temporary states at exit; the local backend keeps states inside the "
+            "log dir with "
             "LocalServiceClient(checkpoint_dir=<log_dir>/local_states), the CLI's default)",
             root,
             path,
@@ -156,10 +158,16 @@ def resolved_path(stored: str, log_dir: Path, *, where: str) -> str:
     """
     if _is_uri(stored):
         return stored
-    root = log_dir.resolve()
+    # Lexical containment, not `resolve()`: a `local_states` that is a symlink to another disk
+    # stays inside the log dir as far as its records go.
+    root = Path(os.path.abspath(log_dir))
     path = Path(stored)
-    target = (root / path).resolve()  # `root / absolute` is the absolute path itself
-    if target.is_relative_to(root):
+    if not path.is_absolute() and ".." not in path.parts:
+        return str(root / path)
+    target = Path(os.path.normpath(path)) if path.is_absolute() else None
+    if target is not None and (
+        target.is_relative_to(root) or target.resolve().is_relative_to(root.resolve())
+    ):
         return str(target)
     if path.is_absolute():
         raise CheckpointError(

@@ -240,6 +240,17 @@ def test_a_moved_log_dir_resumes_where_it_was(tmp_path: Path) -> None:
     assert uninterrupted.end_step == 4
 
 
+def test_a_log_dir_whose_states_are_a_symlink_to_another_disk_resumes(tmp_path: Path) -> None:
+    (tmp_path / "big").mkdir()
+    (tmp_path / "D").mkdir()
+    (tmp_path / "D" / "local_states").symlink_to(tmp_path / "big")
+    _local_run(tmp_path / "D", max_steps=2)
+    paths = _recorded_state_paths(tmp_path / "D")
+    assert paths and all(p.startswith("local_states/") for p in paths), paths
+    resumed = _local_run(tmp_path / "D", max_steps=3)
+    assert (resumed.start_step, resumed.end_step) == (2, 3)
+
+
 def test_a_copy_without_its_states_refuses_to_resume(tmp_path: Path) -> None:
     _local_run(tmp_path / "D", max_steps=2)
     shutil.copytree(tmp_path / "D", tmp_path / "D2", ignore=shutil.ignore_patterns("local_states"))

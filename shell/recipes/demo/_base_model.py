@@ -216,7 +216,7 @@ async def pretrain_base_model(
     temp.write_text(
         json.dumps(
             {
-                "state_path": os.path.relpath(saved.path, entry),
+                "state_path": os.path.relpath(saved.path, os.path.abspath(entry)),
                 "final_loss_per_token": loss_per_token,
             }
         )
