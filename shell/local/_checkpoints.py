@@ -11,12 +11,14 @@ Conventions:
   the sampling streams, so a resumed run continues exactly), the sorted names of the arrays in
   `arrays.npz` and the user's metadata. Every key is required and strictly typed.
 - Writing is crash-safe: a checkpoint is written (and fsynced) in a fresh hidden sibling
-  `.{name}.tmp-{pid}-{hex}` and renamed into place, so the real name never holds a half-written
-  one. A write killed before its rename leaves that folder behind; the next write into the same
-  folder removes such leftovers (`_remove_stale_staging`): only names of this pattern, only when
-  the writing process is gone (or is this one and the write is no longer in flight), never the
-  `.tmp-` copy of an interrupted overwrite (below), and a leftover named by an earlier rlpure
-  (`.{name}.tmp-{hex}`, no pid) once it is an hour old.
+  `.{name}.tmp-{pid}@{host}-{hex}` (`host`: 8 hex digits of the host name's hash) and renamed
+  into place, so the real name never holds a half-written one. A write killed before its rename
+  leaves that folder behind; the next write into the same folder removes such leftovers
+  (`_remove_stale_staging`): only names of this pattern, only when the writing process is gone
+  (or is this one and the write is no longer in flight), never the `.tmp-` copy of an
+  interrupted overwrite (below). A pid can only be probed on its own host: a leftover of
+  another host (a shared mount), or one named by an earlier rlpure (`.{name}.tmp-{hex}`, no
+  pid), is removed only once it is an hour old.
   Overwriting renames the old checkpoint aside (`.{name}.old-*`) first, moves the new one in,
   and only then deletes the old one; if the move fails the old one is put back. A process killed
   between the two renames leaves both copies on disk (old under `.old-*`, new under `.tmp-*`),
@@ -30,11 +32,13 @@ Conventions:
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import socket
 import time
 import uuid
 import zipfile
@@ -147,7 +151,11 @@ def _move_into_place(staging: Path, directory: Path) -> None:
         )
 
 
-_STAGING = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)-)?[0-9a-f]{32}$")
+_STAGING = re.compile(
+    r"^\.(?P<name>.+)\.tmp-(?:(?P<pid>\d+)(?:@(?P<host>[0-9a-f]{8}))?-)?[0-9a-f]{32}$"
+)
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+"""This host's tag in staging names: pids are only meaningful on the host that ran them."""
 _LEGACY_STAGING_AGE_S = 3600.0
 _IN_FLIGHT: set[Path] = set()
 """Staging folders this process is writing now (never removed as leftovers)."""
@@ -171,7 +179,7 @@ def _is_stale(path: Path, match: re.Match[str]) -> bool:
     )
     if interrupted_overwrite:
         return False  # may be the complete new copy: `_interrupted_overwrite_hint` names it
-    if match["pid"] is None:
+    if match["pid"] is None or match["host"] not in (None, _HOST):
         try:
             age = time.time() - path.stat().st_mtime
         except OSError:
@@ -216,7 +224,7 @@ def write_checkpoint(
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(directory.parent)
-    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}@{_HOST}-{uuid.uuid4().hex}"
     _IN_FLIGHT.add(staging)
     try:
         staging.mkdir()

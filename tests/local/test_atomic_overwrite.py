@@ -21,7 +21,7 @@ from tinker import types
 
 from shell.errors import CheckpointError
 from shell.local import LocalTrainingClient
-from shell.local._checkpoints import read_checkpoint
+from shell.local._checkpoints import _HOST, read_checkpoint
 from tests.local.micro import (
     micro_trainer,
     params_equal,
@@ -173,10 +173,13 @@ def test_the_next_save_removes_leftovers_of_killed_writes_only(tmp_path: Path) -
     parent = path.parent
     hex32 = "0" * 32
     dead, alive = _dead_pid(), os.getppid()
+    here = f"@{_HOST}"
     leftovers = {
-        f".step_1.tmp-{dead}-{hex32}": True,  # its writer was killed: removed
-        f".step_2.tmp-{os.getpid()}-{hex32}": True,  # this process, not in flight: removed
-        f".step_3.tmp-{alive}-{hex32}": False,  # a live writer's: kept
+        f".step_1.tmp-{dead}{here}-{hex32}": True,  # its writer was killed: removed
+        f".step_2.tmp-{os.getpid()}{here}-{hex32}": True,  # this process, not in flight: removed
+        f".step_3.tmp-{alive}{here}-{hex32}": False,  # a live writer's: kept
+        f".step_7.tmp-{dead}@ffffffff-{hex32}": False,  # another host's pid, recent: kept
+        f".step_8.tmp-{dead}-{hex32}": True,  # no host tag (this session's first format): here
         f".step_4.tmp-{hex32}": False,  # an earlier rlpure's, recent: kept
         f".step_5.tmp-{hex32}": True,  # an earlier rlpure's, over an hour old: removed
         f".step_6.tmp-{dead}-x": False,  # not this writer's pattern: kept
@@ -188,6 +191,9 @@ def test_the_next_save_removes_leftovers_of_killed_writes_only(tmp_path: Path) -
         (parent / name / "arrays.npz").write_bytes(b"partial")
     old = os.stat(parent / f".step_5.tmp-{hex32}").st_mtime - 7200
     os.utime(parent / f".step_5.tmp-{hex32}", (old, old))
+    (parent / f".step_9.tmp-{alive}@ffffffff-{hex32}").mkdir()  # another host's, hours old
+    os.utime(parent / f".step_9.tmp-{alive}@ffffffff-{hex32}", (old, old))
+    leftovers[f".step_9.tmp-{alive}@ffffffff-{hex32}"] = True
     (parent / "not_hidden.tmp-" / "x").mkdir(parents=True)
     trainer.save_state("b").result()
     for name, removed in leftovers.items():
