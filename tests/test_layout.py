@@ -2,7 +2,8 @@
 
 - No import cycle among the project's modules, counting imports inside functions and under
   `TYPE_CHECKING` (the graph is built from the AST; an import names a module edge, or its
-  package when the name imported is not a submodule).
+  package when the name imported is not a submodule, plus the parent packages whose
+  `__init__.py` runs first).
 - No three sibling modules share a `prefix_` (they would be a subpackage).
 - Every package facade's `__all__` lists exactly the public names it binds, each one documented;
   `rlpure.__all__` is the RL core (at most 60 names, no model, tokenizer or task names).
@@ -58,6 +59,15 @@ def _imports(name: str, path: Path) -> set[str]:
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 targets.add(sub if sub in MODULES else base)
+    # Importing `a.b._c` first runs `a/b/__init__.py`: an edge to each parent package too, except
+    # the importer's own ancestors and the top-level packages (whose facades import everything).
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    for target in list(targets):
+        parts = target.split(".")
+        for i in range(2, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent not in ancestors and parent != name:
+                targets.add(parent)
     return {t for t in targets if t in MODULES and t != name}
 
 

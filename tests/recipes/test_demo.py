@@ -253,10 +253,16 @@ def test_a_demo_killed_during_grpo_resumes_losing_at_most_save_every_steps(tmp_p
     def steps_logged() -> list[int]:
         if not metrics.exists():
             return []
-        lines = metrics.read_text().splitlines()
-        return [json.loads(line)["step"] for line in lines if line.endswith("}")]
+        steps = []
+        for line in metrics.read_text().splitlines():
+            try:
+                steps.append(json.loads(line)["step"])
+            except json.JSONDecodeError:  # the line being written when the poll read it
+                continue
+        return steps
 
-    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.Popen(argv, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while len(steps_logged()) < 13 and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -267,7 +273,7 @@ def test_a_demo_killed_during_grpo_resumes_losing_at_most_save_every_steps(tmp_p
     saved = [json.loads(line)["step"] for line in (log_dir / "checkpoints.jsonl").open()]
     assert done - max(saved) <= 5
 
-    finished = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    finished = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     summary = json.loads((log_dir / "summary.json").read_text())
     assert summary["resumed_from_step"] == max(saved)
