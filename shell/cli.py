@@ -44,7 +44,13 @@ from shell.config import (
 )
 from shell.errors import ConfigError, RlpureError
 from shell.recipes import COMMANDS, TRAIN_RECIPES
-from shell.training import METRICS_FILE, TrainResult, hold_log_dir, read_jsonl
+from shell.training import (
+    METRICS_FILE,
+    TrainResult,
+    headline_eval_metrics,
+    hold_log_dir,
+    read_jsonl,
+)
 
 __all__ = ["build_parser", "main", "summary_line"]
 
@@ -316,13 +322,7 @@ def _final_eval(log_dir: str) -> str | None:
     finals = [r for r in records if r.get("final_eval")]
     if not finals:
         return None
-    shown = [
-        f"{key.removeprefix('test/env/all/')} {value:.3f}"
-        for key, value in finals[-1].items()
-        if key.startswith("test/env/all/")
-        and key.rsplit("/", 1)[-1] in ("total", "correct")
-        and isinstance(value, (int, float))
-    ]
+    shown = [f"{key} {value:.3f}" for key, value in headline_eval_metrics(finals[-1]).items()]
     return ", ".join(shown) or None
 
 

@@ -23,7 +23,13 @@ from shell.training._checkpoints import (
     load_checkpoints,
 )
 from shell.training._lock import LOCK_FILE, LogDirLockedError, hold_log_dir
-from shell.training._logs import METRICS_FILE, REWARD_CURVE_FILE, SAMPLES_FILE, read_jsonl
+from shell.training._logs import (
+    METRICS_FILE,
+    REWARD_CURVE_FILE,
+    SAMPLES_FILE,
+    headline_eval_metrics,
+    read_jsonl,
+)
 from shell.training._loop import TrainResult, evaluate, train
 from shell.training._policy_update import (
     PolicyUpdate,
@@ -58,6 +64,7 @@ __all__ = [
     "TrainStepOutput",
     "checked_last_checkpoint",
     "evaluate",
+    "headline_eval_metrics",
     "hold_log_dir",
     "last_checkpoint",
     "load_checkpoints",

@@ -49,6 +49,7 @@ __all__ = [
     "RunProgress",
     "decode_rollout_samples",
     "format_progress_line",
+    "headline_eval_metrics",
     "plot_reward_curve",
     "read_jsonl",
     "truncate_jsonl_by_step",
@@ -216,6 +217,23 @@ def format_progress_line(step: int, metrics: Mapping[str, Any]) -> str:
     if metrics.get("progress/skipped"):
         line += " | skipped"
     return line
+
+
+def headline_eval_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The evaluation metrics a summary shows: `test/env/all/.../total` and `.../correct`, keyed
+    without the `test/env/all/` prefix (numbers only).
+
+    Examples:
+        >>> headline_eval_metrics({"test/env/all/reward/total": 1.0, "test/env/all/n": 4})
+        {'reward/total': 1.0}
+    """
+    return {
+        key.removeprefix("test/env/all/"): float(value)
+        for key, value in metrics.items()
+        if key.startswith("test/env/all/")
+        and key.rsplit("/", 1)[-1] in ("total", "correct")
+        and isinstance(value, (int, float))
+    }
 
 
 class RunProgress:

@@ -75,6 +75,7 @@ from shell.training._logs import (
     JsonlWriter,
     RunProgress,
     decode_rollout_samples,
+    headline_eval_metrics,
     plot_reward_curve,
     read_jsonl,
     truncate_jsonl_by_step,
@@ -290,11 +291,7 @@ async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> Checkpoin
 
 
 def _final_eval_line(metrics: Mapping[str, float]) -> str:
-    shown = [
-        f"{key.removeprefix('test/env/all/')}: {value:.3f}"
-        for key, value in metrics.items()
-        if key.startswith("test/env/all/") and key.rsplit("/", 1)[-1] in ("total", "correct")
-    ]
+    shown = [f"{key}: {value:.3f}" for key, value in headline_eval_metrics(metrics).items()]
     return "Final eval | " + " | ".join(shown)
 
 
