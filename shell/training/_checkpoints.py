@@ -195,7 +195,8 @@ def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
     path = Path(log_dir) / CHECKPOINTS_FILE
     if not path.exists():
         return []
-    lines = path.read_bytes().splitlines()
+    data = path.read_bytes()
+    lines = data.splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -203,7 +204,7 @@ def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
         try:
             record = _DECODER.decode(line)
         except msgspec.DecodeError as err:
-            if number == len(lines) and not path.read_bytes().endswith(b"\n"):
+            if number == len(lines) and not data.endswith(b"\n"):
                 logger.warning("%s: ignoring torn last line %d (%s)", path, number, err)
                 break
             raise CheckpointError(f"{path}: line {number}: {err}") from None
