@@ -47,10 +47,10 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(CBVENV)
 	$(CBVENV)/bin/pip install --quiet --upgrade pip
 	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
-	$(CBVENV)/bin/pip install --quiet torch==2.13.0 chz==0.4.0 pillow==13.0.0 blobfile==3.3.0
+	$(CBVENV)/bin/pip install --quiet torch==2.13.0 pillow==13.0.0 blobfile==3.3.0 termcolor==3.3.0
 	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
-	$(CBVENV)/bin/pytest -q tests/shell/test_cookbook_parity.py tests/shell/test_cookbook_compat.py
+	$(CBVENV)/bin/pytest -q tests/shell/test_cookbook_parity.py tests/shell/test_cookbook_compat.py tests/parity
 	$(CBVENV)/bin/python benchmarks/bench_assembly.py --case GRPO
