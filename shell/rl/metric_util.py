@@ -1,0 +1,12 @@
+"""The cookbook's `tinker_cookbook.rl.metric_util`: rollout metrics of a batch of groups.
+
+A thin facade: `compute_trajectory_metrics(trajectory_groups_P, taglist_P)` is
+`rlpure.metrics.trajectory_metrics`, which names its metrics as the cookbook does
+(`env/all/reward/total`, `env/<tag>/...`, `by_group/frac_mixed`, ...).
+"""
+
+from __future__ import annotations
+
+from rlpure.metrics import trajectory_metrics as compute_trajectory_metrics
+
+__all__ = ["compute_trajectory_metrics"]
