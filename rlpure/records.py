@@ -14,6 +14,15 @@ Conventions:
   `__post_init__` (JAX rebuilding records) does not apply; the padded batch record, which does
   travel through `jit`, is checked with `check_*` functions instead.
 - Errors name the record and the field: `TokensWithLogprobs.logprobs: length 3 != tokens length 4`.
+- What cookbook env code hands a record is converted at construction, so the stored form is
+  always the frozen one: an observation field (`Transition.ob`, `StepResult.next_observation`,
+  `Trajectory.final_ob`) takes an rlpure `ModelInput`, a `tinker.ModelInput` (duck-typed: an
+  object with `to_ints()`, text chunks only; this module does not import tinker) or a
+  list / tuple / 1-D array of token ids (`as_model_input`); `Transition.ac` takes an rlpure
+  `TokensWithLogprobs` or the cookbook's (duck-typed: `tokens`, `maybe_logprobs`, optional
+  `stop_reason` / `sequence_id`); stop conditions take lists. Metric and log values may be
+  bools, stored as `1.0` / `0.0` (cookbook envs write `{"format": is_valid}`; the cookbook
+  averages metrics as numbers, so the float is what it would have logged).
 
 Serialisation: `encode_msgpack` / `decode_msgpack` and `encode_json` / `decode_json` round-trip
 any record (or tuple of records) exactly. msgpack stores arrays as raw little-endian bytes;
@@ -22,10 +31,11 @@ JSON stores them as lists (float32 values survive the float64 text form exactly)
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -34,16 +44,21 @@ from numpy.typing import ArrayLike
 
 __all__ = [
     "PARSE_ERROR_MASKED_METRIC_KEY",
+    "STOP_METRIC_PREFIX",
+    "InitialObservationOverflow",
     "Logs",
     "Metrics",
     "ModelInput",
     "RolloutError",
     "StepResult",
     "StopCondition",
+    "StopReason",
     "TokensWithLogprobs",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",
+    "as_model_input",
+    "as_tokens_with_logprobs",
     "decode_json",
     "decode_msgpack",
     "encode_json",
@@ -57,6 +72,37 @@ Metrics = dict[str, float | int]
 Logs = dict[str, str | int | float]
 StopCondition = tuple[str | int, ...]
 """Stop strings or stop token ids (all of one kind), as the sampler's `stop` parameter."""
+
+STOP_METRIC_PREFIX = "stop/"
+"""Metric-key prefix of the one-hot stop-reason metrics (`stop/<reason>`), as the cookbook's."""
+
+
+class StopReason(enum.StrEnum):
+    """Why a trajectory ended (the cookbook's `rl.types.StopReason`, same values).
+
+    An env that knows why its episode ended records `metrics["stop/<reason>"] = 1.0` on the
+    final transition; the rollout mirrors it onto `Trajectory.stop_reason`.
+    """
+
+    COMPLETED = "completed"
+    """The agent finished on its own (e.g. answered without tool calls)."""
+    TOOL_STOPPED = "tool_stopped"
+    """A tool signalled that the episode should stop."""
+    MAX_TURNS = "max_turns"
+    """The turn cap was reached."""
+    MAX_TOKENS = "max_tokens"
+    """The token budget ran out (mid-turn truncation, between turns, or an oversized prompt)."""
+    MAX_SAMPLED_TOKENS = "max_sampled_tokens"
+    """The cumulative sampled-token (action-only) budget ran out."""
+    MAX_TOOL_CALLS = "max_tool_calls"
+    """The trajectory's tool-call budget ran out."""
+    CONTEXT_OVERFLOW = "context_overflow"
+    """The rendered conversation exceeded the trajectory token budget."""
+    PARSE_ERROR = "parse_error"
+    """The model output (or its tool calls) failed to parse."""
+    ROLLOUT_TIMEOUT = "rollout_timeout"
+    """The rollout exceeded its wall-clock budget."""
+
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -135,6 +181,8 @@ def _plain_mapping(
 ) -> dict[str, Any]:
     """A copy of a str-keyed mapping whose values are `kinds` (numpy scalars unwrapped).
 
+    Bools (Python or numpy) become `1.0` / `0.0`, as the cookbook's averaging reads them.
+
     Its value type is whatever `kinds` admits (a runtime tuple), hence `Any`; the two callers
     below give the precise types.
     """
@@ -144,9 +192,11 @@ def _plain_mapping(
     for key, value in values.items():
         if not isinstance(key, str):
             raise TypeError(f"{record}.{field}: key {key!r} is not a string")
-        if isinstance(value, (np.integer, np.floating)):
+        if isinstance(value, (bool, np.bool_)):
+            value = 1.0 if value else 0.0  # documented in the module docstring
+        elif isinstance(value, (np.integer, np.floating)):
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if not isinstance(value, kinds):
             names = [k.__name__ for k in kinds]
             expected = ", ".join(names[:-1]) + " or " + names[-1]
             raise TypeError(
@@ -298,6 +348,137 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     __hash__ = None  # type: ignore[assignment]
 
 
+class _TokenIdsLike(Protocol):
+    """What `tinker.ModelInput` offers that `as_model_input` reads."""
+
+    def to_ints(self) -> list[int]: ...
+
+
+class _CookbookTokensWithLogprobs(Protocol):
+    """What `tinker_cookbook.completers.TokensWithLogprobs` offers that conversion reads."""
+
+    @property
+    def tokens(self) -> Sequence[int]: ...
+
+    @property
+    def maybe_logprobs(self) -> Sequence[float] | None: ...
+
+
+ModelInputLike = ModelInput | _TokenIdsLike | Sequence[int] | np.ndarray
+"""What an observation field accepts (converted by `as_model_input`)."""
+
+TokensWithLogprobsLike = TokensWithLogprobs | _CookbookTokensWithLogprobs
+"""What `Transition.ac` accepts (converted by `as_tokens_with_logprobs`)."""
+
+_SEQUENCE_KINDS = (list, tuple, np.ndarray)
+
+
+def as_model_input(value: Any, *, record: str = "ModelInput", field: str = "tokens") -> ModelInput:
+    """`value` as an rlpure `ModelInput`, converting what cookbook code passes for one.
+
+    Accepts an rlpure `ModelInput` (returned as is), a `tinker.ModelInput` or any object whose
+    `to_ints()` gives the token ids (text chunks only), or a list / tuple / 1-D array of token
+    ids. `record` and `field` name the destination in error messages.
+
+    Raises:
+        ValueError: for a tinker `ModelInput` holding non-text (image) chunks, or ids that are
+            negative or exceed int32.
+        TypeError: for anything else (a string, a number, non-integer ids).
+
+    Examples:
+        >>> as_model_input([1, 2]).to_ints()
+        [1, 2]
+    """
+    if isinstance(value, ModelInput):
+        return value
+    where = f"{record}.{field}"
+    if isinstance(value, _SEQUENCE_KINDS):
+        return ModelInput(tokens=_frozen_array(value, np.int32, record, field))
+    to_ints = getattr(value, "to_ints", None)
+    if callable(to_ints) and not isinstance(value, (str, bytes)):
+        kinds = [str(getattr(chunk, "type", type(chunk).__name__)) for chunk in _chunks(value)]
+        other = sorted({kind for kind in kinds if kind != "encoded_text"})
+        if other:
+            raise ValueError(
+                f"{where}: a {type(value).__name__} with {', '.join(other)} chunks cannot be "
+                "stored; rlpure records hold text token ids only"
+            )
+        try:
+            ids = to_ints()
+        except (TypeError, ValueError) as err:  # e.g. tinker's own refusal of non-text chunks
+            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(
+                f"{where}: {type(value).__name__}.to_ints() failed: {first_line}"
+            ) from None
+        return ModelInput(tokens=_frozen_array(ids, np.int32, record, field))
+    raise TypeError(
+        f"{where}: expected a ModelInput (rlpure or tinker) or a sequence of token ids, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _chunks(value: Any) -> list[Any]:
+    chunks = getattr(value, "chunks", None)
+    return list(chunks) if isinstance(chunks, Sequence) else []
+
+
+def as_tokens_with_logprobs(
+    value: Any, *, record: str = "TokensWithLogprobs", field: str = "value"
+) -> TokensWithLogprobs:
+    """`value` as an rlpure `TokensWithLogprobs`, converting the cookbook's completer record.
+
+    Accepts an rlpure `TokensWithLogprobs` (returned as is) or any object with `tokens` and
+    `maybe_logprobs` (`tinker_cookbook.completers.TokensWithLogprobs`), whose optional
+    `stop_reason` (default `"stop"`) and `sequence_id` (default None) are kept.
+
+    Raises:
+        TypeError: for an object of neither kind; TypeError / ValueError naming `record.field`
+            for invalid tokens or logprobs.
+    """
+    if isinstance(value, TokensWithLogprobs):
+        return value
+    if not (hasattr(value, "tokens") and hasattr(value, "maybe_logprobs")):
+        raise TypeError(
+            f"{record}.{field}: expected TokensWithLogprobs (rlpure or cookbook: tokens and "
+            f"maybe_logprobs), got {type(value).__name__}"
+        )
+    try:
+        return TokensWithLogprobs(
+            tokens=value.tokens,
+            logprobs=value.maybe_logprobs,
+            stop_reason=getattr(value, "stop_reason", "stop"),
+            sequence_id=getattr(value, "sequence_id", None),
+        )
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{record}.{field}: {err}") from None
+
+
+class InitialObservationOverflow(msgspec.Struct, frozen=True, kw_only=True):
+    """Returned by `Env.initial_observation` instead of a pair when the prompt is already too long.
+
+    The cookbook's sentinel: the rollout ends at once, gracefully (no sampling call), with one
+    synthetic transition (empty observation and action, `episode_done=True`) carrying
+    `reward`, `metrics` and `logs`; `Trajectory.stop_reason` is mirrored from the
+    `stop/<reason>` metric (`StopReason.MAX_TOKENS` for a prompt overflow). Returning it rather
+    than raising keeps one oversized prompt from failing its whole group under `FailFast`.
+
+    Attributes:
+        reward: reward of the synthetic final transition (finite).
+        metrics: its metrics; should hold a one-hot `stop/<reason>` key.
+        logs: diagnostics (e.g. the overflow's description).
+    """
+
+    reward: float
+    metrics: Metrics = msgspec.field(default_factory=dict)
+    logs: Logs = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        record = "InitialObservationOverflow"
+        force_setattr(self, "reward", _finite_float(self.reward, record, "reward"))
+        force_setattr(self, "metrics", _plain_metrics(self.metrics, record, "metrics"))
+        force_setattr(self, "logs", _plain_logs(self.logs, record, "logs"))
+
+
 class Transition(msgspec.Struct, frozen=True, kw_only=True):
     """One observation → action → reward step of an episode.
 
@@ -318,13 +499,22 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     metrics: Metrics = msgspec.field(default_factory=dict)
     logs: Logs = msgspec.field(default_factory=dict)
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            ob: ModelInputLike,
+            ac: TokensWithLogprobsLike,
+            reward: float,
+            episode_done: bool,
+            metrics: Mapping[str, float | int | bool] = ...,
+            logs: Mapping[str, str | int | float | bool] = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
-        if not isinstance(self.ob, ModelInput):
-            raise TypeError(f"Transition.ob: expected ModelInput, got {type(self.ob).__name__}")
-        if not isinstance(self.ac, TokensWithLogprobs):
-            raise TypeError(
-                f"Transition.ac: expected TokensWithLogprobs, got {type(self.ac).__name__}"
-            )
+        force_setattr(self, "ob", as_model_input(self.ob, record="Transition", field="ob"))
+        force_setattr(self, "ac", as_tokens_with_logprobs(self.ac, record="Transition", field="ac"))
         force_setattr(self, "reward", _finite_float(self.reward, "Transition", "reward"))
         force_setattr(
             self, "episode_done", _check_bool(self.episode_done, "Transition", "episode_done")
@@ -346,7 +536,7 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
             self,
             *,
             transitions: Sequence[Transition],
-            final_ob: ModelInput = ...,
+            final_ob: ModelInputLike = ...,
             stop_reason: str | None = None,
         ) -> None: ...
 
@@ -356,11 +546,12 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
             "transitions",
             _tuple_of(self.transitions, Transition, "Trajectory", "transitions"),
         )
-        if not isinstance(self.final_ob, ModelInput):
-            raise TypeError(
-                f"Trajectory.final_ob: expected ModelInput, got {type(self.final_ob).__name__}"
-            )
+        force_setattr(
+            self, "final_ob", as_model_input(self.final_ob, record="Trajectory", field="final_ob")
+        )
         _check_str(self.stop_reason, "Trajectory", "stop_reason", optional=True)
+        if self.stop_reason is not None:  # a `StopReason` member is stored as its plain value
+            force_setattr(self, "stop_reason", str(self.stop_reason))
 
     def total_step_reward(self) -> float:
         """Sum of the per-step rewards, left to right in float64 (as the cookbook sums)."""
@@ -456,15 +647,35 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     metrics: Metrics = msgspec.field(default_factory=dict)
     logs: Logs = msgspec.field(default_factory=dict)
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            *,
+            reward: float,
+            episode_done: bool,
+            next_observation: ModelInputLike,
+            next_stop_condition: Sequence[str | int] = (),
+            metrics: Mapping[str, float | int | bool] = ...,
+            logs: Mapping[str, str | int | float | bool] = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         force_setattr(self, "reward", _finite_float(self.reward, "StepResult", "reward"))
         force_setattr(
             self, "episode_done", _check_bool(self.episode_done, "StepResult", "episode_done")
         )
-        if not isinstance(self.next_observation, ModelInput):
+        force_setattr(
+            self,
+            "next_observation",
+            as_model_input(self.next_observation, record="StepResult", field="next_observation"),
+        )
+        if isinstance(self.next_stop_condition, (str, bytes)) or not isinstance(
+            self.next_stop_condition, (Sequence, np.ndarray)
+        ):
             raise TypeError(
-                "StepResult.next_observation: expected ModelInput, "
-                f"got {type(self.next_observation).__name__}"
+                "StepResult.next_stop_condition: expected a list or tuple of stop strings or "
+                f"token ids, got {type(self.next_stop_condition).__name__}"
             )
         stop = tuple(self.next_stop_condition)
         if not (all(isinstance(s, str) for s in stop) or all(_is_token_id(s) for s in stop)):

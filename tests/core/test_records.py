@@ -89,13 +89,16 @@ def _group(num: int = 2, **overrides: Any) -> TrajectoryGroup:
         (lambda: _transition(reward=float("-inf")), ValueError, r"Transition\.reward: non-finite value -inf"),
         (lambda: _transition(reward="1.0"), TypeError, r"Transition\.reward: expected a real number, got str"),
         (lambda: _transition(reward=True), TypeError, r"Transition\.reward: expected a real number, got bool"),
-        (lambda: _transition(ob=[1, 2]), TypeError, r"Transition\.ob: expected ModelInput, got list"),
-        (lambda: _transition(ac=ModelInput.from_ints([1])), TypeError, r"Transition\.ac: expected TokensWithLogprobs, got ModelInput"),
+        (lambda: _transition(ob="12"), TypeError, r"Transition\.ob: expected a ModelInput \(rlpure or tinker\) or a sequence of token ids, got str"),
+        (lambda: _transition(ob=[1, -2]), ValueError, r"Transition\.ob: negative token id -2 at position 1"),
+        (lambda: _transition(ob=[1.5]), TypeError, r"Transition\.ob: token ids must be integers"),
+        (lambda: _transition(ac=ModelInput.from_ints([1])), TypeError, r"Transition\.ac: expected TokensWithLogprobs \(rlpure or cookbook: tokens and maybe_logprobs\), got ModelInput"),
+        (lambda: _transition(metrics={"x": None}), TypeError, r"Transition\.metrics\['x'\]: expected int or float, got NoneType"),
         (lambda: _transition(episode_done=1), TypeError, r"Transition\.episode_done"),
         (lambda: _transition(metrics={"x": "high"}), TypeError, r"Transition\.metrics\['x'\]: expected int or float, got str"),
         (lambda: _transition(metrics={3: 1.0}), TypeError, r"Transition\.metrics: key 3 is not a string"),
         (lambda: Trajectory(transitions=(_transition(), "t")), TypeError, r"Trajectory\.transitions\[1\]: expected Transition, got str"),  # type: ignore[arg-type, list-item]
-        (lambda: Trajectory(transitions=(_transition(),), final_ob=[1]), TypeError, r"Trajectory\.final_ob: expected ModelInput"),  # type: ignore[arg-type, list-item]
+        (lambda: Trajectory(transitions=(_transition(),), final_ob=None), TypeError, r"Trajectory\.final_ob: expected a ModelInput"),  # type: ignore[arg-type]
         (lambda: _group(2, final_rewards_G=(0.0,)), ValueError, r"TrajectoryGroup: trajectories_G has 2 items, final_rewards_G 1, metrics_G 2"),
         (lambda: _group(2, metrics_G=({},)), ValueError, r"TrajectoryGroup: trajectories_G has 2 items, final_rewards_G 2, metrics_G 1"),
         (lambda: _group(2, final_rewards_G=(0.0, float("inf"))), ValueError, r"TrajectoryGroup\.final_rewards_G\[1\]: non-finite value inf"),
@@ -103,7 +106,8 @@ def _group(num: int = 2, **overrides: Any) -> TrajectoryGroup:
         (lambda: _group(1, trajectories_G=(_transition(),)), TypeError, r"TrajectoryGroup\.trajectories_G\[0\]: expected Trajectory, got Transition"),
         (lambda: _group(1, rollout_errors=("boom",)), TypeError, r"TrajectoryGroup\.rollout_errors\[0\]: expected RolloutError"),
         (lambda: StepResult(reward=float("nan"), episode_done=False, next_observation=ModelInput.empty()), ValueError, r"StepResult\.reward: non-finite"),
-        (lambda: StepResult(reward=0.0, episode_done=False, next_observation=[1]), TypeError, r"StepResult\.next_observation: expected ModelInput"),  # type: ignore[arg-type, list-item]
+        (lambda: StepResult(reward=0.0, episode_done=False, next_observation=1), TypeError, r"StepResult\.next_observation: expected a ModelInput \(rlpure or tinker\) or a sequence of token ids, got int"),  # type: ignore[arg-type]
+        (lambda: StepResult(reward=0.0, episode_done=False, next_observation=[], next_stop_condition="\n"), TypeError, r"StepResult\.next_stop_condition: expected a list or tuple"),
     ],
 )  # fmt: skip
 def test_construction_errors_name_record_and_field(build, error, match) -> None:

@@ -101,7 +101,14 @@ def test_problem_env_reward_is_format_coef_times_format_minus_one_plus_correct(
     assert result.metrics == {"format": expected_format, "correct": expected_correct}
     assert result.episode_done
     assert result.next_observation == ModelInput.empty()
-    assert result.logs["reference_answer"] == "5"
+    assert result.logs == {}  # the cookbook's ProblemEnv returns no logs
+    logged = _step(
+        SumEnv(2, 3, require_stop_sequence_for_format=strict, log_responses=True), tokens
+    )
+    assert logged.reward == result.reward and logged.metrics == result.metrics
+    assert logged.logs["reference_answer"] == "5"
+    assert logged.logs["question"] == "What is 2+3?"
+    assert logged.logs["response"] == RENDERER.parse_response(tokens).content
 
 
 @settings(max_examples=40, deadline=None)
