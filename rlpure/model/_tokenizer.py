@@ -6,9 +6,15 @@ Conventions:
   UTF-8 cannot represent; they are refused with a `ValueError`).
 - Three special tokens follow the bytes: `BOS_ID = 256` (`"<|bos|>"`), `EOS_ID = 257`
   (`"<|eos|>"`) and `PAD_ID = 258` (`"<|pad|>"`); `vocab_size == 259`.
-- Special tokens are only produced by `add_special_tokens=True` (a leading BOS) or by passing
-  their ids explicitly. The *text* `"<|eos|>"` encodes as its seven bytes, never as `EOS_ID`,
-  so user content cannot inject control tokens.
+- Special tokens, as a Hugging Face tokenizer's: `add_special_tokens=True` adds a leading BOS,
+  and the *text* of a special token (`"<|bos|>"`, `"<|eos|>"`, `"<|pad|>"`) encodes as its id
+  wherever it occurs (HF's default, `split_special_tokens=False`), so a renderer that writes
+  `tokenizer.encode(tokenizer.bos_token, add_special_tokens=False)` gets `[BOS_ID]`.
+  `split_special_tokens=True` (HF's option of that name) encodes such text as its plain bytes
+  instead, so untrusted content cannot inject control tokens.
+- `decode(encode(s, add_special_tokens=False)) == s` holds either way (special ids decode to
+  their text unless `skip_special_tokens`); `encode(s, add_special_tokens=False,
+  split_special_tokens=True) == list(s.encode("utf-8"))`.
 - Decoding joins runs of byte ids and decodes them as UTF-8 with the replacement character
   for invalid sequences (a model can emit any byte string; decoding never raises on it).
 
@@ -17,6 +23,7 @@ The class is immutable and holds no state, so one instance can be shared freely.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -36,6 +43,9 @@ VOCAB_SIZE: Final = 259
 """Bytes plus the three special ids."""
 
 _SPECIAL_TEXT: Final = {BOS_ID: "<|bos|>", EOS_ID: "<|eos|>", PAD_ID: "<|pad|>"}
+_SPECIAL_ID: Final = {text: token for token, text in _SPECIAL_TEXT.items()}
+_SPECIAL_SPLIT: Final = re.compile("(" + "|".join(map(re.escape, _SPECIAL_ID)) + ")")
+"""Splits text around special-token texts (kept, as odd items of `re.split`)."""
 
 
 def _as_id_list(ids: Any) -> list[int]:
@@ -79,6 +89,7 @@ class ByteTokenizer:
     pad_token: Final = _SPECIAL_TEXT[PAD_ID]
     vocab_size: Final = VOCAB_SIZE
     all_special_ids: Final = (BOS_ID, EOS_ID, PAD_ID)
+    all_special_tokens: Final = tuple(_SPECIAL_TEXT[token] for token in (BOS_ID, EOS_ID, PAD_ID))
 
     def __len__(self) -> int:
         return VOCAB_SIZE
@@ -92,12 +103,27 @@ class ByteTokenizer:
     def __hash__(self) -> int:
         return hash(ByteTokenizer)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Encodes `text` as its UTF-8 bytes, with a leading BOS when `add_special_tokens`.
+    def encode(
+        self, text: str, add_special_tokens: bool = True, *, split_special_tokens: bool = False
+    ) -> list[int]:
+        """Encodes `text` as UTF-8 bytes, special-token texts as their ids (HF's default).
+
+        Args:
+            text: the text.
+            add_special_tokens: prepend `BOS_ID` (HF: the tokenizer's template tokens).
+            split_special_tokens: encode the text of a special token (`"<|eos|>"`) as its plain
+                bytes instead of its id (HF's option of that name), for untrusted content.
 
         Raises:
             TypeError: if `text` is not a `str`.
             ValueError: if `text` holds a lone surrogate (not encodable as UTF-8).
+
+        Examples:
+            >>> ByteTokenizer().encode("a<|eos|>", add_special_tokens=False)
+            [97, 257]
+            >>> ByteTokenizer().encode("<|eos|>", add_special_tokens=False,
+            ...                        split_special_tokens=True)[:3]
+            [60, 124, 101]
         """
         if not isinstance(text, str):
             raise TypeError(f"ByteTokenizer.encode: expected str, got {type(text).__name__}")
@@ -105,8 +131,16 @@ class ByteTokenizer:
             data = text.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ValueError(f"ByteTokenizer.encode: text is not valid Unicode: {err}") from None
-        ids = list(data)
-        return [BOS_ID, *ids] if add_special_tokens else ids
+        ids = [BOS_ID] if add_special_tokens else []
+        if split_special_tokens or "<|" not in text:
+            ids.extend(data)
+            return ids
+        for index, piece in enumerate(_SPECIAL_SPLIT.split(text)):
+            if index % 2:  # a special token's text (the split's captured group)
+                ids.append(_SPECIAL_ID[piece])
+            else:
+                ids.extend(piece.encode("utf-8"))
+        return ids
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         """Decodes token ids to text.
@@ -159,3 +193,26 @@ class ByteTokenizer:
                 )
             out.append(_SPECIAL_TEXT.get(token, f"<0x{token:02X}>"))
         return out
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
+        """The inverse of `convert_ids_to_tokens`: an id per token string (one id for a `str`).
+
+        Raises:
+            ValueError: naming a string that is neither a special token nor `"<0xNN>"`.
+        """
+        if isinstance(tokens, str):
+            return self._token_to_id(tokens)
+        return [self._token_to_id(token) for token in tokens]
+
+    @staticmethod
+    def _token_to_id(token: str) -> int:
+        special = _SPECIAL_ID.get(token)
+        if special is not None:
+            return special
+        match = re.fullmatch(r"<0x([0-9A-F]{2})>", token)
+        if match is None:
+            raise ValueError(
+                f"ByteTokenizer.convert_tokens_to_ids: {token!r} is not a token of this "
+                f"tokenizer (a special token or a byte '<0xNN>')"
+            )
+        return int(match[1], 16)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,14 +14,42 @@ from rlpure.model import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
 TOK = ByteTokenizer()
 # Any Unicode text UTF-8 can encode (lone surrogates cannot be, and are refused).
 texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200)
+SPECIAL_TEXTS = ("<|bos|>", "<|eos|>", "<|pad|>")
+# Texts with special-token texts (and near misses) spliced in, which plain `st.text` never hits.
+texts_with_specials = st.lists(
+    st.one_of(texts, st.sampled_from([*SPECIAL_TEXTS, "<|", "|>", "<|eos", "<|bos|"])),
+    max_size=8,
+).map("".join)
 
 
 @settings(max_examples=200, deadline=None)
-@given(texts)
+@given(texts_with_specials)
 def test_round_trip_without_special_tokens(text: str) -> None:
     ids = TOK.encode(text, add_special_tokens=False)
-    assert ids == list(text.encode("utf-8"))
     assert TOK.decode(ids) == text
+    assert ids.count(EOS_ID) == text.count("<|eos|>")
+    plain = TOK.encode(text, add_special_tokens=False, split_special_tokens=True)
+    assert plain == list(text.encode("utf-8"))
+    assert TOK.decode(plain) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts_with_specials)
+def test_special_texts_map_to_their_ids_and_the_rest_to_bytes(text: str) -> None:
+    """Reference: split on the special texts by hand, bytes in between (HF's default)."""
+    expected: list[int] = []
+    rest = text
+    while rest:
+        hits = [(rest.find(s), s) for s in SPECIAL_TEXTS if s in rest]
+        if not hits:
+            expected.extend(rest.encode("utf-8"))
+            break
+        at, special = min(hits)
+        expected.extend(rest[:at].encode("utf-8"))
+        expected.append(TOK.convert_tokens_to_ids(special))  # type: ignore[arg-type]
+        rest = rest[at + len(special) :]
+    assert TOK.encode(text, add_special_tokens=False) == expected
+    assert TOK.encode(text) == [BOS_ID, *expected]
 
 
 @settings(max_examples=200, deadline=None)
@@ -62,7 +92,16 @@ def test_golden_values() -> None:
     assert TOK.decode(np.array([104, 105], np.int32)) == "hi"
     assert TOK.decode(104) == "h"
     assert TOK.decode([]) == ""
-    assert TOK.encode("<|eos|>", add_special_tokens=False) == list(b"<|eos|>")
+    assert TOK.encode("<|eos|>", add_special_tokens=False) == [EOS_ID]
+    assert TOK.encode(TOK.bos_token, add_special_tokens=False) == [BOS_ID]
+    assert TOK.encode("a<|pad|>", add_special_tokens=False, split_special_tokens=True) == [
+        97,
+        *b"<|pad|>",
+    ]
+    assert TOK.convert_tokens_to_ids(["<|eos|>", "<0x68>"]) == [EOS_ID, 104]
+    assert TOK.convert_tokens_to_ids(TOK.convert_ids_to_tokens(list(range(VOCAB_SIZE)))) == list(
+        range(VOCAB_SIZE)
+    )
     assert TOK.batch_decode([[104], [105, EOS_ID]], skip_special_tokens=True) == ["h", "i"]
     assert TOK.convert_ids_to_tokens([104, EOS_ID]) == ["<0x68>", "<|eos|>"]
 
@@ -88,3 +127,5 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
         TOK.decode([1.5, 2.0])
     with pytest.raises(ValueError, match="1-D"):
         TOK.decode([[1, 2]])
+    with pytest.raises(ValueError, match=re.escape("'<|unk|>' is not a token")):
+        TOK.convert_tokens_to_ids("<|unk|>")
