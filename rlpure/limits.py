@@ -60,7 +60,7 @@ def budget_stop_reason(
 
     Examples:
         >>> budget_stop_reason(observation_tokens=9, sampled_tokens=0, max_trajectory_tokens=10)
-        'max_tokens'
+        <StopReason.MAX_TOKENS: 'max_tokens'>
         >>> print(budget_stop_reason(observation_tokens=8, sampled_tokens=0,
         ...                          max_trajectory_tokens=10))
         None
