@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlpure.model import EOS_ID, ByteTokenizer
 from rlpure.records import ModelInput, StepResult
-from rlpure.render import get_renderer
+from rlpure.render import Message, get_renderer
 from shell.completers import (
     TinkerTokenCompleter,
     model_input_from_tinker,
@@ -59,7 +62,13 @@ def _truncated(text: str) -> list[int]:
 
 
 def _step(env: Env, tokens: list[int]) -> StepResult:
-    return asyncio.run(env.step(np.asarray(tokens, np.int32)))
+    return asyncio.run(env.step(tokens))
+
+
+async def _prompt(env: Env) -> ModelInput:
+    first = await env.initial_observation()
+    assert isinstance(first, tuple)
+    return first[0]
 
 
 def test_problem_env_prompt_is_role_colon_with_bos_and_stop_sequence() -> None:
@@ -138,7 +147,7 @@ def test_problem_group_builder_gives_every_env_the_same_problem() -> None:
     envs = asyncio.run(builder.make_envs())
     assert len(envs) == 5
     assert len({id(e) for e in envs}) == 5  # fresh envs
-    prompts = {tuple(asyncio.run(e.initial_observation())[0].to_ints()) for e in envs}
+    prompts = {tuple(asyncio.run(_prompt(e)).to_ints()) for e in envs}
     assert len(prompts) == 1
     assert builder.logging_tags() == ["sums"]
     rewards = asyncio.run(builder.compute_group_rewards([], envs))
@@ -196,3 +205,123 @@ def test_tinker_token_completer_validates_options() -> None:
         TinkerTokenCompleter(FakeSamplingClient(), max_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         TinkerTokenCompleter(FakeSamplingClient(), max_tokens=1, temperature=-1.0)
+
+
+# --- the cookbook's signatures and renderer API ------------------------------------------------
+
+
+class CookbookStyleEnv(ProblemEnv):
+    """Written as the cookbook's `ArithmeticEnv`: prefix and options passed positionally."""
+
+    def __init__(
+        self, renderer: object, convo_prefix: list[Message] | None, format_coef: float
+    ) -> None:
+        super().__init__(renderer, convo_prefix, format_coef, False)
+
+    def get_question(self) -> str:
+        return "What is 2+3?"
+
+    def check_answer(self, sample_str: str) -> bool:
+        return sample_str.strip() == "5"
+
+    def check_format(self, sample_str: str) -> bool:
+        return sample_str.strip().isdigit()
+
+    def get_reference_answer(self) -> str:
+        return "5"
+
+
+@dataclass(frozen=True)
+class Termination:
+    is_stop_sequence: bool
+    is_clean: bool
+
+
+class MessageTupleRenderer:
+    """A renderer with the cookbook's API over rlpure's role_colon: `parse_response` returns
+    `(message, termination)`, the message content a list of parts (text and thinking), and
+    `build_generation_prompt` a `tinker.ModelInput`, as `tinker_cookbook.renderers` do."""
+
+    def __init__(self) -> None:
+        self.inner = get_renderer("role_colon", TOKENIZER)
+
+    def get_stop_sequences(self) -> list[str]:
+        return list(self.inner.get_stop_sequences())
+
+    def build_generation_prompt(self, messages: list[Mapping[str, str]]) -> tinker.ModelInput:
+        return tinker.ModelInput.from_ints(self.inner.build_generation_prompt(messages).to_ints())
+
+    def parse_response(self, tokens: list[int]) -> tuple[dict[str, object], Termination]:
+        assert type(tokens) is list  # the cookbook's renderers expect a list
+        parsed = self.inner.parse_response(tokens)
+        content = [
+            {"type": "thinking", "thinking": "hmm 4?"},
+            {"type": "text", "text": parsed.content},
+        ]
+        message: dict[str, object] = {"role": "assistant", "content": content}
+        return message, Termination(parsed.is_stop_sequence, parsed.is_clean)
+
+
+def test_problem_env_takes_the_cookbook_positional_arguments() -> None:
+    prefix: list[Message] = [{"role": "user", "content": "1+1?"}]
+    env = CookbookStyleEnv(RENDERER, prefix, 0.25)
+    assert env.convo_prefix == prefix
+    assert env.format_coef == 0.25
+    assert env.require_stop_sequence_for_format is False
+    assert not env.log_responses
+    with pytest.raises(TypeError):
+        ProblemEnv.__init__(env, RENDERER, None, 0.1, True, False)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [_stop_terminated("5"), _eos_terminated("5"), _truncated("5"), _stop_terminated("4")],
+)
+def test_problem_env_gives_the_same_step_with_either_renderer_kind(tokens: list[int]) -> None:
+    ours = CookbookStyleEnv(RENDERER, None, 0.1)
+    cookbook_api = CookbookStyleEnv(MessageTupleRenderer(), None, 0.1)
+    (ob_ours, stop_ours), (ob_api, stop_api) = (
+        asyncio.run(ours.initial_observation()),
+        asyncio.run(cookbook_api.initial_observation()),
+    )
+    assert isinstance(ob_api, ModelInput) and ob_api == ob_ours  # a tinker prompt is converted
+    assert stop_api == stop_ours == ("\n\nUser:",)
+    expected, got = _step(ours, tokens), _step(cookbook_api, tokens)
+    assert got == expected
+    assert got.logs == {}
+
+
+def test_problem_env_accepts_an_array_action_too() -> None:
+    tokens = _stop_terminated("5")
+    assert asyncio.run(SumEnv(2, 3).step(np.asarray(tokens, np.int32))) == _step(  # type: ignore[arg-type]
+        SumEnv(2, 3), tokens
+    )
+
+
+def test_problem_group_builder_has_the_cookbook_fields_positionally() -> None:
+    builder = ProblemGroupBuilder(lambda: SumEnv(1, 1), 3, "sums", tags=("math",))
+    assert (builder.num_envs, builder.dataset_name) == (3, "sums")
+    assert builder.logging_tags() == ["sums", "math"]
+    with pytest.raises(TypeError):
+        ProblemGroupBuilder(lambda: SumEnv(1, 1), 3, "sums", ("math",))  # type: ignore[call-arg]
+    groups = asyncio.run(
+        builder.compute_group_rewards(trajectory_group=[], env_group=[])  # cookbook keywords
+    )
+    assert groups == []
+
+
+def test_env_module_has_the_cookbook_rl_types_names() -> None:
+    import shell.env as env_api
+    from rlpure import records
+
+    assert env_api.Action == list[int]
+    assert env_api.Observation is ModelInput
+    assert env_api.StopReason is records.StopReason
+    assert env_api.STOP_METRIC_PREFIX == "stop/"
+    assert env_api.PARSE_ERROR_MASKED_METRIC_KEY == "parse_error_masked"
+    assert env_api.InitialObservationOverflow is records.InitialObservationOverflow
+    assert env_api.RolloutError is records.RolloutError
+    for name in ("Metrics", "Logs", "StopCondition", "Logprobs", "ActionExtra"):
+        assert name in env_api.__all__
+    params = list(inspect.signature(EnvGroupBuilder.compute_group_rewards).parameters)
+    assert params == ["self", "trajectory_group", "env_group"]
