@@ -17,6 +17,7 @@ from __future__ import annotations
 from rlpure.records import RolloutError
 
 __all__ = [
+    "AllTrajectoriesFailedError",
     "BelowMinViableGroupError",
     "CheckpointError",
     "ConfigError",
@@ -25,6 +26,7 @@ __all__ = [
     "RetryBudgetExhaustedError",
     "RlpureError",
     "RolloutTimeoutError",
+    "TrainingError",
 ]
 
 
@@ -33,10 +35,18 @@ class RlpureError(Exception):
 
 
 class ConfigError(RlpureError, ValueError):
-    """A configuration value (file, CLI flag or argument) is invalid; the message names it."""
+    """A configuration value (file, CLI flag or argument) is invalid; the message names it.
+
+    Not a rollout failure: the tolerant rollout strategies list it in their `fatal` types, so
+    it propagates instead of being retried or skipped (retrying would only repeat it).
+    """
 
 
-class CheckpointError(RlpureError, RuntimeError):
+class TrainingError(RlpureError, RuntimeError):
+    """An error while running a training loop (the cookbook's `TrainingError`)."""
+
+
+class CheckpointError(TrainingError):
     """A checkpoint record or the checkpoint log in a log directory cannot be used to resume."""
 
 
@@ -52,7 +62,7 @@ class RolloutTimeoutError(RlpureError, TimeoutError):
     """A single rollout exceeded its per-rollout deadline."""
 
 
-class GroupRolloutError(RlpureError, RuntimeError):
+class GroupRolloutError(TrainingError):
     """A group of rollouts failed as a whole; `errors` holds every captured trajectory error.
 
     Attributes:
@@ -64,9 +74,17 @@ class GroupRolloutError(RlpureError, RuntimeError):
         self.errors = errors
 
 
+class AllTrajectoriesFailedError(GroupRolloutError):
+    """Too few trajectories of a group succeeded; the group is skipped, not the run crashed.
+
+    The cookbook's name (`tinker_cookbook.exceptions.AllTrajectoriesFailedError`): every
+    strategy's group rollout skips a group that raises it, even under `FailFast`.
+    """
+
+
 class RetryBudgetExhaustedError(GroupRolloutError):
     """`RetryOnFailure`: a rollout failed after the group's retry budget was spent."""
 
 
-class BelowMinViableGroupError(GroupRolloutError):
+class BelowMinViableGroupError(AllTrajectoriesFailedError):
     """`MinViableGroup`: fewer rollouts than the floor succeeded after all retries."""

@@ -11,26 +11,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from returns.result import Failure, Success
 
-from shell.env import Env
+from rlpure.records import StepResult
+from shell.env import Action, ActionExtra, Env
 from shell.errors import (
+    AllTrajectoriesFailedError,
     BelowMinViableGroupError,
+    ConfigError,
     EnvFailure,
     GroupRolloutError,
-    RetryBudgetExhaustedError,
     RlpureError,
 )
 from shell.fakes import ScriptedEnv, ScriptedGroupBuilder, ScriptedPolicy
+from shell.fakes._sdk import FakeSamplingClient
 from shell.rollouts import (
     FailFast,
     GroupFailure,
     MinViableGroup,
     RetryOnFailure,
+    RolloutErrorCounter,
+    RolloutResult,
     RolloutStrategy,
     batch_rollout_error_metrics,
+    default_rollout_strategy_for_model,
     do_batch_rollouts,
     do_group_rollout,
+    do_group_rollout_and_filter_constant_reward,
     do_single_rollout,
     min_viable_floor,
+    rollout_strategy_from_config,
 )
 
 POLICY = ScriptedPolicy(actions=[[7, 8]])
@@ -146,11 +154,15 @@ def test_retry_on_failure_recovers_with_a_fresh_env_in_the_same_slot() -> None:
 
 
 def test_retry_on_failure_fails_the_whole_group_when_the_budget_is_spent() -> None:
+    # The cookbook re-raises the failure that found the budget spent; a note lists them all.
     builder = _builder(4, failing=[0, 1], hanging=[2, 3])
-    with pytest.raises(RetryBudgetExhaustedError) as info:
+    with pytest.raises(EnvFailure, match="scripted failure") as info:
         _run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=1)))
-    assert isinstance(info.value, GroupRolloutError) and isinstance(info.value, RuntimeError)
-    assert [e.error_type for e in info.value.errors] == ["EnvFailure", "EnvFailure"]
+    assert info.value.__notes__ == [
+        "RetryOnFailure: retry budget spent (2 failures, max_retries=1): "
+        "EnvFailure: scripted failure at 0, EnvFailure: scripted failure at 0"
+    ]
+    assert builder.make_envs_calls == 2
     envs = _created(builder)
     assert envs[2].cancelled and envs[3].cancelled  # all-or-nothing: siblings cancelled
     assert builder.cleanup_calls == 1
@@ -160,8 +172,11 @@ def test_retry_on_failure_retries_a_timed_out_rollout() -> None:
     builder = _builder(2, hanging=[0])
     strategy = RetryOnFailure(max_retries=1, per_rollout_timeout=0.05)
     group = _run(do_group_rollout(builder, POLICY, strategy=strategy))
-    assert [e.error_type for e in group.rollout_errors] == ["RolloutTimeoutError"]
-    assert group.rollout_errors[0].error_message == "rollout exceeded its 0.05 s deadline"
+    # the cookbook's error type (its metric key is rollout_errors/TimeoutError), our message
+    assert [e.error_type for e in group.rollout_errors] == ["TimeoutError"]
+    assert group.rollout_errors[0].error_message == (
+        "rollout exceeded its per_rollout_timeout of 0.05 s"
+    )
     assert [t.transitions[0].ob.to_ints()[0] for t in group.trajectories_G] == [2, 1]
     assert _created(builder)[0].cancelled
     assert builder.cleanup_calls == 1
@@ -170,29 +185,51 @@ def test_retry_on_failure_retries_a_timed_out_rollout() -> None:
 def test_retry_on_failure_times_out_all_or_nothing_when_no_budget_is_left() -> None:
     builder = _builder(3, hanging=[0, 1, 2])
     strategy = RetryOnFailure(max_retries=0, per_rollout_timeout=0.05)
-    with pytest.raises(RetryBudgetExhaustedError) as info:
+    with pytest.raises(TimeoutError, match=r"per_rollout_timeout of 0\.05 s"):
         _run(do_group_rollout(builder, POLICY, strategy=strategy))
-    assert info.value.errors[0].error_type == "RolloutTimeoutError"
     assert builder.cleanup_calls == 1
 
 
-def test_retry_on_failure_never_retries_programming_errors() -> None:
-    builder = _builder(3, failing=[1], error=lambda i: AttributeError("typo"), hanging=[0, 2])
-    with pytest.raises(AttributeError, match="typo"):
-        _run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=5)))
+@pytest.mark.parametrize(
+    "error",
+    [AttributeError("typo"), KeyError("k"), RuntimeError("sandbox"), FileNotFoundError("x")],
+    ids=lambda e: type(e).__name__,
+)
+def test_retry_on_failure_retries_any_exception_as_the_cookbook(error: Exception) -> None:
+    builder = _builder(3, failing=[1], error=lambda i: error)
+    group = _run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=1)))
+    assert [e.error_type for e in group.rollout_errors] == [type(error).__name__]
+    assert len(group.trajectories_G) == 3
+    assert builder.make_envs_calls == 2
+
+
+@pytest.mark.parametrize("strategy", [RetryOnFailure(max_retries=5), MinViableGroup(max_retries=5)])
+def test_config_errors_are_not_rollout_failures(strategy: RolloutStrategy) -> None:
+    builder = _builder(3, failing=[1], error=lambda i: ConfigError("bad option"), hanging=[0, 2])
+    with pytest.raises(ConfigError, match="bad option"):
+        _run(do_group_rollout(builder, POLICY, strategy=strategy))
+    assert builder.make_envs_calls == 1  # not retried
+    assert builder.cleanup_calls == 1
+    assert _created(builder)[0].cancelled and _created(builder)[2].cancelled
+    # and a skipping caller does not skip the group either
+    with pytest.raises(ConfigError):
+        _run(
+            do_batch_rollouts(
+                [_builder(2, failing=[0], error=lambda i: ConfigError("x"))],
+                POLICY,
+                strategy=strategy,
+            )
+        )
+
+
+def test_fatal_types_are_configurable_and_empty_is_the_cookbook() -> None:
+    builder = _builder(2, failing=[0], error=lambda i: ConfigError("bad option"))
+    group = _run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(1, fatal=())))
+    assert [e.error_type for e in group.rollout_errors] == ["ConfigError"]
+    builder = _builder(2, failing=[0], error=lambda i: TypeError("bug"), hanging=[1])
+    with pytest.raises(TypeError):
+        _run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(fatal=(TypeError,))))
     assert builder.make_envs_calls == 1
-    assert builder.cleanup_calls == 1
-    assert _created(builder)[0].cancelled
-
-
-def test_retry_on_failure_accepts_extra_failure_types() -> None:
-    class SandboxCrash(Exception):
-        pass
-
-    builder = _builder(2, failing=[0], error=lambda i: SandboxCrash("crash"))
-    strategy = RetryOnFailure(max_retries=1, failures=(SandboxCrash,))
-    group = _run(do_group_rollout(builder, POLICY, strategy=strategy))
-    assert [e.error_type for e in group.rollout_errors] == ["SandboxCrash"]
 
 
 @settings(max_examples=30, deadline=None)
@@ -208,8 +245,9 @@ def test_retry_on_failure_is_all_or_nothing(
     strategy = RetryOnFailure(max_retries=max_retries)
     try:
         group = _run(do_group_rollout(builder, POLICY, strategy=strategy))
-    except RetryBudgetExhaustedError as err:
-        assert len(err.errors) == max_retries + 1
+    except EnvFailure as err:
+        assert f"({max_retries + 1} failures, max_retries={max_retries})" in err.__notes__[0]
+        assert builder.make_envs_calls == 1 + max_retries
     else:
         assert len(group.trajectories_G) == group_size
         assert len(group.rollout_errors) <= max_retries
@@ -281,7 +319,7 @@ STRATEGIES: list[RolloutStrategy] = [
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize(
     "path",
-    ["success", "rollout_error", "make_envs_error", "rewards_error", "bug", "cancelled"],
+    ["success", "rollout_error", "make_envs_error", "rewards_error", "config_error", "cancelled"],
 )
 def test_cleanup_is_called_exactly_once_in_every_path(strategy: RolloutStrategy, path: str) -> None:
     kwargs: dict[str, object] = {}
@@ -291,9 +329,9 @@ def test_cleanup_is_called_exactly_once_in_every_path(strategy: RolloutStrategy,
         kwargs["make_envs_error"] = OSError("no sandbox")
     elif path == "rewards_error":
         kwargs["rewards_error"] = EnvFailure("grader down")
-    elif path == "bug":
+    elif path == "config_error":
         kwargs["failing"] = [0]
-        kwargs["error"] = lambda i: KeyError("oops")
+        kwargs["error"] = lambda i: ConfigError("oops")
     elif path == "cancelled":
         kwargs["hanging"] = list(range(20))
     builder = _builder(4, **kwargs)  # type: ignore[arg-type]
@@ -312,7 +350,7 @@ def test_cleanup_is_called_exactly_once_in_every_path(strategy: RolloutStrategy,
             "rollout_error": RlpureError,
             "make_envs_error": OSError,
             "rewards_error": EnvFailure,
-            "bug": KeyError,
+            "config_error": ConfigError,
             "cancelled": asyncio.CancelledError,
         }[path]
         with pytest.raises(expected):
@@ -352,15 +390,14 @@ def test_batch_under_a_tolerant_strategy_skips_and_counts_failed_groups() -> Non
     assert [type(o) for o in outcomes] == [Success, Failure, Failure, Success]
     failure = outcomes[1].failure()
     assert isinstance(failure, GroupFailure)
-    assert failure.error_type == "RetryBudgetExhaustedError"
-    assert [e.error_type for e in failure.errors] == ["EnvFailure", "EnvFailure"]
-    assert outcomes[2].failure().error_type == "ConnectionRefusedError" or (
-        outcomes[2].failure().error_type == "ConnectionError"
-    )
+    assert failure.error_type == "EnvFailure"
+    assert [e.error_type for e in failure.errors] == ["EnvFailure"]
+    assert outcomes[2].failure().error_type == "ConnectionError"
+    # The cookbook's RolloutErrorCounter: a skipped group counts once in groups_skipped, its
+    # trajectory errors are not counted; errors of kept groups are.
     assert batch_rollout_error_metrics(outcomes) == {
-        "rollout_errors/ConnectionError": 1.0,
-        "rollout_errors/EnvFailure": 3.0,
-        "rollout_errors/total": 4.0,
+        "rollout_errors/EnvFailure": 1.0,
+        "rollout_errors/total": 1.0,
         "rollout_errors/groups_skipped": 2.0,
     }
     assert [b.cleanup_calls for b in builders] == [1, 1, 1, 1]
@@ -410,8 +447,11 @@ def test_rollout_error_metrics_is_empty_without_errors() -> None:
     "make",
     [
         lambda: RetryOnFailure(max_retries=-1),
-        lambda: RetryOnFailure(per_rollout_timeout=0.0),
+        lambda: RetryOnFailure(per_rollout_timeout=-1.0),
         lambda: MinViableGroup(min_successful=0),
+        lambda: MinViableGroup(per_rollout_timeout=0),
+        lambda: MinViableGroup(max_retries=-1),
+        lambda: FailFast(per_rollout_timeout=0.0),
     ],
 )
 def test_strategies_validate_their_options(make: Callable[[], object]) -> None:
@@ -432,7 +472,7 @@ def test_scripted_policy_failures_are_rollout_failures() -> None:
     assert np.all([len(t.transitions) == 1 for t in group.trajectories_G])
 
 
-# --- review findings: cleanup never masks the real error; only transient failures retry -------
+# --- review findings: cleanup never masks the real error -----------------------------------
 
 
 def test_a_failing_cleanup_does_not_replace_the_error_that_is_propagating() -> None:
@@ -442,8 +482,12 @@ def test_a_failing_cleanup_does_not_replace_the_error_that_is_propagating() -> N
         cleanup_error=ConnectionResetError("cleanup boom"),
     )
     for strategy in (FailFast(), RetryOnFailure(max_retries=2)):
-        with pytest.raises(KeyError, match="the real bug"):
+        with pytest.raises(KeyError, match="the real bug") as info:
             asyncio.run(do_group_rollout(builder, POLICY, strategy=strategy))
+        assert (
+            "ScriptedGroupBuilder.cleanup also failed: ConnectionResetError: cleanup boom"
+            in info.value.__notes__
+        )
 
 
 def test_a_failing_cleanup_after_success_is_raised() -> None:
@@ -455,37 +499,341 @@ def test_a_failing_cleanup_after_success_is_raised() -> None:
     assert builder.cleanup_calls == 1
 
 
+# --- issue 11: the cookbook's semantics ------------------------------------------------------
+
+
+class _ListCheckingEnv(ScriptedEnv):
+    """Fails unless the action arrives as a `list[int]` (cookbook envs do `if not tokens`)."""
+
+    async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
+        assert type(action) is list and all(type(t) is int for t in action), type(action)
+        if not action:
+            raise AssertionError("empty action")
+        return await super().step(action, extra=extra)
+
+
+def test_actions_reach_env_step_as_a_list_of_ints() -> None:
+    traj = _run(do_single_rollout(POLICY, _ListCheckingEnv(rewards=[1.0, 0.0])))
+    assert [t.ac.tokens.tolist() for t in traj.transitions] == [[7, 8], [7, 8]]
+
+
+class _SlowCleanupBuilder(ScriptedGroupBuilder):
+    """A builder whose `cleanup` takes `cleanup_s` seconds and records when it finished."""
+
+    def __init__(self, *args: object, cleanup_s: float, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.cleanup_s = cleanup_s
+        self.cleanup_finished = 0
+        self.cleanup_started = asyncio.Event()
+
+    async def cleanup(self) -> None:
+        self.cleanup_started.set()
+        await super().cleanup()
+        await asyncio.sleep(self.cleanup_s)
+        self.cleanup_finished += 1
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("cancels", [1, 3])
+def test_a_slow_cleanup_finishes_when_the_rollout_is_cancelled(
+    strategy: RolloutStrategy, cancels: int
+) -> None:
+    builder = _SlowCleanupBuilder(lambda i: ScriptedEnv(prompt=[i]), group_size=2, cleanup_s=0.1)
+
+    async def main() -> None:
+        task = asyncio.create_task(do_group_rollout(builder, POLICY, strategy=strategy))
+        await builder.cleanup_started.wait()  # the rollout is done, cleanup is running
+        for _ in range(cancels):
+            task.cancel()
+            await asyncio.sleep(0.01)
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        _run(main())
+    assert builder.cleanup_calls == 1
+    assert builder.cleanup_finished == 1
+
+
+def test_cancellation_during_rollouts_still_runs_a_slow_cleanup_to_the_end() -> None:
+    builder = _SlowCleanupBuilder(
+        lambda i: ScriptedEnv(prompt=[i], hang_at_step=0), group_size=2, cleanup_s=0.05
+    )
+
+    async def main() -> None:
+        task = asyncio.create_task(do_group_rollout(builder, POLICY))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        _run(main())
+    assert (builder.cleanup_calls, builder.cleanup_finished) == (1, 1)
+    assert all(e.cancelled for e in _created(builder))
+
+
+def test_an_outer_timeout_around_a_group_still_works_with_the_shielded_cleanup() -> None:
+    builder = _SlowCleanupBuilder(
+        lambda i: ScriptedEnv(prompt=[i], hang_at_step=0), group_size=2, cleanup_s=0.05
+    )
+
+    async def main() -> None:
+        async with asyncio.timeout(0.02):
+            await do_group_rollout(builder, POLICY)
+
+    with pytest.raises(TimeoutError):
+        _run(main())
+    assert builder.cleanup_finished == 1
+
+
 @pytest.mark.parametrize(
-    "error",
-    [
-        FileNotFoundError("missing.json"),
-        PermissionError("denied"),
-    ],
+    ("strategy", "skipped"),
+    [(FailFast(), None), (RetryOnFailure(), True), (MinViableGroup(), True)],
+    ids=["FailFast", "RetryOnFailure", "MinViableGroup"],
 )
-def test_deterministic_outside_errors_are_not_retried(error: BaseException) -> None:
-    builder = ScriptedGroupBuilder(lambda i: ScriptedEnv(fail_at_step=0, error=error), group_size=2)
-    with pytest.raises(type(error)):
-        asyncio.run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=3)))
-    assert builder.make_envs_calls == 1  # no retry
+@pytest.mark.parametrize("where", ["make_envs", "compute_group_rewards"])
+def test_group_level_runtime_errors_skip_the_group_under_tolerant_strategies(
+    strategy: RolloutStrategy, skipped: bool | None, where: str
+) -> None:
+    error = RuntimeError("grader crashed")
+    key = "rewards_error" if where == "compute_group_rewards" else "make_envs_error"
+    builders = [_builder(2, **{key: error}), _builder(2)]  # type: ignore[arg-type]
+    if skipped is None:
+        with pytest.raises(RuntimeError, match="grader crashed"):
+            _run(do_batch_rollouts(builders, POLICY, strategy=strategy))
+    else:
+        outcomes = _run(do_batch_rollouts(builders, POLICY, strategy=strategy))
+        assert [type(o) for o in outcomes] == [Failure, Success]
+        assert outcomes[0].failure().error_type == "RuntimeError"
+    assert [b.cleanup_calls for b in builders] == [1, 1]
 
 
-def test_sdk_client_errors_are_not_retried_but_transient_ones_are() -> None:
-    import httpx
-    import tinker
+def test_min_viable_group_keeps_a_partial_group_on_a_key_error() -> None:
+    # 4 envs, floor 3, no retries: env 3 raises a KeyError (the cookbook keeps 3 of 4)
+    builder = _builder(4, failing=[3], error=lambda i: KeyError("missing field"))
+    group = _run(do_group_rollout(builder, POLICY, strategy=MinViableGroup(max_retries=0)))
+    assert len(group.trajectories_G) == 3
+    assert [e.error_type for e in group.rollout_errors] == ["KeyError"]
 
-    request = httpx.Request("POST", "https://example.invalid/sample")
-    bad = tinker.BadRequestError(
-        "bad datum", response=httpx.Response(400, request=request), body=None
+
+def test_all_trajectories_failed_skips_the_group_even_under_fail_fast() -> None:
+    builders = [
+        _builder(2, failing=[0], error=lambda i: AllTrajectoriesFailedError("none")),
+        _builder(2),
+    ]
+    outcomes = _run(do_batch_rollouts(builders, POLICY, strategy=FailFast()))
+    assert [type(o) for o in outcomes] == [Failure, Success]
+    assert issubclass(BelowMinViableGroupError, AllTrajectoriesFailedError)
+    assert issubclass(AllTrajectoriesFailedError, GroupRolloutError)
+    assert issubclass(AllTrajectoriesFailedError, RuntimeError)
+
+
+def test_fail_fast_per_rollout_timeout_fails_the_group() -> None:
+    builder = _builder(3, hanging=[1])
+    with pytest.raises(TimeoutError, match=r"per_rollout_timeout of 0\.05 s"):
+        _run(do_group_rollout(builder, POLICY, strategy=FailFast(per_rollout_timeout=0.05)))
+    assert builder.cleanup_calls == 1 and builder.make_envs_calls == 1
+
+
+def test_strategies_take_the_cookbook_constructor_arguments() -> None:
+    assert RetryOnFailure() == RetryOnFailure(3, 0)
+    assert RetryOnFailure(2, 1800).per_rollout_timeout == 1800
+    assert MinViableGroup(6, 2, 30.0) == MinViableGroup(
+        min_successful=6, max_retries=2, per_rollout_timeout=30.0
     )
-    builder = ScriptedGroupBuilder(lambda i: ScriptedEnv(fail_at_step=0, error=bad), group_size=2)
-    with pytest.raises(tinker.BadRequestError):
-        asyncio.run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=3)))
-    assert builder.make_envs_calls == 1
-    flaky = tinker.APIConnectionError(request=request)
-    builder = ScriptedGroupBuilder(
-        lambda i: ScriptedEnv(fail_at_step=0, error=flaky) if i == 0 else ScriptedEnv(),
-        group_size=2,
+    assert FailFast().per_rollout_timeout is None
+    assert [s.catches_group_errors for s in (FailFast(), RetryOnFailure(), MinViableGroup())] == [
+        False,
+        True,
+        True,
+    ]
+    with pytest.raises(TypeError):
+        FailFast(5.0)  # type: ignore[misc]  # our extra option is keyword-only
+
+
+def test_rollout_strategy_from_config_is_the_cookbook_mapping() -> None:
+    assert rollout_strategy_from_config(False) == FailFast()
+    assert rollout_strategy_from_config(True) == RetryOnFailure(max_retries=3)
+    mine = MinViableGroup(min_successful=2)
+    assert rollout_strategy_from_config(mine) is mine
+    with pytest.raises(ConfigError, match="Invalid rollout_error_tolerance value: 1"):
+        rollout_strategy_from_config(1)  # type: ignore[arg-type]
+
+
+def test_default_rollout_strategy_for_model() -> None:
+    assert default_rollout_strategy_for_model("thinkingmachines/Inkling-1") == MinViableGroup()
+    assert default_rollout_strategy_for_model("thinkingmachines/Inkling:peft:131072") == (
+        MinViableGroup()
     )
-    group = asyncio.run(do_group_rollout(builder, POLICY, strategy=RetryOnFailure(max_retries=3)))
-    assert len(group.trajectories_G) == 2
-    assert [e.error_type for e in group.rollout_errors] == ["APIConnectionError"]
+    assert default_rollout_strategy_for_model("Qwen/Qwen3-8B") == FailFast()
+
+
+def test_rollout_error_counter_accumulates_across_batches() -> None:
+    counter = RolloutErrorCounter()
+    assert counter.get_metrics() == {}
+    for _ in range(2):  # two steps, each: one recovered failure and one skipped group
+        outcomes = _run(
+            do_batch_rollouts(
+                [_builder(2, failing=[0]), _builder(2, failing=[0, 1, 2])],
+                POLICY,
+                strategy=RetryOnFailure(max_retries=1),
+            )
+        )
+        assert batch_rollout_error_metrics(outcomes) == {
+            "rollout_errors/EnvFailure": 1.0,
+            "rollout_errors/total": 1.0,
+            "rollout_errors/groups_skipped": 1.0,
+        }
+        for outcome in outcomes:
+            counter.ingest(outcome)
+    assert counter.get_metrics() == {
+        "rollout_errors/EnvFailure": 2.0,
+        "rollout_errors/total": 2.0,
+        "rollout_errors/groups_skipped": 2.0,
+    }
+    counter.ingest(None)  # the cookbook's form of a skipped group
+    assert counter.get_metrics("errs")["errs/groups_skipped"] == 3.0
+
+
+class _OrderStrategy(RolloutStrategy):
+    """A custom strategy as cookbook users write them: runs env 0 only."""
+
+    async def execute(self, env_group_builder, policy):  # type: ignore[no-untyped-def]
+        envs = await env_group_builder.make_envs()
+        trajectory = await do_single_rollout(policy, envs[0])
+        return RolloutResult(trajectories=[trajectory], envs=[envs[0]], errors=[])
+
+
+def test_a_custom_strategy_subclass_runs_through_do_group_rollout() -> None:
+    builder = _builder(3, group_rewards=[2.0])
+    group = _run(do_group_rollout(builder, POLICY, _OrderStrategy()))
+    assert group.final_rewards_G == (2.0,)
+    assert builder.cleanup_calls == 1
+
+
+def test_filter_constant_reward_returns_none_for_constant_and_skipped_groups() -> None:
+    client = FakeSamplingClient()
+
+    def run(builder: ScriptedGroupBuilder, remove: bool, strategy: RolloutStrategy | None = None):  # type: ignore[no-untyped-def]
+        return _run(
+            do_group_rollout_and_filter_constant_reward(
+                client, builder, 4, 1.0, remove, strategy=strategy
+            )
+        )
+
+    assert run(_builder(2, group_rewards=[1.0]), True) is None  # constant: filtered
+    kept = run(_builder(2, group_rewards=[1.0]), False)
+    assert kept is not None and kept.get_total_rewards() == [1.5, 1.5]
+    assert run(_builder(2, group_rewards=[1.0, 0.0]), True) is not None
+    failing = _builder(2, failing=[0, 1, 2, 3, 4])
+    assert run(failing, True, RetryOnFailure(max_retries=1)) is None  # skipped
+    with pytest.raises(EnvFailure):
+        run(_builder(2, failing=[0]), True, FailFast())
+    assert all(len(call[0]) > 0 for call in client.sample_calls)
+
+
+# --- termination reward policy ---------------------------------------------------------------
+
+
+class _Termination:
+    """The fields of `TerminationRewardPolicy` that `do_group_rollout` reads."""
+
+    def __init__(
+        self,
+        *,
+        zero_reward_on_limit: bool = False,
+        limit_stop_reasons: tuple[str, ...] = (
+            "max_tokens",
+            "max_sampled_tokens",
+            "max_turns",
+            "max_tool_calls",
+            "rollout_timeout",
+        ),
+        skip_grading_on_timeout: bool = False,
+        grader_timeout_seconds: float | None = None,
+    ) -> None:
+        self.zero_reward_on_limit = zero_reward_on_limit
+        self.limit_stop_reasons = limit_stop_reasons
+        self.skip_grading_on_timeout = skip_grading_on_timeout
+        self.grader_timeout_seconds = grader_timeout_seconds
+
+
+class _GradingBuilder(ScriptedGroupBuilder):
+    def __init__(self, *args: object, grade_s: float = 0.0, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.grade_s = grade_s
+        self.grade_calls = 0
+
+    async def compute_group_rewards(self, trajectories, envs):  # type: ignore[no-untyped-def]
+        self.grade_calls += 1
+        await asyncio.sleep(self.grade_s)
+        return await super().compute_group_rewards(trajectories, envs)
+
+
+def _stopping(reasons: Sequence[str | None], step_reward: float) -> Callable[[int], Env]:
+    def make(i: int) -> Env:
+        reason = reasons[i % len(reasons)]
+        metrics = {} if reason is None else {f"stop/{reason}": 1.0}
+        return ScriptedEnv(prompt=[i], rewards=[step_reward], metrics=metrics)
+
+    return make
+
+
+def test_zero_reward_on_limit_clamps_limit_stopped_totals_after_grading() -> None:
+    builder = _GradingBuilder(
+        _stopping(["max_turns", None, "max_tokens", "completed"], 0.5),
+        group_size=4,
+        group_rewards=[1.0, 1.0, -2.0, 1.0],
+    )
+    group = _run(
+        do_group_rollout(builder, POLICY, termination=_Termination(zero_reward_on_limit=True))
+    )
+    assert builder.grade_calls == 1
+    assert group.get_total_rewards() == [0.0, 1.5, -1.5, 1.5]
+    assert group.final_rewards_G == (-0.5, 1.0, -2.0, 1.0)
+    assert group.metrics_G[0] == {"group_reward": 1.0, "zero_reward_on_limit": 1.0}
+    assert "zero_reward_on_limit" not in group.metrics_G[2]
+    untouched = _run(
+        do_group_rollout(
+            _GradingBuilder(_stopping(["max_turns"], 0.5), group_size=2, group_rewards=[1.0]),
+            POLICY,
+            termination=_Termination(),
+        )
+    )
+    assert untouched.get_total_rewards() == [1.5, 1.5]
+
+
+def test_grading_is_skipped_only_when_every_trajectory_timed_out() -> None:
+    policy = _Termination(zero_reward_on_limit=True, skip_grading_on_timeout=True)
+    all_timed_out = _GradingBuilder(
+        _stopping(["rollout_timeout"], 0.5), group_size=3, group_rewards=[1.0]
+    )
+    group = _run(do_group_rollout(all_timed_out, POLICY, termination=policy))
+    assert all_timed_out.grade_calls == 0
+    assert group.final_rewards_G == (-0.5, -0.5, -0.5)  # 0.0, then the clamp of the 0.5 steps
+    assert group.get_total_rewards() == [0.0, 0.0, 0.0]
+    mixed = _GradingBuilder(
+        _stopping(["rollout_timeout", None], 0.5), group_size=2, group_rewards=[1.0]
+    )
+    group = _run(do_group_rollout(mixed, POLICY, termination=policy))
+    assert mixed.grade_calls == 1
+    assert group.get_total_rewards() == [0.0, 1.5]
+    no_clamp = _GradingBuilder(
+        _stopping(["rollout_timeout"], 0.5), group_size=2, group_rewards=[1.0]
+    )
+    _run(do_group_rollout(no_clamp, POLICY, termination=_Termination(skip_grading_on_timeout=True)))
+    assert no_clamp.grade_calls == 1
+
+
+def test_grader_timeout_is_a_group_error() -> None:
+    policy = _Termination(grader_timeout_seconds=0.05)
+    slow = _GradingBuilder(_stopping([None], 0.5), group_size=2, grade_s=1.0)
+    with pytest.raises(
+        TimeoutError, match=r"compute_group_rewards exceeded grader_timeout_seconds=0\.05"
+    ):
+        _run(do_group_rollout(slow, POLICY, termination=policy))
+    assert slow.cleanup_calls == 1
+    slow = _GradingBuilder(_stopping([None], 0.5), group_size=2, grade_s=1.0)
+    outcomes = _run(
+        do_batch_rollouts([slow], POLICY, strategy=RetryOnFailure(), termination=policy)
+    )
+    assert outcomes[0].failure().error_type == "TimeoutError"
