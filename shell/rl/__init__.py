@@ -10,13 +10,20 @@ imports and nothing else. Nothing here is a second implementation:
   (`shell.rollouts`).
 - `shell.rl.data_processing`: advantages and datums with the cookbook's signatures
   (`rlpure.advantages`, `rlpure.packing`, `shell.datums`).
-- `shell.rl.metric_util`: `compute_trajectory_metrics` (`rlpure.metrics`).
+- `shell.rl.metric_util`: `compute_trajectory_metrics` (`rlpure.metrics`), `RLTestSetEvaluator`
+  (`shell.eval`).
+- `shell.rl.rollout_limits`, `shell.rl.rollout_runner`, `shell.rl.rollout_presets`: budgets,
+  reward policies, the single-episode loop and per-model presets (`shell.limits`).
+- `shell.rl.dataset_utils`, `shell.rl.interleaved`: epochs and blended datasets
+  (`shell.datasets`).
 - `shell.rl.train`: `Config`, `KLReferenceConfig` and `main`, mapped onto
   `shell.config.TrainConfig` and `shell.training.train`.
 
 This package re-exports the names of the cookbook's `rl/__init__.py` that exist here.
 """
 
+from shell.rl.dataset_utils import EpochCycledRLDataset, cycle_permutation, epoch_batch_index
+from shell.rl.interleaved import InterleavedRLDatasetBuilder
 from shell.rl.rollout_strategy import FailFast, RetryOnFailure, RolloutStrategy
 from shell.rl.types import (
     Action,
@@ -25,6 +32,7 @@ from shell.rl.types import (
     EnvGroupBuilder,
     Logs,
     Metrics,
+    Observation,
     RLDataset,
     RLDatasetBuilder,
     RolloutError,
@@ -39,9 +47,12 @@ __all__ = [
     "ActionExtra",
     "Env",
     "EnvGroupBuilder",
+    "EpochCycledRLDataset",
     "FailFast",
+    "InterleavedRLDatasetBuilder",
     "Logs",
     "Metrics",
+    "Observation",
     "RLDataset",
     "RLDatasetBuilder",
     "RetryOnFailure",
@@ -51,4 +62,6 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "Transition",
+    "cycle_permutation",
+    "epoch_batch_index",
 ]

@@ -2,11 +2,14 @@
 
 A thin facade: `compute_trajectory_metrics(trajectory_groups_P, taglist_P)` is
 `rlpure.metrics.trajectory_metrics`, which names its metrics as the cookbook does
-(`env/all/reward/total`, `env/<tag>/...`, `by_group/frac_mixed`, ...).
+(`env/all/reward/total`, `env/<tag>/...`, `by_group/frac_mixed`, ...); `RLTestSetEvaluator`
+is `shell.eval.RLTestSetEvaluator` (rollouts over a test dataset at temperature 1.0, as the
+cookbook's).
 """
 
 from __future__ import annotations
 
 from rlpure.metrics import trajectory_metrics as compute_trajectory_metrics
+from shell.eval import RLTestSetEvaluator
 
-__all__ = ["compute_trajectory_metrics"]
+__all__ = ["RLTestSetEvaluator", "compute_trajectory_metrics"]

@@ -2,11 +2,23 @@
 
 A thin facade over `shell.rollouts`: `do_single_rollout(policy, env)` runs one env to
 `episode_done`, `do_group_rollout(builder, policy, strategy=...)` a group under a rollout
-strategy (see `shell.rollouts` for the conventions).
+strategy, `do_group_rollout_and_filter_constant_reward(...)` the same returning None for a
+skipped or constant group, and `RolloutErrorCounter` counts errors across steps (see
+`shell.rollouts` for the conventions).
 """
 
 from __future__ import annotations
 
-from shell.rollouts import do_group_rollout, do_single_rollout
+from shell.rollouts import (
+    RolloutErrorCounter,
+    do_group_rollout,
+    do_group_rollout_and_filter_constant_reward,
+    do_single_rollout,
+)
 
-__all__ = ["do_group_rollout", "do_single_rollout"]
+__all__ = [
+    "RolloutErrorCounter",
+    "do_group_rollout",
+    "do_group_rollout_and_filter_constant_reward",
+    "do_single_rollout",
+]

@@ -7,6 +7,8 @@ by rewriting `tinker_cookbook.` to `shell.` in its imports. The protocol classes
 aliases from `rlpure.records`.
 
 Differences a porter meets (each on purpose):
+- Records convert what cookbook code hands them at construction (`tinker.ModelInput` or a
+  list of ints for an observation, a bool metric); the frozen numpy form is what they hold.
 - The records are frozen `msgspec.Struct`s with tuple fields and read-only numpy token arrays,
   not mutable dataclasses with lists: code that appends to `trajectory.transitions` or mutates
   a `StepResult` after building it must build a new record instead.
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 from rlpure.records import (
     PARSE_ERROR_MASKED_METRIC_KEY,
+    STOP_METRIC_PREFIX,
+    InitialObservationOverflow,
     Logs,
     Metrics,
     RolloutError,
     StepResult,
     StopCondition,
+    StopReason,
     Trajectory,
     TrajectoryGroup,
     Transition,
@@ -32,23 +37,30 @@ from shell.env import (
     ActionExtra,
     Env,
     EnvGroupBuilder,
+    Logprobs,
+    Observation,
     RLDataset,
     RLDatasetBuilder,
 )
 
 __all__ = [
     "PARSE_ERROR_MASKED_METRIC_KEY",
+    "STOP_METRIC_PREFIX",
     "Action",
     "ActionExtra",
     "Env",
     "EnvGroupBuilder",
+    "InitialObservationOverflow",
+    "Logprobs",
     "Logs",
     "Metrics",
+    "Observation",
     "RLDataset",
     "RLDatasetBuilder",
     "RolloutError",
     "StepResult",
     "StopCondition",
+    "StopReason",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",

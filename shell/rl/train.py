@@ -1,0 +1,382 @@
+"""The cookbook's `tinker_cookbook.rl.train`: `Config`, `KLReferenceConfig` and `main`.
+
+`Config` is a `chz` class with the cookbook 0.6.1 field names, types, required fields and
+defaults, so a cookbook recipe's `Config(...)` (or its `chz` CLI) builds it unchanged. `main`
+is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
+`shell.training.train`, which records, resumes and logs as the project's loop does
+(`metrics.jsonl`, `samples.jsonl`, `checkpoints.jsonl` in `log_path`).
+
+What `main(config, rollout_executor=None, service_client=None)` does, in order:
+
+1. checks the whole config before anything runs: a field this loop does not implement yet set
+   to a non-default value (`wandb_project`, `async_config`, `stream_minibatch_config`,
+   `rolling_save_every`, ...), a `rollout_executor`, or the cookbook's own errors
+   (`kl_penalty_coef > 0` without `kl_reference_config`) raise `ConfigError` (which is
+   `shell.exceptions.ConfigurationError`) naming the field;
+2. opens the service: `tinker.ServiceClient(base_url=..., user_metadata=..., display_name=...)`
+   when `service_client` is None, as the cookbook, else the given client (e.g.
+   `shell.LocalServiceClient()`), which `main` does not close;
+3. refuses a resume whose options changed, then opens the training client as the cookbook:
+   restored from the log dir's last checkpoint (weights and optimizer), else from
+   `load_checkpoint_path` (weights only), else `create_lora_training_client(model_name,
+   rank=lora_rank)`;
+4. registers `training_client.get_tokenizer()` under `model_name` with
+   `shell.tokenizer_utils.register_tokenizer`, **before** `await config.dataset_builder()`, so a
+   cookbook builder that calls `get_tokenizer(model_name)` gets the backend's tokenizer offline;
+5. builds the datasets and runs `shell.training.train` with the rollout strategy resolved from
+   `rollout_error_tolerance` (`effective_rollout_strategy`).
+
+How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` → `base_model`,
+`kl_discount_factor` → `kl_discount`, `kl_reference_config` → `kl_reference_model` and
+`kl_reference_checkpoint`; the optimizer, loss, sampling, KL, cadence, epoch and step fields
+keep their names. The evaluation temperature is the cookbook's 1.0. `recipe_name` and the
+dataset builder's class are recorded as recipe options, so a resume with another recipe or
+builder class is refused.
+
+Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
+None); `ttl_seconds`, `rolling_ttl_seconds` and `renderer_name` are accepted and not used (local
+and project checkpoints never expire; the renderer is the dataset builder's business);
+`rollout_json_export=True` is what `samples.jsonl` already records.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Literal
+
+import chz
+import tinker
+
+from shell.clients import ServiceClient
+from shell.config import TrainConfig
+from shell.errors import ConfigError
+from shell.eval import SamplingClientEvaluatorBuilder
+from shell.fakes import FakeServiceClient
+from shell.limits import TerminationRewardPolicy, default_rollout_config_for_model
+from shell.local import LocalServiceClient
+from shell.rl.types import RLDatasetBuilder
+from shell.rollouts import (
+    RolloutStrategy,
+    default_rollout_strategy_for_model,
+    rollout_strategy_from_config,
+)
+from shell.tokenizer_utils import register_tokenizer
+from shell.training import (
+    TrainResult,
+    checked_last_checkpoint,
+    open_training_client,
+    recipe_options,
+    train,
+)
+
+__all__ = ["AsyncConfig", "Config", "KLReferenceConfig", "StreamMinibatchConfig", "main"]
+
+logger = logging.getLogger(__name__)
+
+LossFnType = Literal[
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+    "custom",
+]
+
+
+@chz.chz
+class KLReferenceConfig:
+    """The KL penalty's reference model (the cookbook's).
+
+    Attributes:
+        base_model: the reference model's name.
+        load_checkpoint_path: sampler weights to load into it (None: the base model's).
+    """
+
+    base_model: str
+    load_checkpoint_path: str | None = None
+
+
+@chz.chz
+class StreamMinibatchConfig:
+    """Sync training with streaming minibatches (the cookbook's fields; not implemented here
+    yet: `main` refuses a `Config` that sets one).
+
+    Attributes:
+        groups_per_batch: trajectory groups per training iteration.
+        num_minibatches: `forward_backward` calls per optimizer substep.
+    """
+
+    groups_per_batch: int
+    num_minibatches: int
+
+
+@chz.chz
+class AsyncConfig:
+    """Async, off-policy training (the cookbook's fields and check; not implemented here yet:
+    `main` refuses a `Config` that sets one).
+
+    Attributes:
+        max_steps_off_policy: how many steps sampling may run ahead of training (>= 0).
+        groups_per_batch: trajectory groups per training batch (>= 1).
+        loss_fn: the loss of async runs.
+    """
+
+    max_steps_off_policy: int
+    groups_per_batch: int
+    loss_fn: LossFnType = "stable_reinforce"
+
+    @chz.validate
+    def _check(self) -> None:
+        if self.max_steps_off_policy < 0 or self.groups_per_batch < 1:
+            raise ConfigError(
+                "AsyncConfig needs max_steps_off_policy >= 0 and groups_per_batch >= 1, got "
+                f"{self.max_steps_off_policy} and {self.groups_per_batch}"
+            )
+
+
+@chz.chz
+class Config:
+    """Configuration of an RL run, with the cookbook 0.6.1 `rl.train.Config` fields.
+
+    Required: `learning_rate`, `dataset_builder`, `model_name`, `recipe_name`, `max_tokens`,
+    `log_path`. See the module docstring for how each field maps onto
+    `shell.config.TrainConfig` and which ones `main` refuses when set.
+    """
+
+    learning_rate: float
+    dataset_builder: RLDatasetBuilder
+    model_name: str
+    recipe_name: str
+    max_tokens: int
+    log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
+    eval_every: int = 20
+    save_every: int = 20
+    evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
+    load_checkpoint_path: str | None = None
+    renderer_name: str | None = None
+    wandb_project: str | None = None
+    wandb_name: str | None = None
+    session_name: str | None = None
+
+    kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    kl_reference_config: KLReferenceConfig | None = None
+
+    loss_fn: LossFnType = "importance_sampling"
+    loss_fn_config: dict[str, Any] | None = None
+    num_substeps: int = 1
+    lora_rank: int = 32
+
+    temperature: float = 1.0
+    compute_post_kl: bool = False
+    remove_constant_reward_groups: bool = False
+    rollout_error_tolerance: bool | RolloutStrategy | None = None
+    termination: TerminationRewardPolicy | None = None
+    enable_trace: bool = False
+    span_chart_every: int = 0
+
+    async_config: AsyncConfig | None = None
+    stream_minibatch_config: StreamMinibatchConfig | None = None
+    base_url: str | None = None
+
+    ttl_seconds: int | None = 604800
+    rolling_save_every: int = 0
+    rolling_ttl_seconds: int = 7200
+    num_groups_to_log: int = 4
+    rollout_json_export: bool = True
+
+    num_epochs: int = 1
+    max_steps: int | None = None
+
+    def training_loss_fn(self) -> LossFnType:
+        """The loss this run trains with: `async_config.loss_fn` for async runs, else
+        `loss_fn`."""
+        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+
+    def records_stability_info(self) -> bool:
+        """Whether sampling must record what `stable_reinforce` trains on."""
+        return self.training_loss_fn() == "stable_reinforce"
+
+    def effective_termination(self) -> TerminationRewardPolicy | None:
+        """The termination policy of the run: `termination`, else the model's preset
+        (`shell.limits.default_rollout_config_for_model`: the agentic grade-then-clamp policy
+        for `thinkingmachines/Inkling` models, none for the others)."""
+        if self.termination is not None:
+            return self.termination
+        return default_rollout_config_for_model(self.model_name).termination
+
+    def effective_rollout_strategy(self) -> RolloutStrategy:
+        """The rollout strategy of the run: `rollout_error_tolerance` None → the model's
+        preset (`MinViableGroup()` for Inkling models, `FailFast()` otherwise), False →
+        `FailFast()`, True → `RetryOnFailure()`, a strategy → itself.
+
+        Raises:
+            ConfigError: any other value (the cookbook's `ConfigurationError`).
+        """
+        if self.rollout_error_tolerance is None:
+            return default_rollout_strategy_for_model(self.model_name)
+        return rollout_strategy_from_config(self.rollout_error_tolerance)
+
+
+# (field, its default, why it is refused when set to anything else)
+_NOT_YET: tuple[tuple[str, Any, str], ...] = (
+    ("wandb_project", None, "Weights & Biases logging is not supported; metrics.jsonl"),
+    ("wandb_name", None, "Weights & Biases logging is not supported; metrics.jsonl"),
+    ("enable_trace", False, "trace events are not recorded"),
+    ("span_chart_every", 0, "timing Gantt charts are not drawn"),
+    ("rolling_save_every", 0, "rolling checkpoints are not implemented; use save_every"),
+    ("rollout_json_export", True, "samples.jsonl is always written"),
+    ("async_config", None, "async (off-policy) training is not implemented yet (issue 15)"),
+    (
+        "stream_minibatch_config",
+        None,
+        "streaming-minibatch training is not implemented yet (issue 15)",
+    ),
+)
+
+
+def _check_supported(config: Config, *, rollout_executor: Executor | None) -> None:
+    """Refuses what `main` cannot honour, before anything runs (see the module docstring)."""
+    if rollout_executor is not None:
+        raise ConfigError(
+            "main(rollout_executor=...): rollouts run as coroutines in this process; an "
+            "executor is not supported"
+        )
+    for name, default, why in _NOT_YET:
+        value = getattr(config, name)
+        if value != default:
+            raise ConfigError(f"Config.{name}={value!r}: not supported ({why})")
+    if config.async_config is None and config.loss_fn == "custom":
+        raise ConfigError("Config.loss_fn='custom': custom losses are not supported")
+    if config.effective_termination() is not None:
+        raise ConfigError(
+            f"Config.termination={config.effective_termination()!r} (or the model's preset): "
+            "a TerminationRewardPolicy is not applied by the loop yet"
+        )
+    config.effective_rollout_strategy()  # an invalid rollout_error_tolerance fails here
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
+        raise ConfigError("kl_reference_config must be specified when kl_penalty_coef > 0")
+
+
+def _backend(service_client: Any) -> Literal["local", "tinker", "fake"]:
+    """The `TrainConfig.backend` matching a service client (its local checks depend on it)."""
+    if isinstance(service_client, LocalServiceClient):
+        return "local"
+    if isinstance(service_client, FakeServiceClient):
+        return "fake"
+    return "tinker"
+
+
+def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake"]) -> TrainConfig:
+    """The `TrainConfig` `main` runs for `config` (see the module docstring for the mapping).
+
+    Raises:
+        ConfigError: a value `TrainConfig` refuses (naming its `TrainConfig` field).
+    """
+    kl = config.kl_reference_config
+    fields: dict[str, Any] = {
+        "log_dir": config.log_path,
+        "backend": backend,
+        "base_model": config.model_name,
+        "lora_rank": config.lora_rank,
+        "max_steps": config.max_steps,
+        "num_epochs": config.num_epochs,
+        "load_checkpoint_path": config.load_checkpoint_path,
+        "learning_rate": config.learning_rate,
+        "loss_fn": config.training_loss_fn(),
+        "loss_fn_config": config.loss_fn_config,
+        "num_substeps": config.num_substeps,
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "eval_temperature": 1.0,
+        "remove_constant_reward_groups": config.remove_constant_reward_groups,
+        "kl_penalty_coef": config.kl_penalty_coef,
+        "kl_discount": config.kl_discount_factor,
+        "kl_reference_model": None if kl is None else kl.base_model,
+        "kl_reference_checkpoint": None if kl is None else kl.load_checkpoint_path,
+        "compute_post_kl": config.compute_post_kl,
+        "eval_every": config.eval_every,
+        "save_every": config.save_every,
+        "num_groups_to_log": config.num_groups_to_log,
+    }
+    try:
+        return TrainConfig(**fields)
+    except (TypeError, ValueError) as err:  # msgspec's type errors; ConfigError is a ValueError
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"Config: {err}") from None
+
+
+def _recipe_options(config: Config) -> dict[str, Any]:
+    builder = type(config.dataset_builder)
+    return recipe_options(
+        config.recipe_name,
+        {"dataset_builder": f"{builder.__module__}.{builder.__qualname__}"},
+        may_change=(),
+    )
+
+
+async def main(
+    config: Config,
+    rollout_executor: Executor | None = None,
+    service_client: ServiceClient | None = None,
+) -> TrainResult:
+    """Runs (or resumes) RL training as the cookbook's `main` (see the module docstring).
+
+    Args:
+        config: the run's configuration.
+        rollout_executor: must be None (rollouts run in this process).
+        service_client: the backend; None opens `tinker.ServiceClient` (reads
+            `TINKER_API_KEY`), e.g. `shell.LocalServiceClient()` trains offline.
+
+    Returns:
+        What `shell.training.train` did (`TrainResult`).
+
+    Raises:
+        ConfigError: an unsupported field, a bad value, the cookbook's configuration errors,
+            or a resume with changed options; all before a session is opened.
+
+    Examples:
+        A cookbook recipe's call, ported: ``await main(config,
+        service_client=shell.LocalServiceClient())``.
+    """
+    _check_supported(config, rollout_executor=rollout_executor)
+    if service_client is not None:
+        if config.base_url is not None:
+            raise ConfigError(
+                f"Config.base_url={config.base_url!r}: only used to open tinker.ServiceClient; "
+                "main was given a service_client"
+            )
+        return await _run(config, service_client)
+    with tinker.ServiceClient(
+        base_url=config.base_url,
+        user_metadata={"recipe_name": config.recipe_name},
+        display_name=config.session_name or config.wandb_name or None,
+    ) as tinker_client:
+        return await _run(config, tinker_client)
+
+
+async def _run(config: Config, service_client: ServiceClient) -> TrainResult:
+    """`main` once the service client is open: steps 3-5 of the module docstring."""
+    train_config = to_train_config(config, backend=_backend(service_client))
+    options = _recipe_options(config)
+    resume = checked_last_checkpoint(train_config, recipe_options=options)
+    opened = await open_training_client(train_config, service_client, resume)
+    tokenizer = opened.client.get_tokenizer()
+    register_tokenizer(config.model_name, tokenizer)
+    dataset, test_dataset = await config.dataset_builder()
+    return await train(
+        train_config,
+        dataset=dataset,
+        service_client=service_client,
+        test_dataset=test_dataset,
+        tokenizer=tokenizer,
+        training_client=opened,
+        recipe_options=options,
+        evaluator_builders=config.evaluator_builders,
+        strategy=config.effective_rollout_strategy(),
+    )

@@ -1,0 +1,257 @@
+"""`shell.rl`: the cookbook's module names over our own objects, and `shell.rl.train.main`.
+
+A cookbook-style env written here with the facade's imports only (`shell.rl.types`,
+`shell.renderers`, `shell.tokenizer_utils.get_tokenizer`, `tinker.ModelInput` observations,
+bool metrics, a `@chz.chz` dataset builder with required fields) trains two steps through
+`main(config, service_client=LocalServiceClient())` on the tiny local model, then resumes. No
+cookbook needed; `tests/parity/test_port_envs.py` does the same with the cookbook's own envs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import chz
+import numpy as np
+import pytest
+import tinker
+
+from rlpure.records import ModelInput, TokensWithLogprobs
+from shell import renderers
+from shell.errors import ConfigError
+from shell.fakes import FakeServiceClient
+from shell.local import LocalServiceClient
+from shell.rl import data_processing, problem_env, rollout_strategy, rollouts, train
+from shell.rl.types import (
+    Action,
+    ActionExtra,
+    Env,
+    EnvGroupBuilder,
+    RLDataset,
+    RLDatasetBuilder,
+    StepResult,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
+from shell.tokenizer_utils import get_tokenizer
+
+MODEL = "rlpure/tiny"
+
+
+# --- a cookbook-style env, written against the facade -----------------------------------------
+
+
+class SayAEnv(Env):
+    """Single turn: reward 1 when the reply contains an 'a'."""
+
+    def __init__(self, renderer: renderers.Renderer) -> None:
+        self.renderer = renderer
+
+    async def initial_observation(self):
+        convo = [{"role": "user", "content": "Say a"}]
+        return self.renderer.build_generation_prompt(convo), self.renderer.get_stop_sequences()
+
+    async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
+        message, _termination = self.renderer.parse_response(action)
+        text = renderers.get_text_content(message)
+        return StepResult(
+            reward=float("a" in text),
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self.renderer.get_stop_sequences(),
+            metrics={"has_a": "a" in text},  # a bool metric, as cookbook envs report
+        )
+
+
+@dataclass(frozen=True)
+class SayAGroupBuilder(EnvGroupBuilder):
+    renderer: renderers.Renderer
+    num_envs: int
+
+    async def make_envs(self) -> Sequence[Env]:
+        return [SayAEnv(self.renderer) for _ in range(self.num_envs)]
+
+    def logging_tags(self) -> list[str]:
+        return ["say_a"]
+
+
+@dataclass(frozen=True)
+class SayADataset(RLDataset):
+    renderer: renderers.Renderer
+    batch_size: int
+    group_size: int
+    n_batches: int
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        return [SayAGroupBuilder(self.renderer, self.group_size) for _ in range(self.batch_size)]
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+
+@chz.chz
+class SayADatasetBuilder(RLDatasetBuilder):
+    batch_size: int
+    model_name: str
+    renderer_name: str
+    group_size: int
+    n_batches: int = 4
+
+    async def __call__(self) -> tuple[RLDataset, None]:
+        renderer = renderers.get_renderer(self.renderer_name, get_tokenizer(self.model_name))
+        return SayADataset(renderer, self.batch_size, self.group_size, self.n_batches), None
+
+
+def _config(log_path: Path, **overrides) -> train.Config:
+    options = {
+        "learning_rate": 1e-3,
+        "dataset_builder": SayADatasetBuilder(
+            batch_size=2, model_name=MODEL, renderer_name="role_colon", group_size=2
+        ),
+        "model_name": MODEL,
+        "recipe_name": "facade_test",
+        "max_tokens": 4,
+        "log_path": str(log_path),
+        "renderer_name": "role_colon",
+        "max_steps": 2,
+        "eval_every": 0,
+    }
+    options.update(overrides)
+    return train.Config(**options)
+
+
+def _metrics(log_path: Path) -> list[dict]:
+    lines = (log_path / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_path) -> None:
+    service = LocalServiceClient(seed=0, checkpoint_dir=tmp_path / "states")
+    log_path = tmp_path / "run"
+    result = asyncio.run(train.main(_config(log_path), service_client=service))
+    assert (result.start_step, result.end_step) == (0, 2)
+    steps = [m for m in _metrics(log_path) if "final_eval" not in m]
+    assert [m["step"] for m in steps] == [0, 1]
+    assert all("env/all/reward/total" in m and "env/all/has_a" in m for m in steps)
+
+    resumed = asyncio.run(train.main(_config(log_path, max_steps=3), service_client=service))
+    assert (resumed.start_step, resumed.end_step) == (2, 3)
+    assert [m["step"] for m in _metrics(log_path) if "final_eval" not in m] == [0, 1, 2]
+
+
+# --- main refuses what it cannot honour, before anything runs ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"wandb_project": "p"}, "Config.wandb_project"),
+        ({"async_config": train.AsyncConfig(max_steps_off_policy=0, groups_per_batch=1)}, "15"),
+        (
+            {
+                "stream_minibatch_config": train.StreamMinibatchConfig(
+                    groups_per_batch=1, num_minibatches=1
+                )
+            },
+            "stream_minibatch_config",
+        ),
+        ({"rolling_save_every": 5}, "Config.rolling_save_every"),
+        ({"kl_penalty_coef": 0.1}, "kl_reference_config must be specified"),
+        ({"rollout_error_tolerance": 3}, "Invalid rollout_error_tolerance"),
+        ({"base_url": "http://x"}, "Config.base_url"),
+        ({"loss_fn": "custom"}, "custom"),
+    ],
+)
+def test_main_refuses_unsupported_or_bad_config_before_anything_runs(
+    tmp_path, overrides, message
+) -> None:
+    log_path = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message):
+        asyncio.run(train.main(_config(log_path, **overrides), service_client=LocalServiceClient()))
+    assert not log_path.exists()
+
+
+def test_main_refuses_a_rollout_executor(tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="rollout_executor"):
+        asyncio.run(train.main(_config(tmp_path), pool, service_client=FakeServiceClient()))
+
+
+def test_config_has_the_cookbook_required_fields_and_defaults() -> None:
+    with pytest.raises(Exception, match="recipe_name"):
+        train.Config(
+            learning_rate=1e-3,
+            dataset_builder=SayADatasetBuilder(
+                batch_size=1, model_name=MODEL, renderer_name="role_colon", group_size=1
+            ),
+            model_name=MODEL,
+            max_tokens=4,
+            log_path="x",
+        )
+    config = _config(Path("~/run"))
+    assert config.log_path == str(Path("~/run").expanduser())
+    assert (config.eval_every, config.save_every, config.num_groups_to_log) == (0, 20, 4)
+    assert config.loss_fn == "importance_sampling" and config.lora_rank == 32
+
+
+def test_rollout_error_tolerance_maps_to_strategies_and_train_config(tmp_path) -> None:
+    assert _config(tmp_path).effective_rollout_strategy() == rollout_strategy.FailFast()
+    retry = _config(tmp_path, rollout_error_tolerance=True)
+    assert retry.effective_rollout_strategy() == rollout_strategy.RetryOnFailure()
+    viable = rollout_strategy.MinViableGroup(min_successful=1, max_retries=2)
+    config = _config(tmp_path, rollout_error_tolerance=viable, kl_discount_factor=0.5)
+    assert config.effective_rollout_strategy() is viable  # handed to train() as it is
+    mapped = train.to_train_config(config, backend="local")
+    assert (mapped.log_dir, mapped.base_model, mapped.kl_discount) == (str(tmp_path), MODEL, 0.5)
+    assert (mapped.eval_temperature, mapped.num_epochs, mapped.max_steps) == (1.0, 1, 2)
+    inkling = _config(tmp_path, model_name="thinkingmachines/Inkling-1")
+    assert isinstance(inkling.effective_rollout_strategy(), rollout_strategy.MinViableGroup)
+
+
+# --- the other facade modules are our objects ---------------------------------------------
+
+
+def test_facade_modules_re_export_our_objects() -> None:
+    import shell.env
+    import shell.rollouts
+
+    assert problem_env.ProblemEnv is shell.env.ProblemEnv
+    assert rollouts.do_single_rollout is shell.rollouts.do_single_rollout
+    assert rollout_strategy.RetryOnFailure is shell.rollouts.RetryOnFailure
+
+
+def _group(rewards: Sequence[float]) -> TrajectoryGroup:
+    def trajectory(reward: float) -> Trajectory:
+        step = Transition(
+            ob=ModelInput.from_ints([1, 2]),
+            ac=TokensWithLogprobs(tokens=[3, 4], logprobs=[-0.5, -0.25]),
+            reward=reward,
+            episode_done=True,
+        )
+        return Trajectory(transitions=(step,), final_ob=ModelInput.empty())
+
+    return TrajectoryGroup(
+        trajectories_G=tuple(trajectory(r) for r in rewards),
+        final_rewards_G=(0.0,) * len(rewards),
+        metrics_G=({},) * len(rewards),
+    )
+
+
+def test_data_processing_has_the_cookbook_signatures_with_numpy_advantages() -> None:
+    groups = [_group([1.0, 0.0]), _group([1.0, 1.0])]
+    advantages = data_processing.compute_advantages(groups)
+    assert [a.tolist() for a in advantages] == [[0.5, -0.5], [0.0, 0.0]]
+    assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in advantages)
+    data, metadata = data_processing.assemble_training_data(groups, advantages)
+    assert metadata == [{"group_idx": p, "traj_idx": g} for p in (0, 1) for g in (0, 1)]
+    assert data[0].model_input.to_ints() == [1, 2, 3]
+    assert data[0].loss_fn_inputs["mask"].tolist() == [0.0, 1.0, 1.0]
+    assert data[0].loss_fn_inputs["advantages"].tolist() == [0.0, 0.5, 0.5]
+    assert data_processing.remove_constant_reward_groups(groups) == [groups[0]]
+    assert data_processing.remove_constant_reward_groups(groups[1:]) == [groups[1]]
