@@ -30,7 +30,9 @@ from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStra
 
 __all__ = [
     "FIELD_HELP",
+    "LOCAL_LOSSES",
     "MAX_SEED",
+    "LossName",
     "TrainConfig",
     "build_config",
     "check_log_dir",
@@ -45,6 +47,11 @@ MAX_SEED = 2**63 - 1
 """The largest `seed`: `jax.random.key` takes it as a signed 64-bit integer (a larger one ends
 in an `OverflowError` deep inside JAX)."""
 StrategyName = Literal["fail_fast", "retry", "min_viable"]
+LossName = Literal[PolicyLossName, "stable_reinforce"]
+"""The loop's loss names: rlpure's policy losses plus Tinker's `stable_reinforce` (the
+cookbook's async default), which trains on the sampler's provenance spans."""
+LOCAL_LOSSES: frozenset[str] = frozenset(get_args(PolicyLossName))
+"""The losses the local backend computes (`rlpure.losses`); others are refused at config time."""
 
 
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -56,17 +63,20 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     lora_rank: int = 32
     seed: int = 0
     max_steps: int | None = None
+    num_epochs: int = 1
+    load_checkpoint_path: str | None = None
     learning_rate: float = 4e-5
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-    loss_fn: PolicyLossName = "importance_sampling"
+    loss_fn: LossName = "importance_sampling"
     loss_fn_config: dict[str, float] | None = None
     num_substeps: int = 1
     max_tokens: int = 256
     temperature: float = 1.0
+    eval_temperature: float = 1.0
     advantage_estimator: Estimator = "group_centered"
     loss_aggregation: AggregationMode = "token_sum"
     aggregation_length: float | None = None
@@ -74,6 +84,9 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kl_penalty_coef: float = 0.0
     kl_discount: float = 0.0
     kl_reference_model: str | None = None
+    kl_reference_checkpoint: str | None = None
+    kl_reference_initial_policy: bool = False
+    compute_post_kl: bool = False
     rollout_strategy: StrategyName = "fail_fast"
     max_retries: int = 3
     rollout_timeout: float | None = None
@@ -94,6 +107,12 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         need(self.lora_rank >= 1, "lora_rank", "must be >= 1")
         need(0 <= self.seed <= MAX_SEED, "seed", "must lie in [0, 2**63 - 1]")
         need(self.max_steps is None or self.max_steps >= 0, "max_steps", "must be >= 0 or null")
+        need(self.num_epochs >= 1, "num_epochs", "must be >= 1")
+        need(
+            self.load_checkpoint_path is None or bool(self.load_checkpoint_path),
+            "load_checkpoint_path",
+            "must be a non-empty path or null",
+        )
         need(finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "must be > 0")
         need(0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
         need(0 <= self.adam_beta2 < 1, "adam_beta2", "must lie in [0, 1)")
@@ -120,6 +139,18 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             )
         need(finite(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0")
         need(
+            finite(self.eval_temperature) and self.eval_temperature >= 0,
+            "eval_temperature",
+            "must be >= 0 (0: greedy)",
+        )
+        need(
+            self.backend != "local" or self.loss_fn in LOCAL_LOSSES,
+            "loss_fn",
+            "is a Tinker loss the local backend does not implement (local losses: "
+            + ", ".join(sorted(LOCAL_LOSSES))
+            + "); use backend 'tinker' or another loss",
+        )
+        need(
             (self.loss_aggregation == "constant_length") == (self.aggregation_length is not None),
             "aggregation_length",
             "is required for loss_aggregation 'constant_length' and only for it",
@@ -140,6 +171,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "must be >= 0",
         )
         need(0 <= self.kl_discount <= 1, "kl_discount", "must lie in [0, 1]")
+        self._check_kl_reference()
         need(self.max_retries >= 0, "max_retries", "must be >= 0")
         need(
             self.rollout_timeout is None
@@ -171,6 +203,30 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         need(self.save_every >= 0, "save_every", "must be >= 0 (0: only a final checkpoint)")
         need(self.num_groups_to_log >= 0, "num_groups_to_log", "must be >= 0")
 
+    def _check_kl_reference(self) -> None:
+        named = self.kl_reference_model is not None or self.kl_reference_checkpoint is not None
+        if self.kl_reference_initial_policy and named:
+            raise ConfigError(
+                "TrainConfig.kl_reference_initial_policy: true excludes kl_reference_model and "
+                "kl_reference_checkpoint (one KL reference), got "
+                f"{self.kl_reference_model!r} and {self.kl_reference_checkpoint!r}"
+            )
+        if self.kl_penalty_coef > 0 and not (named or self.kl_reference_initial_policy):
+            # the cookbook: "kl_reference_config must be specified when kl_penalty_coef > 0"
+            raise ConfigError(
+                f"TrainConfig.kl_penalty_coef: {self.kl_penalty_coef!r} > 0 needs a KL "
+                "reference: set kl_reference_model (and optionally kl_reference_checkpoint, the "
+                "cookbook's KLReferenceConfig), or kl_reference_initial_policy = true"
+            )
+        if self.loss_fn == "stable_reinforce" and self.kl_penalty_coef > 0 and self.kl_discount > 0:
+            # the cookbook's check: discounting spreads the penalty onto prompt tokens, and
+            # stable_reinforce accepts nonzero advantages on sampled tokens only
+            raise ConfigError(
+                f"TrainConfig.kl_discount: {self.kl_discount!r} > 0 is not supported with "
+                "loss_fn 'stable_reinforce' and a KL penalty; set kl_discount = 0 or choose "
+                "another loss_fn"
+            )
+
     def strategy(self) -> RolloutStrategy:
         """The rollout strategy these options describe."""
         if self.rollout_strategy == "fail_fast":
@@ -197,33 +253,52 @@ FIELD_HELP: Mapping[str, str] = {
     "local config name (rlpure/tiny, rlpure/small).",
     "lora_rank": "LoRA rank of the training client (the local backend trains all weights).",
     "seed": "Seed of the loop's PRNG (per-step sampling seeds) and of the local backend.",
-    "max_steps": "Stop after this many steps (default: one pass over the dataset).",
+    "max_steps": "Cap on training steps: the run trains min(num_epochs * len(dataset), "
+    "max_steps) steps (a larger max_steps alone stops early, with a warning; raise num_epochs "
+    "to train longer).",
+    "num_epochs": "Passes over the training dataset: step i trains on batch i % len(dataset); "
+    "steps, checkpoints and resume count globally across epochs.",
+    "load_checkpoint_path": "Start a fresh run from the weights saved at this state path "
+    "(create_training_client_from_state: weights only, a fresh optimizer). Ignored when the "
+    "log dir has a checkpoint to resume (its weights and optimizer state win).",
     "learning_rate": "Adam learning rate.",
     "adam_beta1": "Adam beta1.",
     "adam_beta2": "Adam beta2.",
     "adam_eps": "Adam epsilon.",
     "weight_decay": "AdamW decoupled weight decay (0 disables it).",
     "grad_clip_norm": "Clip gradients to this global norm before the Adam update (0: off).",
-    "loss_fn": "Tinker policy loss: importance_sampling, ppo, cispo, dro or gspo.",
+    "loss_fn": "Tinker policy loss: importance_sampling, ppo, cispo, dro, gspo or "
+    "stable_reinforce (Tinker only: it needs the sampler's provenance on every datum, and the "
+    "local backend does not implement it).",
     "loss_fn_config": "Loss options passed to forward_backward, e.g. {clip_low_threshold = "
     "0.8} (TOML/JSON; on the command line as JSON).",
     "num_substeps": "Split each batch into this many forward_backward + optim_step pairs.",
     "max_tokens": "Maximum number of tokens sampled per action.",
-    "temperature": "Sampling temperature for training rollouts (evaluation is greedy). "
+    "temperature": "Sampling temperature for training rollouts (see eval_temperature). "
     "Sampled logprobs are those of the tempered distribution (on Tinker and the local "
     "backend), while training computes the untempered ones: with a temperature other than 1 "
     "the importance ratio of an on-policy sample is not 1.",
+    "eval_temperature": "Sampling temperature of the test-set evaluation (1.0, the "
+    "cookbook's RLTestSetEvaluator; 0 samples greedily).",
     "advantage_estimator": "group_centered (reward minus group mean, the cookbook's), "
     "group_normalized (GRPO: divided by the group std), batch_normalized, or leave_one_out.",
     "loss_aggregation": "How per-token losses are weighed: token_sum (Tinker's), "
     "sequence_token_mean, batch_token_mean, or constant_length (Dr. GRPO).",
     "aggregation_length": "The constant of loss_aggregation=constant_length.",
     "remove_constant_reward_groups": "Drop groups whose trajectories all got the same reward "
-    "(they carry no signal under group centring).",
+    "(they carry no signal under group centring); when every group is constant the first is "
+    "kept and trained on, as in the cookbook.",
     "kl_penalty_coef": "Coefficient of the KL-to-reference advantage shaping (0 disables it).",
     "kl_discount": "Discount of the KL penalty along each sequence (0: per-token penalty).",
-    "kl_reference_model": "Reference model for the KL penalty (default: the policy's weights "
-    "at the start of the run, saved once and reused after a resume).",
+    "kl_reference_model": "Base model of the KL reference (the cookbook's "
+    "KLReferenceConfig.base_model). kl_penalty_coef > 0 needs a reference: this and/or "
+    "kl_reference_checkpoint, or kl_reference_initial_policy.",
+    "kl_reference_checkpoint": "Sampler weights of the KL reference (the cookbook's "
+    "KLReferenceConfig.load_checkpoint_path), e.g. a tinker:// sampler path.",
+    "kl_reference_initial_policy": "Use the policy's weights at the start of the run as the KL "
+    "reference (saved once, reused after a resume); excludes kl_reference_model/checkpoint.",
+    "compute_post_kl": "Also log kl_pre_post_v1/v2: the KL between the sampling logprobs "
+    "and the updated policy's on the step's data (one extra scoring call per datum).",
     "rollout_strategy": "Failure handling per group: fail_fast (any rollout error stops the "
     "run), retry (retry failed rollouts in fresh envs; all-or-nothing per group) or min_viable "
     "(accept a group once ceil(0.75*G) rollouts succeed). Failed groups are skipped and counted "
@@ -232,7 +307,8 @@ FIELD_HELP: Mapping[str, str] = {
     "rollout_timeout": "Seconds before a single rollout is cancelled and counted as failed.",
     "min_viable_group": "Floor of the min_viable strategy (default: ceil(0.75*G)).",
     "max_concurrent_groups": "At most this many groups roll out at once (default: all).",
-    "eval_every": "Evaluate greedily on the test set every N steps (0: never).",
+    "eval_every": "Run the evaluators (the test set's, and train(evaluator_builders=...)) "
+    "every N steps and after the last (0: never).",
     "save_every": "Save a checkpoint every N steps (0: only at the end).",
     "num_groups_to_log": "Groups per step whose decoded rollouts go to samples.jsonl.",
     "progress": "Show the progress bar and the per-step line.",
@@ -289,7 +365,9 @@ def field_choices(field: str) -> tuple[str, ...] | None:
     """The allowed values of a `Literal` field (used by the CLI for `choices=`)."""
     annotation = {
         "backend": Backend,
-        "loss_fn": PolicyLossName,
+        "loss_fn": LossName,
+        "eval_temperature": "Sampling temperature of the test-set evaluation (1.0, the "
+        "cookbook's RLTestSetEvaluator; 0 samples greedily).",
         "advantage_estimator": Estimator,
         "loss_aggregation": AggregationMode,
         "rollout_strategy": StrategyName,

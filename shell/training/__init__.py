@@ -1,6 +1,7 @@
 """The training loop and everything a run keeps in its log directory.
 
-- `_loop`: `train` (the synchronous GRPO loop, resumable), `evaluate`, `TrainResult`.
+- `_loop`: `train` (the synchronous GRPO loop, resumable), `evaluate`, `TrainResult`,
+  `resolve_num_steps` (the run's length from `num_epochs` and `max_steps`).
 - `_policy_update`: one optimisation step on a step's groups (`train_on_groups`: advantages →
   datums → `forward_backward` + `optim_step` → metrics, returned as a `PolicyUpdate`) and its
   parts.
@@ -30,7 +31,7 @@ from shell.training._logs import (
     headline_eval_metrics,
     read_jsonl,
 )
-from shell.training._loop import TrainResult, evaluate, train
+from shell.training._loop import TrainResult, evaluate, resolve_num_steps, train
 from shell.training._policy_update import (
     PolicyUpdate,
     TrainStepOutput,
@@ -71,6 +72,7 @@ __all__ = [
     "open_training_client",
     "read_jsonl",
     "recipe_options",
+    "resolve_num_steps",
     "train",
     "train_on_groups",
     "train_step",

@@ -2,12 +2,20 @@
 
 Per step `i` (the cookbook's `do_sync_training`, as a library function recipes call):
 
-1. evaluate greedily on the test set when `eval_every` divides `i` (before training);
-2. `dataset.get_batch(i)` → all groups roll out concurrently (`shell.rollouts`) with a
+1. when `eval_every` divides `i` (before training): every evaluator — those of
+   `evaluator_builders`, then the test set's (`shell.eval.RLTestSetEvaluator`, sampling at
+   `eval_temperature`, 1.0 as the cookbook's) — concurrently on the current sampler, their
+   metrics merged in that order;
+2. `dataset.get_batch(i % len(dataset))` (epoch `i // len(dataset)`; the run has
+   `min(num_epochs * len(dataset), max_steps)` steps, `resolve_num_steps`) → all groups roll
+   out concurrently (`shell.rollouts`) with a
    `TinkerTokenCompleter` over the current sampling client, under the configured strategy;
-   failed groups are skipped and counted, a step where every group failed is skipped with a
-   warning (no training, same sampling client);
-3. optional removal of constant-reward groups → advantages (`rlpure.advantages`, configurable
+   failed groups are skipped and counted (`rollout_errors/*`: running totals since the
+   `train` call started, under a strategy that catches group errors, as the cookbook's one
+   `RolloutErrorCounter`), a step where every group failed is skipped with a warning (no
+   training, same sampling client);
+3. optional removal of constant-reward groups (all constant: the first is kept and trained on,
+   as in the cookbook) → advantages (`rlpure.advantages`, configurable
    estimator) → one padded batch (`rlpure.packing.assemble_batch`) → loss aggregation →
    optional KL shaping against a reference sampler's `compute_logprobs` (`rlpure.kl`) →
    `tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input);
@@ -19,7 +27,8 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
    brings back the new sampling client and the metrics merged into the step's;
 5. metrics (`rlpure.metrics` names) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
    progress line; a new sampling client from the trained weights; a checkpoint when
-   `save_every` divides `i + 1`, and a final one at the end; the reward-curve PNG last.
+   `save_every` divides `i + 1`; after the last step the evaluators once more (a `final_eval`
+   line) and a final checkpoint; the reward-curve PNG last.
 
 Clients are the `shell.clients` protocols: `tinker.ServiceClient`,
 `shell.local.LocalServiceClient` and `shell.fakes.FakeServiceClient` all satisfy them.
@@ -35,14 +44,17 @@ the whole call, so a second run on the same `log_dir` is refused (`LogDirLockedE
 holder's pid) before it reads or writes anything there.
 
 Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
-step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`.
+step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`. The
+test-set evaluation at step `i` samples with a seed derived from `config.seed` and `i` alone
+(`_eval_seed`), so evaluating changes no training seed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,10 +72,12 @@ from shell.clients import SamplingClient, ServiceClient, TrainingClient
 from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
+from shell.errors import ConfigError
+from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import (
     GroupOutcome,
+    RolloutErrorCounter,
     RolloutStrategy,
-    batch_rollout_error_metrics,
     do_batch_rollouts,
 )
 from shell.training._checkpoints import CheckpointRecord, save_checkpoint
@@ -82,6 +96,7 @@ from shell.training._logs import (
 )
 from shell.training._policy_update import (
     adam_params_from_config,
+    records_stability_info,
     train_on_groups,
 )
 from shell.training._resume import (
@@ -97,6 +112,7 @@ from shell.training._resume import (
 __all__ = [
     "TrainResult",
     "evaluate",
+    "resolve_num_steps",
     "train",
 ]
 
@@ -143,29 +159,73 @@ async def evaluate(
     config: TrainConfig,
     strategy: RolloutStrategy,
     prefix: str = "test/",
+    seed: int | None = None,
 ) -> dict[str, float]:
-    """Greedy evaluation over the whole test dataset.
+    """One evaluation over the whole test dataset (`shell.eval.RLTestSetEvaluator`).
+
+    Samples at `config.eval_temperature` (1.0 by default, as the cookbook's evaluator; 0.0 is
+    greedy) with `config.max_tokens`, under `strategy`.
 
     Returns:
         The `rlpure.metrics` trajectory metrics of the test groups under `prefix` (e.g.
         `test/env/all/reward/total`, `test/env/all/correct` when envs report `correct`), plus
         `test/num_groups` and the rollout-error counts.
     """
-    policy = TinkerTokenCompleter(sampling_client, max_tokens=config.max_tokens, temperature=0.0)
-    builders = [b for i in range(len(test_dataset)) for b in test_dataset.get_batch(i)]
-    outcomes = await do_batch_rollouts(
-        builders,
-        policy,
+    evaluator = _test_set_evaluator(test_dataset, config=config, strategy=strategy, prefix=prefix)
+    return await evaluator(sampling_client, seed=seed)
+
+
+def _test_set_evaluator(
+    test_dataset: RLDataset, *, config: TrainConfig, strategy: RolloutStrategy, prefix: str
+) -> RLTestSetEvaluator:
+    return RLTestSetEvaluator(
+        test_dataset,
+        max_tokens=config.max_tokens,
+        name=prefix.removesuffix("/"),
         strategy=strategy,
+        temperature=config.eval_temperature,
         max_concurrent_groups=config.max_concurrent_groups,
     )
-    kept_builders, groups = _successful(builders, outcomes)
-    out: dict[str, float] = {f"{prefix}num_groups": float(len(groups))}
-    out.update({f"{prefix}{k}": v for k, v in batch_rollout_error_metrics(outcomes).items()})
-    if groups:
-        found = metrics_lib.trajectory_metrics(groups, [b.logging_tags() for b in kept_builders])
-        out.update({f"{prefix}{k}": float(v) for k, v in found.items()})
-    return out
+
+
+_EVAL_STREAM = 0x6576616C
+"""Folded into the run's seed to derive evaluation seeds (so evaluating draws nothing from the
+loop's key: the training seeds of a run are the same with or without evaluation)."""
+
+
+def _eval_seed(seed: int, step: int) -> int:
+    """The sampling seed of the evaluation at `step` (deterministic, as the training seeds)."""
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _EVAL_STREAM), step)
+    return int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
+def resolve_num_steps(max_steps: int | None, num_batches: int, num_epochs: int = 1) -> int:
+    """Total steps of a run: `num_epochs` passes over `num_batches`, capped by `max_steps`
+    (the cookbook's `_resolve_end_batch`, with the same warning when the cap is unreachable).
+
+    Examples:
+        >>> resolve_num_steps(None, 4, 2), resolve_num_steps(5, 4, 2), resolve_num_steps(3, 4)
+        (8, 5, 3)
+
+    Raises:
+        ConfigError: `num_epochs < 1`.
+    """
+    if num_epochs < 1:
+        raise ConfigError(f"num_epochs: must be >= 1, got {num_epochs}")
+    total = num_batches * num_epochs
+    if max_steps is None:
+        return total
+    if max_steps > total:
+        logger.warning(
+            "max_steps=%d exceeds num_epochs * len(dataset) = %d * %d = %d; training will stop "
+            "after %d steps. Set num_epochs to train for more passes over the dataset.",
+            max_steps,
+            num_epochs,
+            num_batches,
+            total,
+            total,
+        )
+    return min(max_steps, total)
 
 
 def _decoder(tokenizer: TokenizerLike | None) -> Callable[[Sequence[int]], str]:
@@ -188,7 +248,9 @@ class _Run:
     key: jax.Array
     strategy: RolloutStrategy
     adam_params: tinker.AdamParams
-    warned_no_signal: bool = False
+    evaluators: list[SamplingClientEvaluator]
+    test_evaluator: RLTestSetEvaluator | None
+    error_counter: RolloutErrorCounter | None
 
 
 async def _kl_reference(
@@ -197,20 +259,48 @@ async def _kl_reference(
     training_client: TrainingClient,
     saved_path: str | None,
 ) -> tuple[SamplingClient, str | None]:
-    """The KL reference sampler and the path of its weights (see `train`'s docstring)."""
-    if config.kl_reference_model is not None:
-        client = await service_client.create_sampling_client(base_model=config.kl_reference_model)
+    """The KL reference sampler and the path of its weights when the loop saved them.
+
+    `kl_reference_model` / `kl_reference_checkpoint` open a sampler as the cookbook's
+    `KLReferenceConfig` does (`create_sampling_client(base_model=..., model_path=...)`);
+    `kl_reference_initial_policy` saves the policy's weights at the start of the run once, so
+    that a resumed run measures KL against the same weights (`saved_path`, from the
+    checkpoint record).
+    """
+    if not config.kl_reference_initial_policy:
+        client = await service_client.create_sampling_client(
+            base_model=config.kl_reference_model, model_path=config.kl_reference_checkpoint
+        )
         return client, None
     if saved_path is None:
-        # The policy before RL (= the base model for a fresh LoRA), saved once so that a
-        # resumed run measures KL against the same weights.
         saved = await training_client.save_weights_for_sampler("kl_reference")
         saved_path = str(saved.path)
     return await service_client.create_sampling_client(model_path=saved_path), saved_path
 
 
+async def _run_evaluators(run: _Run, step: int) -> dict[str, float]:
+    """Every evaluator on the current sampler, concurrently; metrics merged in order (a later
+    evaluator's key wins; the test-set evaluator is last), as the cookbook's
+    `run_evaluations_parallel`."""
+    calls: list[Awaitable[Mapping[str, float]]] = [
+        evaluator(run.sampling_client) for evaluator in run.evaluators
+    ]
+    if run.test_evaluator is not None:
+        calls.append(
+            run.test_evaluator(run.sampling_client, seed=_eval_seed(run.config.seed, step))
+        )
+    merged: dict[str, float] = {}
+    for found in await asyncio.gather(*calls):
+        merged.update(found)
+    return merged
+
+
+def _evaluates(run: _Run) -> bool:
+    return bool(run.config.eval_every) and (bool(run.evaluators) or run.test_evaluator is not None)
+
+
 async def _run_step(
-    run: _Run, step: int, *, dataset: RLDataset, test_dataset: RLDataset | None
+    run: _Run, step: int, *, dataset: RLDataset
 ) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
     """Evaluation (when due), rollouts and training of one step; returns metrics and groups."""
     config = run.config
@@ -222,12 +312,10 @@ async def _run_step(
         "progress/done_frac": (step + 1) / run.num_steps,
         "optim/lr": config.learning_rate,
     }
-    if test_dataset is not None and config.eval_every and step % config.eval_every == 0:
-        metrics.update(
-            await evaluate(test_dataset, run.sampling_client, config=config, strategy=run.strategy)
-        )
+    if _evaluates(run) and step % config.eval_every == 0:
+        metrics.update(await _run_evaluators(run, step))
 
-    builders = list(dataset.get_batch(step))
+    builders = list(dataset.get_batch(step % len(dataset)))  # epoch e replays the dataset
     policy = TinkerTokenCompleter(
         run.sampling_client,
         max_tokens=config.max_tokens,
@@ -239,7 +327,10 @@ async def _run_step(
         builders, policy, strategy=run.strategy, max_concurrent_groups=config.max_concurrent_groups
     )
     metrics["time/rollouts_s"] = time.perf_counter() - rollout_start
-    metrics.update(batch_rollout_error_metrics(outcomes))
+    if run.error_counter is not None:
+        for outcome in outcomes:
+            run.error_counter.ingest(outcome)
+        metrics.update(run.error_counter.get_metrics())
     kept_builders, groups = _successful(builders, outcomes)
     if not groups:
         logger.warning(
@@ -262,18 +353,7 @@ async def _run_step(
             adam_params=run.adam_params,
         )
         metrics.update(update.metrics)
-        if update.sampling_client is None:
-            metrics["batch/num_datums"] = 0
-            # once per run, then quietly: a run of constant steps is one finding, not many
-            logger.log(
-                logging.DEBUG if run.warned_no_signal else logging.WARNING,
-                "Step %d: every group has constant reward; not training (further such steps "
-                "are logged at DEBUG level)",
-                step,
-            )
-            run.warned_no_signal = True
-        else:
-            run.sampling_client = update.sampling_client
+        run.sampling_client = update.sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start
     metrics["time/step_s"] = time.perf_counter() - step_start
     return metrics, groups
@@ -306,22 +386,28 @@ async def train(
     training_client: OpenedTrainingClient | TrainingClient | None = None,
     recipe_options: Mapping[str, Any] | None = None,
     console: Console | None = None,
+    evaluator_builders: Sequence[SamplingClientEvaluatorBuilder] = (),
+    strategy: RolloutStrategy | None = None,
 ) -> TrainResult:
     """Runs (or resumes) the GRPO loop described in the module docstring.
 
     Args:
         config: every option of the run (see `shell.config.FIELD_HELP`).
-        dataset: training batches; step `i` uses `dataset.get_batch(i)`.
+        dataset: training batches; step `i` uses `dataset.get_batch(i % len(dataset))` (the
+            run has `min(config.num_epochs * len(dataset), config.max_steps)` steps).
         service_client: `tinker.ServiceClient`, `LocalServiceClient` or `FakeServiceClient`
             (any `shell.clients.ServiceClient`).
-        test_dataset: evaluated greedily every `config.eval_every` steps and at the end (the
-            final evaluation is logged as a `metrics.jsonl` line with `step = num_steps` and
-            `final_eval = 1`).
+        test_dataset: evaluated (`shell.eval.RLTestSetEvaluator`, at
+            `config.eval_temperature`) every `config.eval_every` steps before training and
+            after the last step (the final evaluation is logged as a `metrics.jsonl` line with
+            `step = num_steps` and `final_eval = 1`).
         tokenizer: decodes rollouts for `samples.jsonl` (None: token ids are written).
-        kl_reference_client: sampling client of the KL reference. Default when
-            `kl_penalty_coef > 0`: `config.kl_reference_model` if set, else the policy's weights
-            at the start of the run (saved with `save_weights_for_sampler("kl_reference")`, the
-            path kept in every checkpoint record so a resumed run uses the same reference).
+        kl_reference_client: sampling client of the KL reference, used instead of the one
+            the config names. By default, when `kl_penalty_coef > 0`: a sampler on
+            `config.kl_reference_model` / `config.kl_reference_checkpoint`, or with
+            `config.kl_reference_initial_policy` the policy's weights at the start of the run
+            (saved with `save_weights_for_sampler("kl_reference")`, the path kept in every
+            checkpoint record so a resumed run uses the same reference).
         training_client: a training client the caller already opened (e.g. to read its
             tokenizer), used instead of opening one: the `OpenedTrainingClient` of
             `open_training_client(config, service_client, last_checkpoint(config.log_dir))`
@@ -332,6 +418,14 @@ async def train(
             any of them changed is refused like a changed config field. Leave out options a
             resumed run may change (e.g. the evaluation set's size).
         console: where the progress bar and per-step lines go (default: stdout).
+        evaluator_builders: zero-argument callables making `shell.eval.SamplingClientEvaluator`s
+            (the cookbook's `Config.evaluator_builders`): each is built once, at the start,
+            and awaited with the current sampling client whenever the test set is evaluated
+            (every `config.eval_every` steps and after the last; needs `eval_every > 0`).
+            Their metrics and the test set's are merged into the step's line, in order (a later
+            key wins; the test set's last).
+        strategy: failure handling of rollouts (default `config.strategy()`), for a strategy
+            the config's fields cannot name (e.g. extra failure types).
 
     Returns:
         A `TrainResult`. When `log_dir`'s last checkpoint is already at or past the last step,
@@ -358,6 +452,8 @@ async def train(
             training_client=training_client,
             recipe_options=recipe_options,
             console=console,
+            evaluator_builders=evaluator_builders,
+            strategy=strategy,
         )
 
 
@@ -372,6 +468,8 @@ async def _locked_train(
     training_client: OpenedTrainingClient | TrainingClient | None,
     recipe_options: Mapping[str, Any] | None,
     console: Console | None,
+    evaluator_builders: Sequence[SamplingClientEvaluatorBuilder],
+    strategy: RolloutStrategy | None,
 ) -> TrainResult:
     """`train`'s body, run while this process holds the log dir's lock."""
     log_dir = Path(config.log_dir)
@@ -384,7 +482,7 @@ async def _locked_train(
         else callers_training_client(training_client, resume=resume, log_dir=log_dir)
     )
     record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
-    num_steps = len(dataset) if config.max_steps is None else min(config.max_steps, len(dataset))
+    num_steps = resolve_num_steps(config.max_steps, len(dataset), config.num_epochs)
     start = 0 if resume is None else resume.step
     if start >= num_steps and resume is not None:
         logger.info("%s: already trained to step %d; nothing to do", log_dir, start)
@@ -416,12 +514,15 @@ async def _locked_train(
         kl_reference_client, kl_reference_path = await _kl_reference(
             config, service_client, client, kl_reference_path
         )
+    strategy = config.strategy() if strategy is None else strategy
     run = _Run(
         config=config,
         log_dir=log_dir,
         num_steps=num_steps,
         training_client=client,
-        sampling_client=await client.save_weights_and_get_sampling_client(),
+        sampling_client=await client.save_weights_and_get_sampling_client(
+            record_stability_info=records_stability_info(config)
+        ),
         kl_reference_client=kl_reference_client,
         kl_reference_path=kl_reference_path,
         key=(
@@ -429,8 +530,16 @@ async def _locked_train(
             if resume is None
             else prng_key_from_data(resume.rng_key_data)
         ),
-        strategy=config.strategy(),
+        strategy=strategy,
         adam_params=adam_params_from_config(config),
+        evaluators=[build() for build in evaluator_builders],
+        # one counter for the call, as the cookbook's main (a resumed run counts afresh)
+        error_counter=RolloutErrorCounter() if strategy.catches_group_errors else None,
+        test_evaluator=(
+            None
+            if test_dataset is None
+            else _test_set_evaluator(test_dataset, config=config, strategy=strategy, prefix="test/")
+        ),
     )
     decode = _decoder(tokenizer)
     skipped: list[int] = []
@@ -446,17 +555,15 @@ async def _locked_train(
     ):
         if resume is not None:
             progress.note(f"Resuming from step {start} ({resume.state_path})")
+        what = "on the test set" if test_dataset is not None else "with the evaluators"
         for step in range(start, num_steps):
-            eval_due = (
-                test_dataset is not None and config.eval_every and step % config.eval_every == 0
-            )
             if step == start:
                 progress.phase("compiling and running the first step…")
-            elif eval_due:
-                progress.phase(f"evaluating on the test set, then step {step}…")
+            elif _evaluates(run) and step % config.eval_every == 0:
+                progress.phase(f"evaluating {what}, then step {step}…")
             else:
                 progress.phase("training", line=False)
-            metrics, groups = await _run_step(run, step, dataset=dataset, test_dataset=test_dataset)
+            metrics, groups = await _run_step(run, step, dataset=dataset)
             if not groups:
                 skipped.append(step)
             elif config.num_groups_to_log:
@@ -470,11 +577,9 @@ async def _locked_train(
             last_metrics = metrics
             if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < num_steps:
                 checkpoint = await _checkpoint(run, step + 1)
-        if test_dataset is not None and config.eval_every:
-            progress.phase("final evaluation on the test set…")
-            final_eval = await evaluate(
-                test_dataset, run.sampling_client, config=config, strategy=run.strategy
-            )
+        if _evaluates(run):
+            progress.phase(f"final evaluation {what}…")
+            final_eval = await _run_evaluators(run, num_steps)
             metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
             progress.note(_final_eval_line(final_eval))
         checkpoint = await _checkpoint(run, num_steps, final=True)

@@ -12,17 +12,17 @@ Conventions:
   `rlpure.packing` — entry `[d, t]` belongs to target token `t + 1` of datum `d`'s full
   sequence `s` (position `t` predicts `s[t + 1]`), and is 0 on padding (`t >= length_D[d]`
   or `d >= num_datums`).
-- Substeps: `train_step` splits the datums into `min(num_substeps, len(datums))` contiguous,
-  near-equal slices (`split_into_substeps`), one `forward_backward` + `optim_step` each. All
-  calls are **submitted first, then awaited** in submission order, SDK 0.38 style (each call
+- Substeps: `train_step` splits the datums into `min(num_substeps, len(datums))` contiguous
+  slices as the cookbook's `split_list` does (`split_into_substeps`: 5 datums in 2 substeps
+  are `[2, 3]`), one `forward_backward` + `optim_step` each. All calls are **submitted first, then awaited** in submission order, SDK 0.38 style (each call
   returns an `APIFuture` at once; the service orders them by request id). There is no retry
   loop around SDK calls: the SDK retries transient failures itself.
 - Metrics of a `PolicyUpdate` (new records; the caller merges them into its step's):
   `kl_policy_base` when KL-shaped, `batch/num_datums`, `batch/num_trained_groups`,
   `train/<key>` per `forward_backward` metric (summed over substeps for `:sum` keys, averaged
   otherwise), `optim/<key>` from the last `optim_step`, `optim/kl_sample_train_v1|v2` and
-  `optim/entropy` (`rlpure.metrics`), in that order; only `progress/no_signal = 1` when
-  `train_on_groups` skips a step without signal.
+  `optim/entropy` (`rlpure.metrics`), then `kl_pre_post_v1|v2` with `compute_post_kl`
+  (`post_update_kl_metrics`), in that order.
 - Clients are `shell.clients.TrainingClient` / `SamplingClient`: Tinker's, the local
   backend's (`shell.local`) or the fakes (`shell.fakes`).
 """
@@ -30,6 +30,7 @@ Conventions:
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
@@ -50,6 +51,9 @@ __all__ = [
     "PolicyUpdate",
     "TrainStepOutput",
     "adam_params_from_config",
+    "check_provenance",
+    "post_update_kl_metrics",
+    "records_stability_info",
     "reference_logprobs_D_T",
     "split_into_substeps",
     "train_on_groups",
@@ -68,12 +72,11 @@ class PolicyUpdate(NamedTuple):
     """What `train_on_groups` did to the policy.
 
     Attributes:
-        sampling_client: a sampling client of the trained weights; None when the step was not
-            trained (no signal, see `train_on_groups`).
+        sampling_client: a sampling client of the trained weights.
         metrics: the update's metrics, keyed as in the module docstring.
     """
 
-    sampling_client: SamplingClient | None
+    sampling_client: SamplingClient
     metrics: dict[str, float]
 
 
@@ -93,25 +96,51 @@ _Item = TypeVar("_Item")
 
 
 def split_into_substeps(items: Sequence[_Item], num_substeps: int) -> list[list[_Item]]:
-    """Splits `items` into `min(num_substeps, len(items))` contiguous, near-equal slices.
+    """Splits `items` into `min(num_substeps, len(items))` contiguous slices, as the cookbook's
+    `split_list` does.
+
+    Slice `k` is `items[e[k]:e[k + 1]]` with edges `e = linspace(0, n, parts + 1)` truncated
+    toward zero (float64 edges, exactly as cookbook 0.6.1 computes them): sizes differ by at
+    most one and the longer slices come last where the division is uneven (5 items in 2
+    slices are `[2, 3]`). Float rounding of the edges makes a few splits differ from exact
+    floor division (e.g. 30 items in 22 slices); the cookbook's edges are kept for parity.
 
     Examples:
         >>> split_into_substeps(list(range(5)), 2)
-        [[0, 1, 2], [3, 4]]
+        [[0, 1], [2, 3, 4]]
+        >>> split_into_substeps(list(range(5)), 3)
+        [[0], [1, 2], [3, 4]]
     """
     if num_substeps < 1:
         raise ValueError(f"split_into_substeps: num_substeps must be >= 1, got {num_substeps}")
     parts = min(num_substeps, len(items))
     if parts == 0:
         return []
-    base, extra = divmod(len(items), parts)
-    out: list[list[_Item]] = []
-    start = 0
-    for k in range(parts):
-        size = base + (1 if k < extra else 0)
-        out.append(list(items[start : start + size]))
-        start += size
-    return out
+    edges = np.linspace(0, len(items), parts + 1).astype(np.int64).tolist()
+    return [list(items[start:stop]) for start, stop in itertools.pairwise(edges)]
+
+
+def check_provenance(datums: Sequence[tinker.Datum], loss_fn: str) -> None:
+    """Refuses datums without provenance spans when `loss_fn` needs them (`stable_reinforce`).
+
+    The cookbook's `_check_provenance`, run on a step's datums before any is sent. A datum has
+    no provenance when one of its actions lacks a sampler `sequence_id` (a custom token
+    completer must set `TokensWithLogprobs.sequence_id`) or none of its targets is a sampled
+    token.
+
+    Raises:
+        ValueError: naming the first datum without provenance.
+    """
+    if loss_fn != "stable_reinforce":
+        return
+    for d, datum in enumerate(datums):
+        if datum.loss_fn_input_spans is None:
+            raise ValueError(
+                f"loss_fn='stable_reinforce' needs provenance on every datum; datum {d} has "
+                "none (one of its actions lacks a sampler sequence_id, which a custom token "
+                "completer must set as TokensWithLogprobs.sequence_id, or none of its targets "
+                "is a sampled token). Fix the data or train with another loss_fn."
+            )
 
 
 async def train_step(
@@ -139,7 +168,12 @@ async def train_step(
 
     Returns:
         The `ForwardBackwardOutput` and `OptimStepResponse` of each substep.
+
+    Raises:
+        ValueError: `loss_fn='stable_reinforce'` and a datum without provenance
+            (`check_provenance`); nothing is sent then.
     """
+    check_provenance(datums, loss_fn)
     submitted: list[
         tuple[APIFuture[tinker.ForwardBackwardOutput], APIFuture[tinker.OptimStepResponse]]
     ] = []
@@ -212,6 +246,30 @@ def _train_output_metrics(step: TrainStepOutput) -> dict[str, float]:
     return out
 
 
+async def post_update_kl_metrics(
+    sampling_client: SamplingClient, batch: DatumBatch
+) -> dict[str, float]:
+    """The cookbook's `compute_post_kl`: how far one update moved the policy on its own data.
+
+    With `q` the batch's sampling logprobs and `p` the updated policy's logprobs of the same
+    targets (`reference_logprobs_D_T(sampling_client, batch)`), over the `N` action positions
+    (`mask_D_T > 0`): `kl_pre_post_v1 = mean(q - p)`, `kl_pre_post_v2 = ½·mean((q - p)²)`.
+
+    Args:
+        sampling_client: a sampling client of the updated weights.
+        batch: the batch the update trained on (at least one action token).
+
+    Returns:
+        `{"kl_pre_post_v1": ..., "kl_pre_post_v2": ...}`.
+    """
+    post_D_T = await reference_logprobs_D_T(sampling_client, batch)
+    found = metrics_lib.kl_sample_train_metrics(batch.logprobs_D_T, post_D_T, batch.mask_D_T)
+    return {
+        "kl_pre_post_v1": found["optim/kl_sample_train_v1"],
+        "kl_pre_post_v2": found["optim/kl_sample_train_v2"],
+    }
+
+
 async def train_on_groups(
     groups: Sequence[TrajectoryGroup],
     *,
@@ -222,39 +280,37 @@ async def train_on_groups(
 ) -> PolicyUpdate:
     """Advantages → batch → (KL) → datums → train step; returns the new sampling client.
 
-    Does not train, and returns no sampling client, when `remove_constant_reward_groups` is
-    on, there is no KL shaping and every group is constant: the cookbook's filter keeps one
-    such group so the list is not empty, but training on it sends all-zero advantages (a
-    billed call on Tinker, and Adam's momentum still moves the weights). Tutorial 104 skips
-    such a step too.
+    As the cookbook's sync step: with `remove_constant_reward_groups`, groups whose
+    trajectories all got the same total reward are dropped — and when every group is
+    constant, the first one is kept and trained on (all-zero advantages unless KL-shaped), so
+    every step with a successful group trains.
 
     Args:
         groups: the step's successful trajectory groups (at least one).
         training_client: the run's training client.
         kl_reference_client: sampling client of the KL reference (required when
             `config.kl_penalty_coef > 0`, else ignored).
-        config: the run's options (estimator, aggregation, KL, loss, substeps).
+        config: the run's options (estimator, aggregation, KL, loss, substeps, post-KL).
         adam_params: optimizer hyper-parameters (`adam_params_from_config(config)`).
 
     Returns:
-        A `PolicyUpdate`: a sampling client of the trained weights (None when the step was not
-        trained) and the update's metrics (the keys in the module docstring, or
-        `progress/no_signal = 1` alone when the step was not trained).
+        A `PolicyUpdate`: a sampling client of the trained weights (recording stability info
+        for `stable_reinforce`) and the update's metrics (the keys in the module docstring,
+        plus `kl_pre_post_v1|v2` with `config.compute_post_kl`).
 
     Raises:
-        ValueError: `config.kl_penalty_coef > 0` without a `kl_reference_client`.
+        ValueError: `config.kl_penalty_coef > 0` without a `kl_reference_client`; no groups;
+            `stable_reinforce` with a datum without provenance (`check_provenance`).
     """
     if config.kl_penalty_coef > 0 and kl_reference_client is None:
         raise ValueError(
             "train_on_groups: kl_reference_client is required when "
             f"config.kl_penalty_coef > 0 (got {config.kl_penalty_coef})"
         )
+    if not groups:
+        raise ValueError("train_on_groups: groups is empty (a step without groups is skipped)")
     metrics: dict[str, float] = {}
     if config.remove_constant_reward_groups:
-        if config.kl_penalty_coef == 0 and all(
-            len(set(g.get_total_rewards())) <= 1 for g in groups
-        ):
-            return PolicyUpdate(sampling_client=None, metrics={"progress/no_signal": 1})
         groups = advantages_lib.remove_constant_reward_groups(groups)
     advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
     batch = assemble_batch(groups, advantages_P_G)
@@ -284,5 +340,15 @@ async def train_on_groups(
             batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
         )
     )
-    sampling_client = await training_client.save_weights_and_get_sampling_client()
+    sampling_client = await training_client.save_weights_and_get_sampling_client(
+        record_stability_info=records_stability_info(config)
+    )
+    if config.compute_post_kl:
+        metrics.update(await post_update_kl_metrics(sampling_client, batch))
     return PolicyUpdate(sampling_client=sampling_client, metrics=metrics)
+
+
+def records_stability_info(config: TrainConfig) -> bool:
+    """Whether the run's samplers must record what `stable_reinforce` trains on (the
+    cookbook's `Config.records_stability_info`)."""
+    return config.loss_fn == "stable_reinforce"

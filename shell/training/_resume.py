@@ -14,7 +14,8 @@ Conventions:
     `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same per-step
     seeds as an uninterrupted one.
 - What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
-  long it runs, how often it evaluates and saves, how rollouts are scheduled and retried), and
+  long it runs, how often and how it evaluates, how often it saves, which diagnostics it logs,
+  how rollouts are scheduled and retried), and
   the options a recipe leaves out of `recipe_options` (e.g. the evaluation set's size). Any
   other difference is refused with a `ConfigError` naming each changed field or option with its
   recorded and new values (`check_resumable_config`, or `checked_last_checkpoint` for a
@@ -22,8 +23,9 @@ Conventions:
   by a code update) and a missing record (a log directory written before it was recorded) are
   not compared.
 - The client contract: `open_training_client(config, service_client, resume)` opens the run's
-  training client — restored from the checkpoint `resume` (weights and optimizer state), or a
-  new LoRA client when `resume` is None — and returns it as an `OpenedTrainingClient` naming
+  training client — restored from the checkpoint `resume` (weights and optimizer state), or
+  for a fresh run the weights at `config.load_checkpoint_path` with a fresh optimizer, or a
+  new LoRA client — and returns it as an `OpenedTrainingClient` naming
   that checkpoint. `train(training_client=...)` takes such a client only when it was opened
   from `log_dir`'s last checkpoint (or from none, for a fresh run), so a run never continues a
   checkpoint's step and PRNG key with other weights; a bare client is taken for a fresh run
@@ -84,6 +86,9 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
         "max_retries",
         "rollout_timeout",
         "min_viable_group",
+        "num_epochs",
+        "eval_temperature",
+        "compute_post_kl",
     }
 )
 """Config fields a resumed run may change; any other difference would silently mix two runs."""
@@ -270,7 +275,7 @@ class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         client: the training client (a `shell.clients.TrainingClient`).
         resumed_from: the checkpoint whose weights and optimizer state it holds; None for a
-            new LoRA client.
+            fresh run's client (a new LoRA client, or `config.load_checkpoint_path`'s weights).
     """
 
     client: TrainingClient
@@ -280,7 +285,10 @@ class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
 async def open_training_client(
     config: TrainConfig, service_client: ServiceClient, resume: CheckpointRecord | None
 ) -> OpenedTrainingClient:
-    """The run's training client: restored from `resume` when given, else a new LoRA client.
+    """The run's training client: restored from `resume` when given (weights and optimizer
+    state); else, with `config.load_checkpoint_path`, a client with those weights and a fresh
+    optimizer (`create_training_client_from_state`, as the cookbook's `main`); else a new LoRA
+    client on `config.base_model`.
 
     Pass `resume=last_checkpoint(config.log_dir)` to open the client `train` would open itself;
     the result can then be handed to `train(training_client=...)`, which checks that `resume`
@@ -289,6 +297,8 @@ async def open_training_client(
     client: TrainingClient
     if resume is not None:
         client = await restore_training_client(service_client, resume)
+    elif config.load_checkpoint_path is not None:
+        client = await service_client.create_training_client_from_state(config.load_checkpoint_path)
     else:
         client = await service_client.create_lora_training_client(
             base_model=config.base_model, rank=config.lora_rank

@@ -118,6 +118,7 @@ def test_loop_runs_end_to_end_against_the_fake_backend(tmp_path: Path) -> None:
         save_every=2,
         num_substeps=2,
         kl_penalty_coef=0.1,
+        kl_reference_initial_policy=True,
         learning_rate=1e-4,
         num_groups_to_log=1,
     )
@@ -184,7 +185,9 @@ def test_each_step_submits_every_call_before_awaiting_any(tmp_path: Path) -> Non
 
 
 def test_train_step_splits_datums_into_contiguous_substeps() -> None:
-    assert split_into_substeps(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    # the cookbook's split_list: longer slices last (rlpure used to put them first, [3, 2, 2])
+    assert split_into_substeps(list(range(7)), 3) == [[0, 1], [2, 3], [4, 5, 6]]
+    assert split_into_substeps(list(range(5)), 2) == [[0, 1], [2, 3, 4]]
     assert split_into_substeps([1, 2], 5) == [[1], [2]]
     assert split_into_substeps([], 2) == []
     with pytest.raises(ValueError, match="num_substeps"):
@@ -232,9 +235,9 @@ def test_train_step_sends_exactly_these_calls() -> None:
     )
     config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     assert events == [
-        ("forward_backward", 3, "ppo", config),
-        ("optim_step", adam),
         ("forward_backward", 2, "ppo", config),
+        ("optim_step", adam),
+        ("forward_backward", 3, "ppo", config),
         ("optim_step", adam),
         ("await", "forward_backward#1"),
         ("await", "optim_step#2"),
@@ -340,7 +343,7 @@ def _update_of(
 
 
 def test_train_on_groups_returns_the_new_sampler_and_its_metrics() -> None:
-    update, service = _update_of(_groups(), kl_penalty_coef=0.1)
+    update, service = _update_of(_groups(), kl_penalty_coef=0.1, kl_reference_model="m")
     assert isinstance(update, PolicyUpdate)
     assert isinstance(update.sampling_client, FakeSamplingClient)
     assert update.sampling_client.version == 1  # the weights after this update's optim_step
@@ -361,10 +364,16 @@ def test_train_on_groups_returns_the_new_sampler_and_its_metrics() -> None:
     assert update.metrics["optim/kl_sample_train_v1"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_train_on_groups_without_signal_returns_no_sampler_and_sends_nothing() -> None:
+def test_train_on_groups_trains_on_the_first_group_when_every_group_is_constant() -> None:
+    """The cookbook's `remove_constant_reward_groups` keeps the first group when every group
+    is constant, and its sync loop trains on it (rlpure used to skip such a step)."""
     update, service = _update_of(_constant_groups(), remove_constant_reward_groups=True)
-    assert update == PolicyUpdate(sampling_client=None, metrics={"progress/no_signal": 1})
-    assert [e[0] for e in service.events] == ["create_lora_training_client", "await"]
+    assert isinstance(update.sampling_client, FakeSamplingClient)
+    assert update.metrics["batch/num_trained_groups"] == 1
+    assert update.metrics["batch/num_datums"] == len(_constant_groups()[0].trajectories_G)
+    assert [e[1] for e in service.events if e[0] == "forward_backward"] == [2]
+    (sent,) = [d for chunk in service.training_clients[0].sent_data for d in chunk][:1]
+    assert not np.asarray(sent.loss_fn_inputs["advantages"].data).any()
 
 
 def test_train_on_groups_needs_a_reference_for_a_kl_penalty() -> None:
@@ -376,7 +385,7 @@ def test_train_on_groups_needs_a_reference_for_a_kl_penalty() -> None:
                 _groups(),
                 training_client=client,
                 kl_reference_client=None,
-                config=_config(Path("unused"), kl_penalty_coef=0.1),
+                config=_config(Path("unused"), kl_penalty_coef=0.1, kl_reference_model="m"),
                 adam_params=tinker.AdamParams(learning_rate=1e-3),
             )
         )
@@ -404,7 +413,12 @@ class _KilledAt(RLDataset):
 
 
 def test_a_run_killed_after_a_checkpoint_resumes_at_the_right_step(tmp_path: Path) -> None:
-    options = {"save_every": 2, "kl_penalty_coef": 0.05, "seed": 7}
+    options = {
+        "save_every": 2,
+        "kl_penalty_coef": 0.05,
+        "kl_reference_initial_policy": True,
+        "seed": 7,
+    }
     reference_dir = tmp_path / "reference"
     _train(_config(reference_dir, **options), FakeServiceClient(), _dataset(6))
 
@@ -476,7 +490,12 @@ def test_a_fresh_run_takes_the_client_opened_by_open_training_client(tmp_path: P
 def test_a_resumed_run_takes_the_client_opened_for_its_checkpoint(tmp_path: Path) -> None:
     """Killed at step 3 (checkpoint at 2), resumed with the caller's client: the same metrics
     as an uninterrupted run, and no second training client."""
-    options = {"save_every": 2, "kl_penalty_coef": 0.05, "seed": 3}
+    options = {
+        "save_every": 2,
+        "kl_penalty_coef": 0.05,
+        "kl_reference_initial_policy": True,
+        "seed": 3,
+    }
     reference_dir = tmp_path / "reference"
     _train(_config(reference_dir, **options), FakeServiceClient(), _dataset(5))
 
@@ -596,8 +615,10 @@ def test_a_step_where_every_group_failed_is_skipped_with_a_warning(
     lines = _metric_lines(tmp_path / "run")
     assert [r["step"] for r in lines] == [0, 1, 2]
     assert lines[1]["progress/skipped"] == 1
-    assert lines[1]["rollout_errors/groups_skipped"] == GROUPS
-    assert lines[1]["rollout_errors/EnvFailure"] == GROUPS * 2  # first try + one retry each
+    # running totals over the run, as the cookbook's one RolloutErrorCounter (a dropped
+    # group counts as skipped, its rollout errors are not counted, see shell.rollouts)
+    assert "rollout_errors/groups_skipped" not in lines[0]
+    assert [lines[s]["rollout_errors/groups_skipped"] for s in (1, 2)] == [GROUPS, GROUPS]
     assert "batch/num_datums" not in lines[1]
     assert sum(e[0] == "forward_backward" for e in service.events) == 2  # steps 0 and 2 only
 
@@ -778,7 +799,8 @@ def test_docstring_examples_run(module: Any) -> None:
     assert doctest.testmod(module).failed == 0
 
 
-def test_a_step_where_every_group_is_constant_is_not_trained_when_dropping_them(tmp_path, caplog):
+def test_a_step_where_every_group_is_constant_trains_on_the_first_group(tmp_path):
+    """As the cookbook's sync loop (rlpure used to skip the step and log num_datums 0)."""
     config = _config(tmp_path, max_steps=3, remove_constant_reward_groups=True, progress=True)
     service = FakeServiceClient()
     dataset = ScriptedDataset(
@@ -787,18 +809,17 @@ def test_a_step_where_every_group_is_constant_is_not_trained_when_dropping_them(
         groups_per_batch=2,
     )
     out = io.StringIO()
-    with caplog.at_level(logging.DEBUG, logger="shell.training._loop"):
-        asyncio.run(
-            train(config, dataset=dataset, service_client=service, console=Console(file=out))
-        )
-    assert "forward_backward" not in [event[0] for event in service.events]
+    result = asyncio.run(
+        train(config, dataset=dataset, service_client=service, console=Console(file=out))
+    )
+    assert result.skipped_steps == ()
+    assert [e[1] for e in service.events if e[0] == "forward_backward"] == [4, 4, 4]
     records = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r.get("progress/no_signal") for r in records] == [1, 1, 1]
-    assert [r.get("batch/num_datums") for r in records] == [0, 0, 0]
-    constant = [r for r in caplog.records if "every group has constant reward" in r.message]
-    assert [r.levelno for r in constant] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert [r["batch/num_datums"] for r in records] == [4, 4, 4]
+    assert [r["batch/num_trained_groups"] for r in records] == [1, 1, 1]
+    assert all("progress/no_signal" not in r for r in records)
     step_lines = [line for line in out.getvalue().splitlines() if line.startswith("Step")]
-    assert len(step_lines) == 3 and all(line.endswith("datums: 0") for line in step_lines)
+    assert len(step_lines) == 3 and all(line.endswith("datums: 4") for line in step_lines)
 
 
 def test_resuming_with_a_config_that_changes_training_is_refused(tmp_path):
