@@ -22,9 +22,11 @@ Conventions:
   `"eos"` — no stop sequence, the last token is EOS;
   `"malformed"` — no stop sequence and no EOS (truncated by `max_tokens`), a stop sequence
   followed by EOS, or several stop sequences (the model wrote the user's turn).
-- Supervised examples (`SupervisedExample`) weigh each token 0.0 or 1.0: headers, BOS and
-  untrained messages 0, the trained assistant outputs 1 — and for the last message also the
-  `"User:"` that completes its stop sequence, so the model learns to stop.
+- Supervised examples (`SupervisedExample`) weigh each token 0.0 or 1.0: BOS always 0, headers
+  0 (1 only under `train_on="all_tokens"`), each message's output 1 when `train_on` selects
+  it — and for the last message also the `"User:"` that completes its stop sequence, with the
+  last output's weight, so the model learns to stop. The `train_on` values and which outputs
+  they select are the cookbook's `TrainOnWhat` (see `build_supervised_example`).
 """
 
 from __future__ import annotations
@@ -47,11 +49,31 @@ __all__ = [
     "SupervisedExample",
     "Termination",
     "TokenizerLike",
+    "TrainOn",
     "get_renderer",
 ]
 
 Termination = Literal["stop_sequence", "eos", "malformed"]
-TrainOn = Literal["last_assistant_message", "all_assistant_messages"]
+TrainOn = Literal[
+    "last_assistant_message",
+    "last_assistant_turn",
+    "all_assistant_messages",
+    "all_messages",
+    "all_tokens",
+    "all_user_and_system_messages",
+    "customized",
+]
+"""Which tokens a supervised example trains on (the cookbook's `TrainOnWhat` values)."""
+
+_TRAIN_ON: tuple[str, ...] = (
+    "last_assistant_message",
+    "last_assistant_turn",
+    "all_assistant_messages",
+    "all_messages",
+    "all_tokens",
+    "all_user_and_system_messages",
+    "customized",
+)
 
 _TERMINATIONS: tuple[str, ...] = ("stop_sequence", "eos", "malformed")
 
@@ -170,7 +192,11 @@ class Renderer(Protocol):
         ...
 
     def build_supervised_example(
-        self, messages: Sequence[Mapping[str, str]], *, train_on: TrainOn = ...
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        train_on: TrainOn = ...,
+        trainable_M: Sequence[bool] | None = ...,
     ) -> SupervisedExample:
         """Tokens and weights for supervised training on `messages`."""
         ...
@@ -274,7 +300,9 @@ class RoleColonRenderer:
         tokens += self._header_tokens(role)
         return ModelInput.from_ints(tokens)
 
-    def parse_response(self, tokens: Sequence[int] | np.ndarray) -> ParsedResponse:
+    def parse_response(
+        self, tokens: Sequence[int] | np.ndarray, *, strip_blank_line_before_stop: bool = False
+    ) -> ParsedResponse:
         """Reads sampled tokens back as the assistant's content and how they ended.
 
         One trailing EOS token is removed, the rest decoded and split on `"\\n\\nUser:"`. The
@@ -289,6 +317,8 @@ class RoleColonRenderer:
         Args:
             tokens: int `[T]` sampled token ids (stop sequence included, as the sampler
                 returns it).
+            strip_blank_line_before_stop: also remove a trailing `"\\n\\n"` from the content
+                when a stop sequence was found (the cookbook's behaviour).
 
         Returns:
             The parsed response (see the module docstring for the termination rules).
@@ -302,8 +332,9 @@ class RoleColonRenderer:
         pieces = text.split(_STOP_SEQUENCE)
         content = pieces[0].removeprefix(_CONTENT_PREFIX)
         termination: Termination
-        if len(pieces) == 1:
+        if len(pieces) == 1 or strip_blank_line_before_stop:
             content = content.removesuffix(_CONTENT_SUFFIX)
+        if len(pieces) == 1:
             termination = "eos" if ended_with_eos else "malformed"
         elif len(pieces) == 2 and not ended_with_eos:
             termination = "stop_sequence"
@@ -316,42 +347,95 @@ class RoleColonRenderer:
         messages: Sequence[Mapping[str, str]],
         *,
         train_on: TrainOn = "last_assistant_message",
+        trainable_M: Sequence[bool] | None = None,
     ) -> SupervisedExample:
-        """Tokens of `messages` with weight 1 on the assistant outputs the model should learn.
+        """Tokens of `messages` with weight 1 on the outputs the model should learn.
 
-        The tokens are `build_generation_prompt(messages[:-1])` followed by the last message's
-        output `" {content}\\n\\n"` and, when it is an assistant message, `"User:"` (completing
-        the stop sequence). Headers and BOS get weight 0.
+        The tokens are `[BOS]` and, per message, its header `"{Role}:"` and output
+        `" {content}\\n\\n"`; when the last message is the assistant's, `"User:"` follows
+        (completing the stop sequence) with the last output's weight. The tokens before the last
+        output are `build_generation_prompt(messages[:-1], role=messages[-1]["role"])`.
+
+        Which outputs weigh 1 (`train_on`, the cookbook's `TrainOnWhat`):
+        `"last_assistant_message"`: the last message, if it is the assistant's;
+        `"last_assistant_turn"`: assistant messages after the last user message of
+        `messages[:-1]`; `"all_assistant_messages"`: every assistant message (sound for
+        `role_colon`, whose earlier turns render the same in every prefix); `"all_messages"`:
+        every message; `"all_tokens"`: every message and header (BOS stays 0);
+        `"all_user_and_system_messages"`: user and system messages; `"customized"`: message
+        `m` when `trainable_M[m]`.
 
         Args:
             messages: a non-empty conversation.
-            train_on: `"last_assistant_message"` weighs only the last message, if it is the
-                assistant's; `"all_assistant_messages"` weighs every assistant output
-                (valid for `role_colon`, whose earlier turns render the same in every prefix).
+            train_on: which outputs to train on (above).
+            trainable_M: one flag per message, required with (and only with) `"customized"`.
 
         Returns:
             The tokens and float32 `[T]` weights.
+
+        Raises:
+            ValueError: for an empty conversation, an unknown `train_on`, or `trainable_M`
+                missing, of the wrong length, or given without `"customized"`.
         """
         _check_messages(messages)
         if not messages:
             raise ValueError("build_supervised_example: messages is empty")
-        if train_on not in ("last_assistant_message", "all_assistant_messages"):
-            raise ValueError(f"build_supervised_example: unknown train_on {train_on!r}")
+        if train_on not in _TRAIN_ON:
+            raise ValueError(
+                f"build_supervised_example: unknown train_on {train_on!r}; known: {_TRAIN_ON}"
+            )
+        if (train_on == "customized") != (trainable_M is not None):
+            raise ValueError(
+                "build_supervised_example: trainable_M is required with train_on='customized' "
+                f"and refused otherwise (train_on={train_on!r})"
+            )
+        if trainable_M is not None and len(trainable_M) != len(messages):
+            raise ValueError(
+                f"build_supervised_example: trainable_M has {len(trainable_M)} flags for "
+                f"{len(messages)} messages"
+            )
+        last = len(messages) - 1
+        turn_start = 1 + max(
+            (i for i, m in enumerate(messages[:last]) if m["role"] == "user"), default=-1
+        )
+        header_weight = 1.0 if train_on == "all_tokens" else 0.0
         tokens: list[int] = self._bos_tokens()
         weights: list[float] = [0.0] * len(tokens)
-        last = len(messages) - 1
         for i, message in enumerate(messages):
-            is_assistant = message["role"] == "assistant"
-            trained = is_assistant and (i == last or train_on == "all_assistant_messages")
-            header = self._header_tokens(message["role"])
+            role = message["role"]
+            trained = _output_is_trained(
+                train_on,
+                role=role,
+                is_last=i == last,
+                in_last_turn=i >= turn_start,
+                trainable=bool(trainable_M[i]) if trainable_M is not None else False,
+            )
+            header = self._header_tokens(role)
             output = self._output_tokens(message["content"])
-            if i == last and is_assistant:
+            if i == last and role == "assistant":
                 output += self._encode(_STOP_OVERLAP)
             tokens += header + output
-            weights += [0.0] * len(header) + [1.0 if trained else 0.0] * len(output)
+            weights += [header_weight] * len(header) + [1.0 if trained else 0.0] * len(output)
         return SupervisedExample(
             model_input=ModelInput.from_ints(tokens), weights_T=np.asarray(weights, np.float32)
         )
+
+
+def _output_is_trained(
+    train_on: str, *, role: str, is_last: bool, in_last_turn: bool, trainable: bool
+) -> bool:
+    """Whether a message's output carries weight under `train_on` (see `build_supervised_example`)."""
+    if train_on == "last_assistant_message":
+        return is_last and role == "assistant"
+    if train_on == "last_assistant_turn":
+        return in_last_turn and role == "assistant"
+    if train_on == "all_assistant_messages":
+        return role == "assistant"
+    if train_on in ("all_messages", "all_tokens"):
+        return True
+    if train_on == "all_user_and_system_messages":
+        return role in ("user", "system")
+    return trainable  # "customized"
 
 
 RENDERER_NAMES: tuple[str, ...] = ("role_colon",)

@@ -1,0 +1,77 @@
+"""Renderers with tinker-cookbook 0.6.1's API (`tinker_cookbook.renderers`): messages ↔ tokens.
+
+`from tinker_cookbook import renderers` ports as `from shell import renderers`, and
+`tinker_cookbook.renderers.base` as `shell.renderers.base`. The token maths is
+`rlpure.render`'s; these modules convert types at the edge (`tinker.ModelInput` out, the
+cookbook's `Message` dicts in and out). Conventions and the deliberate differences from the
+cookbook are in `shell.renderers.base` and `shell.renderers.role_colon`.
+
+- `base` — `Message` and its content parts, `ToolCall`, `TrainOnWhat`, `ParseTermination`,
+  `ParseResult`, `Renderer`, `ensure_text`, `get_text_content`, `classify_parse_failure`,
+  `get_renderer` and the custom-renderer registry.
+- `role_colon` — `RoleColonRenderer`, the one renderer offered so far; the cookbook's chat
+  renderers (`qwen3`, `llama3`, ...) raise a `RendererError` saying how to use the cookbook's
+  meanwhile (the shell accepts their output).
+"""
+
+from shell.renderers.base import (
+    COOKBOOK_RENDERER_NAMES,
+    AudioPart,
+    Content,
+    ContentPart,
+    ImagePart,
+    Message,
+    ParseFailureKind,
+    ParseResult,
+    ParseTermination,
+    Renderer,
+    Role,
+    TextPart,
+    ThinkingPart,
+    ToolCall,
+    ToolSpec,
+    TrainOnWhat,
+    UnparsedToolCall,
+    classify_parse_failure,
+    ensure_list,
+    ensure_text,
+    format_content_as_string,
+    get_registered_renderer_names,
+    get_renderer,
+    get_text_content,
+    is_renderer_registered,
+    register_renderer,
+    unregister_renderer,
+)
+from shell.renderers.role_colon import RoleColonRenderer
+
+__all__ = [
+    "COOKBOOK_RENDERER_NAMES",
+    "AudioPart",
+    "Content",
+    "ContentPart",
+    "ImagePart",
+    "Message",
+    "ParseFailureKind",
+    "ParseResult",
+    "ParseTermination",
+    "Renderer",
+    "Role",
+    "RoleColonRenderer",
+    "TextPart",
+    "ThinkingPart",
+    "ToolCall",
+    "ToolSpec",
+    "TrainOnWhat",
+    "UnparsedToolCall",
+    "classify_parse_failure",
+    "ensure_list",
+    "ensure_text",
+    "format_content_as_string",
+    "get_registered_renderer_names",
+    "get_renderer",
+    "get_text_content",
+    "is_renderer_registered",
+    "register_renderer",
+    "unregister_renderer",
+]
