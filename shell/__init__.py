@@ -38,9 +38,7 @@ from shell.errors import (
     ConfigError,
     EnvFailure,
     GroupRolloutError,
-    RetryBudgetExhaustedError,
     RlpureError,
-    RolloutTimeoutError,
 )
 from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 from shell.rollouts import (
@@ -71,11 +69,9 @@ __all__ = [
     "ProblemGroupBuilder",
     "RLDataset",
     "RLDatasetBuilder",
-    "RetryBudgetExhaustedError",
     "RetryOnFailure",
     "RlpureError",
     "RolloutStrategy",
-    "RolloutTimeoutError",
     "TinkerTokenCompleter",
     "TokenCompleter",
     "TrainConfig",

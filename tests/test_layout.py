@@ -115,9 +115,17 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# Packages that mirror tinker-cookbook's module names, so cookbook code ports by an import-prefix
+# rewrite (STYLE.md): their names are the cookbook's (`rl/rollout_strategy.py`,
+# `rl/rollout_limits.py`, ...), not ours to regroup.
+COOKBOOK_MIRRORS = ("shell/rl", "shell/renderers", "shell/utils", "shell/preference", "shell/eval")
+
+
 def test_no_three_sibling_modules_share_a_prefix() -> None:
     siblings: dict[Path, Counter[str]] = {}
     for path in MODULES.values():
+        if path.parent.relative_to(ROOT).as_posix().startswith(COOKBOOK_MIRRORS):
+            continue
         stem = path.stem.lstrip("_")
         if path.name != "__init__.py" and "_" in stem:
             siblings.setdefault(path.parent, Counter())[stem.split("_")[0]] += 1

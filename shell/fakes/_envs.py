@@ -60,14 +60,23 @@ class ScriptedPolicy:
         self.latency = latency
         self.calls: list[tuple[list[int], StopCondition]] = []
 
-    async def __call__(self, model_input: ModelInput, stop: StopCondition) -> TokensWithLogprobs:
+    async def __call__(
+        self, model_input: ModelInput, stop: StopCondition, *, max_tokens: int | None = None
+    ) -> TokensWithLogprobs:
+        """The next scripted action, cut to `max_tokens` (the per-call budget) when given."""
         n = len(self.calls)
         self.calls.append((model_input.to_ints(), stop))
         if self.latency:
             await asyncio.sleep(self.latency)
         if n in self.fail_at:
             raise self.fail_at[n]
-        return self.actions[n % len(self.actions)]
+        action = self.actions[n % len(self.actions)]
+        if max_tokens is not None and action.tokens.shape[0] > max_tokens:
+            logprobs = None if action.logprobs is None else action.logprobs[:max_tokens]
+            return TokensWithLogprobs(
+                tokens=action.tokens[:max_tokens], logprobs=logprobs, stop_reason="length"
+            )
+        return action
 
 
 class ScriptedEnv(Env):
