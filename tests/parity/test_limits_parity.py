@@ -11,6 +11,7 @@ and `tinker.ModelInput`, or ours). Skips without the cookbook (`make parity` ins
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -406,3 +407,64 @@ def test_deliberate_difference_an_env_timeout_error_is_not_the_rollout_deadline(
                 ScriptedPolicy(OURS, FIVE), failing(OURS), limits=ours.RolloutLimits(**limits)
             )
         )
+
+
+def _group(kit: SimpleNamespace, records: Any, step_rewards_G, stop_reasons_G):
+    """Trajectories with the given per-step rewards and stop reasons, in `records`' types."""
+    trajectories = []
+    for steps, reason in zip(step_rewards_G, stop_reasons_G, strict=True):
+        transitions = [
+            records.Transition(
+                ob=kit.ob([]),
+                ac=kit.action([], [], "stop"),
+                reward=r,
+                episode_done=i == len(steps) - 1,
+            )
+            for i, r in enumerate(steps)
+        ]
+        trajectories.append(
+            records.Trajectory(transitions=transitions, final_ob=kit.ob([]), stop_reason=reason)
+        )
+    return trajectories
+
+
+@pytest.mark.parametrize(
+    ("policy_kwargs", "steps_G", "finals_G", "reasons_G"),
+    [
+        ({"zero_reward_on_limit": True}, [[0.5], [0.5], [0.25, 0.25]], [1.0, -2.0, 0.0], ["max_turns", "max_turns", "completed"]),
+        ({"zero_reward_on_limit": True}, [[], [0.0], [1.0]], [0.5, 0.0, -1.0], ["max_tokens", "rollout_timeout", None]),
+        ({"zero_reward_on_limit": True, "limit_stop_reasons": ("max_turns",)}, [[1.0], [1.0]], [0.0, 0.0], ["max_tokens", "max_turns"]),
+        ({"zero_reward_on_limit": False}, [[1.0]], [1.0], ["max_turns"]),
+        ({"zero_reward_on_limit": True, "skip_grading_on_timeout": True}, [[0.0], [0.0]], [0.0, 0.0], ["rollout_timeout", "rollout_timeout"]),
+        ({"zero_reward_on_limit": True, "skip_grading_on_timeout": True}, [[0.0], [0.0]], [0.0, 0.0], ["rollout_timeout", "completed"]),
+        ({"zero_reward_on_limit": True, "skip_grading_on_timeout": True, "limit_stop_reasons": ("max_turns",)}, [[0.0]], [0.0], ["rollout_timeout"]),
+        ({"skip_grading_on_timeout": True}, [[0.0]], [0.0], ["rollout_timeout"]),
+    ],
+)  # fmt: skip
+def test_termination_policy_agrees_with_the_cookbook_group_rollout(
+    policy_kwargs, steps_G, finals_G, reasons_G
+) -> None:
+    require_cookbook()
+    from tinker_cookbook.rl import rollout_limits, rollouts, types
+
+    cookbook = _cookbook()
+    theirs_policy = rollout_limits.TerminationRewardPolicy(**policy_kwargs)
+    mine_policy = ours.TerminationRewardPolicy(**policy_kwargs)
+    theirs_trajs = _group(cookbook, types, steps_G, reasons_G)
+    mine_trajs = _group(OURS, ours_records, steps_G, reasons_G)
+
+    assert ours.should_skip_group_grading(mine_policy, mine_trajs) == (
+        rollouts._should_skip_group_grading(theirs_policy, theirs_trajs)
+    )
+    theirs_rewards, theirs_metrics = list(finals_G), [{"m": 1.0} for _ in finals_G]
+    rollouts._apply_zero_reward_on_limit(
+        theirs_policy, theirs_trajs, theirs_rewards, theirs_metrics
+    )
+    mine_rewards, mine_metrics = ours.apply_zero_reward_on_limit(
+        mine_policy, mine_trajs, list(finals_G), [{"m": 1.0} for _ in finals_G]
+    )
+    assert mine_metrics == theirs_metrics
+    # bit-equal, signed zeros included
+    assert [(r, math.copysign(1.0, r)) for r in mine_rewards] == [
+        (r, math.copysign(1.0, r)) for r in theirs_rewards
+    ]
