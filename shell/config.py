@@ -185,11 +185,6 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "must be >= 1 or null",
         )
         need(
-            self.rollout_strategy != "fail_fast" or self.rollout_timeout is None,
-            "rollout_timeout",
-            "only applies to rollout_strategy 'retry' or 'min_viable' (fail_fast has no timeout)",
-        )
-        need(
             self.rollout_strategy == "min_viable" or self.min_viable_group is None,
             "min_viable_group",
             "only applies to rollout_strategy 'min_viable'",
@@ -230,7 +225,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def strategy(self) -> RolloutStrategy:
         """The rollout strategy these options describe."""
         if self.rollout_strategy == "fail_fast":
-            return FailFast()
+            return FailFast(per_rollout_timeout=self.rollout_timeout)
         if self.rollout_strategy == "retry":
             return RetryOnFailure(
                 max_retries=self.max_retries, per_rollout_timeout=self.rollout_timeout
@@ -304,7 +299,9 @@ FIELD_HELP: Mapping[str, str] = {
     "(accept a group once ceil(0.75*G) rollouts succeed). Failed groups are skipped and counted "
     "under the tolerant strategies.",
     "max_retries": "Retry budget per group (retry and min_viable strategies).",
-    "rollout_timeout": "Seconds before a single rollout is cancelled and counted as failed.",
+    "rollout_timeout": "Seconds before a single rollout is cancelled: counted as failed (and "
+    "retried) under retry/min_viable; under fail_fast its TimeoutError stops the run, so a "
+    "hung env cannot hang it (the cookbook's FailFast has no timeout).",
     "min_viable_group": "Floor of the min_viable strategy (default: ceil(0.75*G)).",
     "max_concurrent_groups": "At most this many groups roll out at once (default: all).",
     "eval_every": "Run the evaluators (the test set's, and train(evaluator_builders=...)) "

@@ -393,3 +393,17 @@ def test_train_takes_the_callers_rollout_strategy(tmp_path: Path) -> None:
     result = _train(_config(tmp_path / "b"), FakeServiceClient(), data,
                     strategy=RetryOnFailure(max_retries=0))  # fmt: skip
     assert result.skipped_steps == (1,)
+
+
+def test_fail_fast_with_a_rollout_timeout_stops_a_run_whose_env_hangs(tmp_path: Path) -> None:
+    """fail_fast used to refuse rollout_timeout, so a hung env hung the run."""
+
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        hang = 0 if batch == 1 and problem == 0 else None
+        return ScriptedGroupBuilder(lambda i: ScriptedEnv(hang_at_step=hang), group_size=2)
+
+    data = ScriptedDataset(builder, num_batches=2, groups_per_batch=2)
+    config = _config(tmp_path, rollout_strategy="fail_fast", rollout_timeout=0.2)
+    with pytest.raises(TimeoutError):
+        _train(config, FakeServiceClient(), data)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0]
