@@ -560,3 +560,21 @@ def test_grading_is_skipped_only_when_every_member_timed_out():
     assert not should_skip_group_grading(term, [*timed_out, _traj([0.0], "completed")])
     assert not should_skip_group_grading(None, timed_out)
     assert not should_skip_group_grading(term, [])
+
+
+def test_the_per_turn_budget_reaches_the_sampler_through_tinker_token_completer():
+    from shell.completers import TinkerTokenCompleter
+    from shell.fakes import FakeSamplingClient
+
+    client = FakeSamplingClient(vocab_size=8)
+    policy = TinkerTokenCompleter(client, max_tokens=16)
+    traj = rollout(
+        policy,
+        MultiTurnEnv(turns=3),
+        limits=RolloutLimits(max_turn_tokens=6, max_trajectory_tokens=16),
+    )
+    caps = [params.max_tokens for _, _, params in client.sample_calls]
+    assert caps[0] == 6  # min(16 own, 6 turn, 16 - 4 trajectory)
+    assert all(c is not None and c <= 6 for c in caps)
+    assert all(t.ac.tokens.size <= 6 for t in traj.transitions)
+    assert traj.transitions[-1].episode_done
