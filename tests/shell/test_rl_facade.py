@@ -3,7 +3,8 @@
 A cookbook-style env written here with the facade's imports only (`shell.rl.types`,
 `shell.renderers`, `shell.tokenizer_utils.get_tokenizer`, `tinker.ModelInput` observations,
 bool metrics, a `@chz.chz` dataset builder with required fields) trains two steps through
-`main(config, service_client=LocalServiceClient())` on the tiny local model, then resumes. No
+`main(config, service_client=LocalServiceClient(...))` on a micro local model (the tiny model's
+architecture, shrunk so it compiles in seconds), then resumes. No
 cookbook needed; `tests/parity/test_port_envs.py` does the same with the cookbook's own envs.
 """
 
@@ -14,6 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import chz
 import numpy as np
@@ -24,7 +26,6 @@ from rlpure.records import ModelInput, TokensWithLogprobs
 from shell import renderers
 from shell.errors import ConfigError
 from shell.fakes import FakeServiceClient
-from shell.local import LocalServiceClient
 from shell.rl import data_processing, problem_env, rollout_strategy, rollouts, train
 from shell.rl.types import (
     Action,
@@ -39,8 +40,9 @@ from shell.rl.types import (
     Transition,
 )
 from shell.tokenizer_utils import get_tokenizer
+from tests.local.micro import MICRO_NAME, micro_service
 
-MODEL = "rlpure/tiny"
+MODEL = MICRO_NAME  # the tiny local model's architecture, shrunk so the test compiles in seconds
 
 
 # --- a cookbook-style env, written against the facade -----------------------------------------
@@ -108,7 +110,7 @@ class SayADatasetBuilder(RLDatasetBuilder):
 
 
 def _config(log_path: Path, **overrides) -> train.Config:
-    options = {
+    options: dict[str, Any] = {
         "learning_rate": 1e-3,
         "dataset_builder": SayADatasetBuilder(
             batch_size=2, model_name=MODEL, renderer_name="role_colon", group_size=2
@@ -131,8 +133,8 @@ def _metrics(log_path: Path) -> list[dict]:
 
 
 def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_path) -> None:
-    service = LocalServiceClient(seed=0, checkpoint_dir=tmp_path / "states")
     log_path = tmp_path / "run"
+    service = micro_service(log_path / "local_states")
     result = asyncio.run(train.main(_config(log_path), service_client=service))
     assert (result.start_step, result.end_step) == (0, 2)
     steps = [m for m in _metrics(log_path) if "final_eval" not in m]
@@ -165,6 +167,7 @@ def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_pat
         ({"rollout_error_tolerance": 3}, "Invalid rollout_error_tolerance"),
         ({"base_url": "http://x"}, "Config.base_url"),
         ({"loss_fn": "custom"}, "custom"),
+        ({"model_name": "thinkingmachines/Inkling-1"}, "termination"),
     ],
 )
 def test_main_refuses_unsupported_or_bad_config_before_anything_runs(
@@ -172,7 +175,7 @@ def test_main_refuses_unsupported_or_bad_config_before_anything_runs(
 ) -> None:
     log_path = tmp_path / "run"
     with pytest.raises(ConfigError, match=message):
-        asyncio.run(train.main(_config(log_path, **overrides), service_client=LocalServiceClient()))
+        asyncio.run(train.main(_config(log_path, **overrides), service_client=FakeServiceClient()))
     assert not log_path.exists()
 
 
