@@ -578,3 +578,41 @@ def test_the_per_turn_budget_reaches_the_sampler_through_tinker_token_completer(
     assert all(c is not None and c <= 6 for c in caps)
     assert all(t.ac.tokens.size <= 6 for t in traj.transitions)
     assert traj.transitions[-1].episode_done
+
+
+def test_records_take_chz_command_line_overrides_nested_in_a_config():
+    import chz
+
+    @chz.chz
+    class Config:
+        rollout: RolloutConfig = chz.field(default_factory=RolloutConfig)
+        termination: TerminationRewardPolicy | None = None
+
+    cfg = chz.Blueprint(Config).make_from_argv(
+        [
+            "rollout.limits.max_turns=4",
+            "rollout.limits.rollout_timeout_seconds=2.5",
+            "rollout.tool_execution=sequential",
+            "termination.zero_reward_on_limit=True",
+        ]
+    )
+    assert cfg.rollout.limits == RolloutLimits(max_turns=4, rollout_timeout_seconds=2.5)
+    assert cfg.rollout.tool_execution == "sequential"
+    assert cfg.termination == TerminationRewardPolicy(zero_reward_on_limit=True)
+    with pytest.raises(ValueError, match=r"RolloutLimits\.max_turns must be a positive value"):
+        chz.Blueprint(Config).make_from_argv(["rollout.limits.max_turns=0"])
+
+
+def test_hooks_subclassing_rollout_hooks_inherit_the_no_op_defaults():
+    from shell.limits import RolloutHooks
+
+    class OnlyArtifacts(RolloutHooks):
+        def __init__(self) -> None:
+            self.artifacts: list[int] = []
+
+        async def on_artifacts(self, state: RolloutState) -> None:
+            self.artifacts.append(len(state.transitions))
+
+    hooks = OnlyArtifacts()
+    traj = rollout(Policy([1, 1]), MultiTurnEnv(turns=2), hooks=hooks)
+    assert traj.stop_reason == "completed" and hooks.artifacts == [2]
