@@ -372,21 +372,21 @@ class Renderer(ABC):
         """The prompt asking the model for the next `role` message, optionally prefilled."""
 
     @abstractmethod
-    def parse_response(self, response: list[int]) -> ParseResult:
+    def parse_response(self, response: Sequence[int] | np.ndarray) -> ParseResult:
         """Sampled tokens read back as a message and how they ended."""
 
     @abstractmethod
     def build_supervised_example(
         self,
         messages: list[Message],
-        train_on_what: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
     ) -> tuple[tinker.ModelInput, np.ndarray]:
         """Tokens of `messages` and float32 `[T]` weights selected by `train_on_what`."""
 
     def build_supervised_examples(
         self,
         messages: list[Message],
-        train_on_what: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_TURN,
+        train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_TURN,
     ) -> list[tuple[tinker.ModelInput, np.ndarray]]:
         """Supervised examples for `messages`: one when the renderer has the extension property,
         otherwise one per trained assistant message, each ending at it.

@@ -123,7 +123,7 @@ class RoleColonRenderer(Renderer):
     def build_supervised_example(
         self,
         messages: list[Message],
-        train_on_what: TrainOnWhat = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
+        train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_MESSAGE,
     ) -> tuple[tinker.ModelInput, np.ndarray]:
         """Tokens of `messages` and float32 `[T]` weights (`rlpure.render` layout and modes).
 
