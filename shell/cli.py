@@ -137,7 +137,7 @@ def _add_config_options(
         kind, nullable = _optional_inner(hints[name])
         help_text = (
             f"{FIELD_HELP[name]} {_default_text(name, getattr(base, name), recipe, recipes)}"
-        )
+        ).replace("%", "%%")  # argparse %-formats help; field docs may say `i % len(dataset)`
         if kind is bool:
             group.add_argument(
                 _flag(name),

@@ -103,6 +103,7 @@ async def run_demo_async(
         temperature=1.0,
         advantage_estimator="group_centered",
         eval_every=config.eval_every,
+        eval_temperature=0.0,  # the summary reports held-out *greedy* accuracy
         save_every=save_every,
         progress=progress,
     )

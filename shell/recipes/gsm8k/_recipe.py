@@ -105,6 +105,7 @@ GSM8K_CONFIG_DEFAULTS: Mapping[str, Any] = {
     "max_tokens": 256,
     "remove_constant_reward_groups": True,
     "eval_every": 20,
+    "eval_temperature": 0.0,  # greedy test accuracy, as the recipe reports (cookbook default: 1.0)
     "save_every": 20,
 }
 """The recipe's `TrainConfig` defaults (the tutorial's, for Tinker), `RECIPE.defaults`."""
