@@ -24,7 +24,10 @@ def require_cookbook() -> Path:
     """The installed `tinker_cookbook` package directory; skips the test when it is absent."""
     spec = importlib.util.find_spec("tinker_cookbook")
     if spec is None or spec.origin is None:
-        pytest.skip("needs tinker-cookbook 0.6.1 (make parity builds .cbvenv with it)")
+        pytest.skip(
+            "needs tinker-cookbook 0.6.1 (make parity builds .cbvenv with it)",
+            allow_module_level=True,  # also usable at a test module's top level
+        )
     return Path(spec.origin).parent
 
 
