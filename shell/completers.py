@@ -106,11 +106,14 @@ def _tinker_prompt(model_input: object) -> tinker.ModelInput:
     )
 
 
-def tokens_with_logprobs_from_sequence(sequence: tinker.SampledSequence) -> TokensWithLogprobs:
+def tokens_with_logprobs_from_sequence(
+    sequence: tinker.SampledSequence, *, prompt_cache_hit_tokens: int = 0
+) -> TokensWithLogprobs:
     """A `tinker.SampledSequence` → `TokensWithLogprobs` (tokens, logprobs, stop reason).
 
     The sequence's numpy arrays are used when it has them (`tokens_np`, `logprobs_np`), its
-    lists otherwise.
+    lists otherwise. `prompt_cache_hit_tokens` is the response's (one per response, so the
+    caller passes it).
     """
     tokens = (
         sequence.tokens_np
@@ -123,6 +126,7 @@ def tokens_with_logprobs_from_sequence(sequence: tinker.SampledSequence) -> Toke
         logprobs=None if logprobs is None else np.asarray(logprobs, np.float32),
         stop_reason=sequence.stop_reason,
         sequence_id=sequence.sequence_id,
+        prompt_cache_hit_tokens=prompt_cache_hit_tokens,
     )
 
 
@@ -199,7 +203,10 @@ class TinkerTokenCompleter:
         response = await self.sampling_client.sample(
             prompt=prompt, num_samples=1, sampling_params=params
         )
-        return tokens_with_logprobs_from_sequence(response.sequences[0])
+        hits = getattr(response, "prompt_cache_hit_tokens", None) or 0
+        return tokens_with_logprobs_from_sequence(
+            response.sequences[0], prompt_cache_hit_tokens=int(hits)
+        )
 
 
 class TinkerMessageCompleter:

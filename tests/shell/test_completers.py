@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import pytest
 import tinker
@@ -76,3 +78,13 @@ def test_message_completer_renders_samples_and_parses() -> None:
     assert params.stop == ["\n\nUser:"] and params.max_tokens == 4 and params.temperature == 0.5
     assert message["role"] == "assistant" and isinstance(message["content"], str)
     assert set(message) == {"role", "content"}
+
+
+def test_prompt_cache_hits_are_carried_over() -> None:
+    class CachingClient(FakeSamplingClient):
+        async def _sample(self, *args: Any, **kwargs: Any) -> tinker.SampleResponse:
+            response = await super()._sample(*args, **kwargs)
+            return dataclasses.replace(response, prompt_cache_hit_tokens=2)
+
+    action = asyncio.run(TinkerTokenCompleter(CachingClient(), 2)(ModelInput.from_ints([1]), []))
+    assert action.prompt_cache_hit_tokens == 2
