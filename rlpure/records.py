@@ -277,8 +277,35 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     __hash__ = None  # type: ignore[assignment]
 
 
-class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+_UNSET: Any = object()
+
+
+class _TokensWithLogprobsMeta(type(msgspec.Struct)):  # type: ignore[misc]
+    """Lets `TokensWithLogprobs(...)` take the cookbook's keyword `maybe_logprobs=`.
+
+    msgspec generates a record's `__init__` from its fields, so the cookbook's name for the
+    `logprobs` field is translated here, before that `__init__` runs. Decoding does not call
+    the class and is unaffected.
+    """
+
+    def __call__(cls, *args: Any, maybe_logprobs: Any = _UNSET, **kwargs: Any) -> Any:
+        if maybe_logprobs is not _UNSET:
+            if "logprobs" in kwargs:
+                raise TypeError(
+                    "TokensWithLogprobs: give logprobs or maybe_logprobs (its cookbook name), "
+                    "not both"
+                )
+            kwargs["logprobs"] = maybe_logprobs
+        return super().__call__(*args, **kwargs)
+
+
+class TokensWithLogprobs(
+    msgspec.Struct, frozen=True, kw_only=True, eq=False, metaclass=_TokensWithLogprobsMeta
+):
     """A sampled action: its tokens, their sampling logprobs and why sampling stopped.
+
+    Built with `logprobs=` or, as the cookbook's `completers.TokensWithLogprobs`,
+    `maybe_logprobs=`; `maybe_logprobs` also reads the field.
 
     Attributes:
         tokens: int32 `[T]` sampled token ids.
@@ -286,12 +313,15 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             sampler did not return them (then `trajectory_to_data` refuses the action).
         stop_reason: tinker's stop reason, `"stop"` (stop sequence / EOS) or `"length"`.
         sequence_id: optional sampler-side identifier of the sequence.
+        prompt_cache_hit_tokens: prompt tokens the sampler billed as prefix-cache hits
+            (the cookbook's field; >= 0).
     """
 
     tokens: np.ndarray
     logprobs: np.ndarray | None = None
     stop_reason: Literal["stop", "length"] = "stop"
     sequence_id: str | None = None
+    prompt_cache_hit_tokens: int = 0
 
     if TYPE_CHECKING:
 
@@ -300,8 +330,10 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             *,
             tokens: ArrayLike,
             logprobs: ArrayLike | None = None,
+            maybe_logprobs: ArrayLike | None = None,
             stop_reason: Literal["stop", "length"] = "stop",
             sequence_id: str | None = None,
+            prompt_cache_hit_tokens: int = 0,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -323,6 +355,15 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
                 f"TokensWithLogprobs.stop_reason: expected 'stop' or 'length', "
                 f"got {self.stop_reason!r}"
             )
+        hits = self.prompt_cache_hit_tokens
+        if isinstance(hits, bool) or not isinstance(hits, (int, np.integer)):
+            raise TypeError(
+                "TokensWithLogprobs.prompt_cache_hit_tokens: expected int, "
+                f"got {type(hits).__name__}"
+            )
+        if hits < 0:
+            raise ValueError(f"TokensWithLogprobs.prompt_cache_hit_tokens: {hits} < 0")
+        force_setattr(self, "prompt_cache_hit_tokens", int(hits))
 
     @property
     def maybe_logprobs(self) -> np.ndarray | None:
@@ -343,6 +384,7 @@ class TokensWithLogprobs(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             )
             and self.stop_reason == other.stop_reason
             and self.sequence_id == other.sequence_id
+            and self.prompt_cache_hit_tokens == other.prompt_cache_hit_tokens
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -429,7 +471,8 @@ def as_tokens_with_logprobs(
 
     Accepts an rlpure `TokensWithLogprobs` (returned as is) or any object with `tokens` and
     `maybe_logprobs` (`tinker_cookbook.completers.TokensWithLogprobs`), whose optional
-    `stop_reason` (default `"stop"`) and `sequence_id` (default None) are kept.
+    `stop_reason` (default `"stop"`), `sequence_id` (default None) and
+    `prompt_cache_hit_tokens` (default 0) are kept.
 
     Raises:
         TypeError: for an object of neither kind; TypeError / ValueError naming `record.field`
@@ -448,6 +491,7 @@ def as_tokens_with_logprobs(
             logprobs=value.maybe_logprobs,
             stop_reason=getattr(value, "stop_reason", "stop"),
             sequence_id=getattr(value, "sequence_id", None),
+            prompt_cache_hit_tokens=getattr(value, "prompt_cache_hit_tokens", 0),
         )
     except (TypeError, ValueError) as err:
         raise type(err)(f"{record}.{field}: {err}") from None

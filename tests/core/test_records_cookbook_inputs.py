@@ -219,3 +219,26 @@ def test_as_model_input_names_the_given_destination() -> None:
     assert as_model_input([]).length == 0
     with pytest.raises(ValueError, match=r"^Env\.prompt: negative token id -1 at position 0$"):
         as_model_input([-1], record="Env", field="prompt")
+
+
+def test_tokens_with_logprobs_takes_the_cookbook_constructor_keywords() -> None:
+    built = TokensWithLogprobs(
+        tokens=[1, 2], maybe_logprobs=[-1.0, -2.0], prompt_cache_hit_tokens=5
+    )
+    assert built == TokensWithLogprobs(
+        tokens=[1, 2], logprobs=[-1.0, -2.0], prompt_cache_hit_tokens=5
+    )
+    assert built.maybe_logprobs is built.logprobs
+    assert TokensWithLogprobs(tokens=[], maybe_logprobs=[]).logprobs is not None
+    assert TokensWithLogprobs(tokens=[1], maybe_logprobs=None).logprobs is None
+    assert decode_msgpack(encode_msgpack(built), TokensWithLogprobs) == built
+    # a record written before the field existed decodes with the default
+    assert decode_json(b'{"tokens": [1]}', TokensWithLogprobs).prompt_cache_hit_tokens == 0
+    with pytest.raises(TypeError, match=r"^TokensWithLogprobs: give logprobs or maybe_logprobs"):
+        TokensWithLogprobs(tokens=[1], logprobs=[-1.0], maybe_logprobs=[-1.0])
+    with pytest.raises(ValueError, match=r"TokensWithLogprobs\.prompt_cache_hit_tokens: -1 < 0"):
+        TokensWithLogprobs(tokens=[1], prompt_cache_hit_tokens=-1)
+    with pytest.raises(TypeError, match=r"prompt_cache_hit_tokens: expected int, got bool"):
+        TokensWithLogprobs(tokens=[1], prompt_cache_hit_tokens=True)
+    cookbook = as_tokens_with_logprobs(CookbookTokens([1], [-0.5], prompt_cache_hit_tokens=2))
+    assert cookbook.prompt_cache_hit_tokens == 2

@@ -110,6 +110,30 @@ def test_a_transition_built_from_the_cookbook_completer_output_keeps_every_field
     assert group.get_total_rewards() == cb_group.get_total_rewards()
 
 
+def test_tokens_with_logprobs_is_built_with_the_cookbook_keywords() -> None:
+    kwargs: dict[str, Any] = {
+        "tokens": [3, 1],
+        "maybe_logprobs": [-0.5, -0.75],
+        "stop_reason": "length",
+        "sequence_id": "s",
+        "prompt_cache_hit_tokens": 4,
+    }
+    ours, theirs = records.TokensWithLogprobs(**kwargs), CbTokensWithLogprobs(**kwargs)
+    assert ours.tokens.tolist() == theirs.tokens
+    assert ours.maybe_logprobs is not None
+    assert ours.maybe_logprobs.tolist() == theirs.maybe_logprobs
+    assert (ours.stop_reason, ours.sequence_id, ours.prompt_cache_hit_tokens) == (
+        theirs.stop_reason,
+        theirs.sequence_id,
+        theirs.prompt_cache_hit_tokens,
+    )
+    assert records.as_tokens_with_logprobs(theirs) == ours
+    assert [f.name for f in dataclasses.fields(CbTokensWithLogprobs)] == [
+        "maybe_logprobs" if f == "logprobs" else f
+        for f in records.TokensWithLogprobs.__struct_fields__
+    ]
+
+
 # --- ProblemEnv --------------------------------------------------------------------------------
 
 
