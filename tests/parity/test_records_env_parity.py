@@ -42,11 +42,13 @@ from rlpure import records
 from rlpure.model import ByteTokenizer
 from rlpure.render import get_renderer
 from shell import datasets, env
+from shell import renderers as shell_renderers
 
 TOKENIZER = ByteTokenizer()
 EOS = TOKENIZER.eos_token_id
 CB_RENDERER = cb_renderers.get_renderer("role_colon", TOKENIZER)
 OUR_RENDERER = get_renderer("role_colon", TOKENIZER)
+SHELL_RENDERER = shell_renderers.get_renderer("role_colon", TOKENIZER)
 PREFIX = [
     {"role": "user", "content": "What is 4 + 5?"},
     {"role": "assistant", "content": "9"},
@@ -183,7 +185,7 @@ def _assert_same_step(ours: records.StepResult, theirs: Any) -> None:
 
 def test_problem_env_prompt_and_stop_condition_match_the_cookbook() -> None:
     theirs_ob, theirs_stop = asyncio.run(CookbookSumEnv(CB_RENDERER, PREFIX).initial_observation())
-    for renderer in (CB_RENDERER, OUR_RENDERER):
+    for renderer in (CB_RENDERER, OUR_RENDERER, SHELL_RENDERER):
         ob, stop = asyncio.run(OurSumEnv(renderer, PREFIX).initial_observation())
         assert isinstance(ob, records.ModelInput)
         assert ob.to_ints() == theirs_ob.to_ints()
@@ -221,9 +223,11 @@ def test_problem_env_step_is_bit_equal_to_the_cookbook(
     theirs = _cookbook_step(action, strict, coef)
     ours = asyncio.run(OurSumEnv(CB_RENDERER, PREFIX, coef, strict).step(action))
     _assert_same_step(ours, theirs)
-    # rlpure's own role_colon renderer terminates and parses as the cookbook's does
-    with_ours = asyncio.run(OurSumEnv(OUR_RENDERER, PREFIX, coef, strict).step(action))
-    _assert_same_step(with_ours, theirs)
+    # rlpure's own role_colon renderer, and shell.renderers' (the cookbook's API), terminate
+    # and parse as the cookbook's does
+    for renderer in (OUR_RENDERER, SHELL_RENDERER):
+        with_ours = asyncio.run(OurSumEnv(renderer, PREFIX, coef, strict).step(action))
+        _assert_same_step(with_ours, theirs)
 
 
 def test_the_ported_arithmetic_env_scores_as_the_cookbook_arithmetic_env() -> None:
