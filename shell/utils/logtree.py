@@ -16,6 +16,9 @@ cookbook's:
   appear in the parent in the order they were opened).
 - **Header levels**: the trace title is `<h1>`; each nested `scope_header` is one level deeper,
   capped at `<h6>`.
+- **Escaping**: text is escaped wherever it is logged. Deliberate difference: the cookbook
+  inserts the summary of a trace's exception block (`Exception: KeyError: 'k'`) unescaped, so
+  an exception message holding markup is injected into the page; ours escapes it.
 - **JSON**: a node is `{"tag", "attrs", "children"}` plus `"data"` when a formatter attached
   structured data (`Formatter.to_data`), in which case its raw-HTML children are left out.
 """
