@@ -23,9 +23,7 @@ __all__ = [
     "ConfigError",
     "EnvFailure",
     "GroupRolloutError",
-    "RetryBudgetExhaustedError",
     "RlpureError",
-    "RolloutTimeoutError",
     "TrainingError",
 ]
 
@@ -53,13 +51,9 @@ class CheckpointError(TrainingError):
 class EnvFailure(RlpureError, RuntimeError):
     """An environment failed for an outside reason (sandbox crash, grader unavailable, ...).
 
-    Raise it (or a subclass) from `Env` code so tolerant rollout strategies retry the rollout;
-    any other exception type not listed in the strategy's `failures` propagates as a bug.
+    Tolerant rollout strategies retry any `Exception` (as the cookbook's do), so raising this
+    class is not required for a retry; it names the failure clearly in `rollout_errors`.
     """
-
-
-class RolloutTimeoutError(RlpureError, TimeoutError):
-    """A single rollout exceeded its per-rollout deadline."""
 
 
 class GroupRolloutError(TrainingError):
@@ -77,13 +71,10 @@ class GroupRolloutError(TrainingError):
 class AllTrajectoriesFailedError(GroupRolloutError):
     """Too few trajectories of a group succeeded; the group is skipped, not the run crashed.
 
-    The cookbook's name (`tinker_cookbook.exceptions.AllTrajectoriesFailedError`): every
-    strategy's group rollout skips a group that raises it, even under `FailFast`.
+    The cookbook's name (`tinker_cookbook.exceptions.AllTrajectoriesFailedError`): a group
+    that raises it is skipped under every strategy, `FailFast` included
+    (`shell.rollouts.do_batch_rollouts`, `do_group_rollout_and_filter_constant_reward`).
     """
-
-
-class RetryBudgetExhaustedError(GroupRolloutError):
-    """`RetryOnFailure`: a rollout failed after the group's retry budget was spent."""
 
 
 class BelowMinViableGroupError(AllTrajectoriesFailedError):

@@ -4,9 +4,9 @@ The semantics are tinker-cookbook 0.6.1's (`rl/rollout_strategy.py`, `rl/rollout
 the cookbook's names, call shapes and defaults, so cookbook code ports by an import rewrite.
 
 Conventions:
-- `do_single_rollout(policy, env)` runs one env to `episode_done`; actions reach `Env.step` as
-  `list[int]` (cookbook env code tests `if not tokens`); every step becomes a
-  `rlpure.records.Transition`.
+- `do_single_rollout(policy, env)` is `shell.limits.run_rollout(policy, env)`, the unconfigured
+  single-episode loop (actions reach `Env.step` as `list[int]`, every step becomes a
+  `rlpure.records.Transition`).
 - A `RolloutStrategy` owns the collection of a group's trajectories (`execute`, which calls
   `make_envs` itself, so retries get fresh envs) and says whether group-level errors skip the
   group (`catches_group_errors`):
@@ -55,28 +55,23 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import msgspec
-import numpy as np
 from returns.result import Failure, Result, Success
 
-from rlpure.records import (
-    InitialObservationOverflow,
-    Metrics,
-    ModelInput,
-    RolloutError,
-    StopReason,
-    TokensWithLogprobs,
-    Trajectory,
-    TrajectoryGroup,
-    Transition,
-    as_model_input,
-)
+from rlpure.records import Metrics, RolloutError, Trajectory, TrajectoryGroup
 from shell.clients import SamplingClient
 from shell.completers import TinkerTokenCompleter, TokenCompleter
 from shell.env import Env, EnvGroupBuilder
 from shell.errors import AllTrajectoriesFailedError, BelowMinViableGroupError, ConfigError
+from shell.limits import (
+    TerminationRewardPolicy,
+    apply_zero_reward_on_limit,
+    model_defaults_to_agentic,
+    run_rollout,
+    should_skip_group_grading,
+)
 
 __all__ = [
     "FailFast",
@@ -87,7 +82,6 @@ __all__ = [
     "RolloutErrorCounter",
     "RolloutResult",
     "RolloutStrategy",
-    "TerminationPolicyLike",
     "batch_rollout_error_metrics",
     "default_rollout_strategy_for_model",
     "do_batch_rollouts",
@@ -99,8 +93,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_STOP_METRIC_PREFIX = "stop/"
 
 # --- results and strategies --------------------------------------------------------------------
 
@@ -327,8 +319,8 @@ def rollout_strategy_from_config(
         ConfigError: any other value (the cookbook's `ConfigurationError`, the same class).
 
     Examples:
-        >>> rollout_strategy_from_config(True)
-        RetryOnFailure(max_retries=3, per_rollout_timeout=0, fatal=(<class 'shell.errors.ConfigError'>,))
+        >>> rollout_strategy_from_config(True) == RetryOnFailure(max_retries=3)
+        True
     """
     if isinstance(rollout_error_tolerance, RolloutStrategy):
         return rollout_error_tolerance
@@ -348,71 +340,20 @@ def default_rollout_strategy_for_model(model_name: str) -> RolloutStrategy:
     `thinkingmachines/Inkling` models (and their `:`-suffixed variants) get `MinViableGroup()`,
     every other model `FailFast()`.
     """
-    if model_name.split(":", 1)[0].startswith("thinkingmachines/Inkling"):
-        return MinViableGroup()
-    return FailFast()
+    return MinViableGroup() if model_defaults_to_agentic(model_name) else FailFast()
 
 
 # --- single rollout ----------------------------------------------------------------------------
 
 
-def _stop_reason_from_metrics(transition: Transition) -> str | None:
-    for key, value in transition.metrics.items():
-        if key.startswith(_STOP_METRIC_PREFIX) and value >= 1:
-            return key[len(_STOP_METRIC_PREFIX) :]
-    return None
-
-
 async def do_single_rollout(policy: TokenCompleter, env: Env) -> Trajectory:
-    """Runs one episode of `env` with `policy` and records it.
+    """Runs one episode of `env` with `policy`: `shell.limits.run_rollout(policy, env)`.
 
-    Args:
-        policy: samples an action for each observation.
-        env: a fresh, single-use env; its `step` receives the action as `list[int]`.
-
-    Returns:
-        The trajectory: one `Transition` per step and the observation after the last step;
-        `stop_reason` is mirrored from a one-hot `stop/<reason>` metric of the last step.
+    The cookbook's `do_single_rollout`, the unconfigured loop (limits only when the env
+    advertises them); actions reach `env.step` as `list[int]`. Use `run_rollout` itself for
+    budgets and hooks.
     """
-    initial = await env.initial_observation()
-    if isinstance(initial, InitialObservationOverflow):
-        # The prompt alone is over budget: one synthetic transition, no sampling call.
-        overflow = Transition(
-            ob=ModelInput.empty(),
-            ac=TokensWithLogprobs(tokens=np.zeros(0, np.int32), logprobs=np.zeros(0, np.float32)),
-            reward=initial.reward,
-            episode_done=True,
-            metrics=initial.metrics,
-            logs=initial.logs,
-        )
-        return Trajectory(
-            transitions=(overflow,),
-            final_ob=ModelInput.empty(),
-            stop_reason=_stop_reason_from_metrics(overflow) or StopReason.MAX_TOKENS,
-        )
-    ob, stop = as_model_input(initial[0], record="Env", field="initial_observation"), initial[1]
-    transitions: list[Transition] = []
-    while True:
-        ac = await policy(ob, stop)
-        step = await env.step(ac.tokens.tolist(), extra={"stop_reason": ac.stop_reason})
-        transitions.append(
-            Transition(
-                ob=ob,
-                ac=ac,
-                reward=step.reward,
-                episode_done=step.episode_done,
-                metrics=step.metrics,
-                logs=step.logs,
-            )
-        )
-        ob, stop = step.next_observation, step.next_stop_condition
-        if step.episode_done:
-            break
-    return Trajectory(
-        transitions=tuple(transitions),
-        final_ob=ob,
-        stop_reason=_stop_reason_from_metrics(transitions[-1]),
-    )
+    return await run_rollout(policy, env)
 
 
 async def _timed_rollout(policy: TokenCompleter, env: Env, timeout: float | None) -> Trajectory:
@@ -558,76 +499,15 @@ async def _collect_with_retries(
 # --- group rollout -----------------------------------------------------------------------------
 
 
-class TerminationPolicyLike(Protocol):
-    """The fields of `TerminationRewardPolicy` that `do_group_rollout` reads."""
-
-    @property
-    def zero_reward_on_limit(self) -> bool: ...
-
-    @property
-    def limit_stop_reasons(self) -> tuple[str, ...]: ...
-
-    @property
-    def skip_grading_on_timeout(self) -> bool: ...
-
-    @property
-    def grader_timeout_seconds(self) -> float | None: ...
-
-
-def _should_skip_group_grading(
-    termination: TerminationPolicyLike | None, trajectories: Sequence[Trajectory]
-) -> bool:
-    """Whether grading can be skipped: every trajectory timed out and would be clamped to 0.
-
-    The cookbook's triple condition (stop reason `rollout_timeout`, `zero_reward_on_limit`,
-    `rollout_timeout` among `limit_stop_reasons`) must hold for **every** trajectory, since
-    `compute_group_rewards` grades the group in one call.
-    """
-    return (
-        termination is not None
-        and termination.skip_grading_on_timeout
-        and termination.zero_reward_on_limit
-        and StopReason.ROLLOUT_TIMEOUT in termination.limit_stop_reasons
-        and len(trajectories) > 0
-        and all(t.stop_reason == StopReason.ROLLOUT_TIMEOUT for t in trajectories)
-    )
-
-
-def _zero_reward_on_limit(
-    termination: TerminationPolicyLike,
-    trajectories: Sequence[Trajectory],
-    rewards_G: Sequence[float],
-    metrics_G: Sequence[Metrics],
-) -> tuple[list[float], list[Metrics]]:
-    """Grade-then-clamp: a limit-stopped trajectory's total reward becomes `min(total, 0)`.
-
-    The total is the step rewards plus the group reward, so the group reward of a clamped
-    trajectory becomes `-sum(step rewards)` (total exactly 0.0) and its metrics gain
-    `zero_reward_on_limit = 1.0`; negative totals pass unchanged.
-    """
-    rewards = list(rewards_G)
-    metrics = list(metrics_G)
-    if not termination.zero_reward_on_limit:
-        return rewards, metrics
-    for i, traj in enumerate(trajectories):
-        if traj.stop_reason is None or traj.stop_reason not in termination.limit_stop_reasons:
-            continue
-        step_sum = sum(t.reward for t in traj.transitions)
-        if step_sum + rewards[i] > 0.0:
-            rewards[i] = -step_sum
-            metrics[i] = {**metrics[i], "zero_reward_on_limit": 1.0}
-    return rewards, metrics
-
-
 async def _score_group(
-    builder: EnvGroupBuilder, result: RolloutResult, termination: TerminationPolicyLike | None
+    builder: EnvGroupBuilder, result: RolloutResult, termination: TerminationRewardPolicy | None
 ) -> TrajectoryGroup:
     trajectories = list(result.trajectories)
     if not trajectories:
         raise ValueError(
             f"do_group_rollout: the strategy returned no trajectories for {type(builder).__name__}"
         )
-    if _should_skip_group_grading(termination, trajectories):
+    if should_skip_group_grading(termination, trajectories):
         rewards_and_metrics: list[tuple[float, Metrics]] = [(0.0, {}) for _ in trajectories]
     else:
         grader_timeout = None if termination is None else termination.grader_timeout_seconds
@@ -653,7 +533,7 @@ async def _score_group(
     rewards_G = [r for r, _ in rewards_and_metrics]
     metrics_G = [m for _, m in rewards_and_metrics]
     if termination is not None:
-        rewards_G, metrics_G = _zero_reward_on_limit(
+        rewards_G, metrics_G = apply_zero_reward_on_limit(
             termination, trajectories, rewards_G, metrics_G
         )
     return TrajectoryGroup(
@@ -702,7 +582,7 @@ async def do_group_rollout(
     env_group_builder: EnvGroupBuilder,
     policy: TokenCompleter,
     strategy: RolloutStrategy | None = None,
-    termination: TerminationPolicyLike | None = None,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup:
     """Runs one group: the strategy's rollouts, group rewards, then `cleanup()` (always, once).
 
@@ -754,7 +634,7 @@ async def do_group_rollout_and_filter_constant_reward(
     do_remove_constant_reward_groups: bool,
     enable_logging: bool = True,
     strategy: RolloutStrategy | None = None,
-    termination: TerminationPolicyLike | None = None,
+    termination: TerminationRewardPolicy | None = None,
 ) -> TrajectoryGroup | None:
     """One group sampled from `sampling_client`, or None when it is skipped (the cookbook's).
 
@@ -823,7 +703,7 @@ async def do_batch_rollouts(
     policy: TokenCompleter,
     *,
     strategy: RolloutStrategy | None = None,
-    termination: TerminationPolicyLike | None = None,
+    termination: TerminationRewardPolicy | None = None,
     max_concurrent_groups: int | None = None,
 ) -> list[GroupOutcome]:
     """Runs all groups of a batch concurrently, at most `max_concurrent_groups` at a time.
@@ -837,7 +717,8 @@ async def do_batch_rollouts(
 
     Returns:
         One outcome per builder, same order: `Success(TrajectoryGroup)` or `Failure(GroupFailure)`
-        for a skipped group (the cookbook's skip rule, see `do_group_rollout_and_filter_constant_reward`).
+        for a skipped group (the cookbook's skip rule, see
+        `do_group_rollout_and_filter_constant_reward`).
 
     Raises:
         Exception: a group error that is not skipped (after cancelling the other groups, each

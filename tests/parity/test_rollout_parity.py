@@ -31,7 +31,7 @@ from tinker_cookbook.rl import rollouts as cb_rollouts
 from tinker_cookbook.rl import types as cb_types
 
 from rlpure.records import StepResult
-from shell import rollouts
+from shell import limits, rollouts
 from shell.env import Env, EnvGroupBuilder
 from shell.errors import ConfigError
 from shell.fakes import ScriptedPolicy
@@ -258,6 +258,11 @@ class _Side:
     def strategy(self, spec: StrategySpec, **ours_extra: Any) -> Any:
         return _strategy(spec, self.name, ours_extra)
 
+    def termination(self, kwargs: dict[str, Any]) -> Any:
+        """Each side's own `TerminationRewardPolicy` with the same fields."""
+        module: Any = cb_limits if self.name == "cookbook" else limits
+        return module.TerminationRewardPolicy(**kwargs)
+
 
 SIDES = (_Side("cookbook"), _Side("ours"))
 
@@ -303,7 +308,7 @@ def _both(
     spec: StrategySpec,
     *,
     level: str,
-    termination: Any = None,
+    termination_kwargs: dict[str, Any] | None = None,
     ours_extra: dict[str, Any] | None = None,
 ) -> tuple[_Outcome, _Outcome, _Script, _Script]:
     """Runs the case on both sides; returns (cookbook, ours) outcomes and their scripts."""
@@ -311,6 +316,7 @@ def _both(
     for side in SIDES:
         script = make_script()
         strategy = side.strategy(spec, **(ours_extra or {}))
+        termination = None if termination_kwargs is None else side.termination(termination_kwargs)
         run: Callable[[], Any]
         if level == "group":
             run = partial(
@@ -644,10 +650,9 @@ def test_rollout_error_counts_agree_and_accumulate_across_steps() -> None:
 def test_termination_reward_policy_agrees(
     case: str, make_script: Callable[[], _Script], policy: dict[str, Any], spec: StrategySpec
 ) -> None:
-    termination = cb_limits.TerminationRewardPolicy(**policy)
     for level in ("group", "filter"):
         cb, ours, cb_script, our_script = _both(
-            make_script, spec, level=level, termination=termination
+            make_script, spec, level=level, termination_kwargs=policy
         )
         assert cb == ours
         assert cb_script.grade_calls == our_script.grade_calls

@@ -23,6 +23,7 @@ from shell.errors import (
 )
 from shell.fakes import ScriptedEnv, ScriptedGroupBuilder, ScriptedPolicy
 from shell.fakes._sdk import FakeSamplingClient
+from shell.limits import TerminationRewardPolicy
 from shell.rollouts import (
     FailFast,
     GroupFailure,
@@ -713,7 +714,7 @@ def test_a_custom_strategy_subclass_runs_through_do_group_rollout() -> None:
 def test_filter_constant_reward_returns_none_for_constant_and_skipped_groups() -> None:
     client = FakeSamplingClient()
 
-    def run(builder: ScriptedGroupBuilder, remove: bool, strategy: RolloutStrategy | None = None):  # type: ignore[no-untyped-def]
+    def run(builder: ScriptedGroupBuilder, remove: bool, strategy: RolloutStrategy | None = None):
         return _run(
             do_group_rollout_and_filter_constant_reward(
                 client, builder, 4, 1.0, remove, strategy=strategy
@@ -732,29 +733,6 @@ def test_filter_constant_reward_returns_none_for_constant_and_skipped_groups() -
 
 
 # --- termination reward policy ---------------------------------------------------------------
-
-
-class _Termination:
-    """The fields of `TerminationRewardPolicy` that `do_group_rollout` reads."""
-
-    def __init__(
-        self,
-        *,
-        zero_reward_on_limit: bool = False,
-        limit_stop_reasons: tuple[str, ...] = (
-            "max_tokens",
-            "max_sampled_tokens",
-            "max_turns",
-            "max_tool_calls",
-            "rollout_timeout",
-        ),
-        skip_grading_on_timeout: bool = False,
-        grader_timeout_seconds: float | None = None,
-    ) -> None:
-        self.zero_reward_on_limit = zero_reward_on_limit
-        self.limit_stop_reasons = limit_stop_reasons
-        self.skip_grading_on_timeout = skip_grading_on_timeout
-        self.grader_timeout_seconds = grader_timeout_seconds
 
 
 class _GradingBuilder(ScriptedGroupBuilder):
@@ -785,7 +763,9 @@ def test_zero_reward_on_limit_clamps_limit_stopped_totals_after_grading() -> Non
         group_rewards=[1.0, 1.0, -2.0, 1.0],
     )
     group = _run(
-        do_group_rollout(builder, POLICY, termination=_Termination(zero_reward_on_limit=True))
+        do_group_rollout(
+            builder, POLICY, termination=TerminationRewardPolicy(zero_reward_on_limit=True)
+        )
     )
     assert builder.grade_calls == 1
     assert group.get_total_rewards() == [0.0, 1.5, -1.5, 1.5]
@@ -796,14 +776,14 @@ def test_zero_reward_on_limit_clamps_limit_stopped_totals_after_grading() -> Non
         do_group_rollout(
             _GradingBuilder(_stopping(["max_turns"], 0.5), group_size=2, group_rewards=[1.0]),
             POLICY,
-            termination=_Termination(),
+            termination=TerminationRewardPolicy(),
         )
     )
     assert untouched.get_total_rewards() == [1.5, 1.5]
 
 
 def test_grading_is_skipped_only_when_every_trajectory_timed_out() -> None:
-    policy = _Termination(zero_reward_on_limit=True, skip_grading_on_timeout=True)
+    policy = TerminationRewardPolicy(zero_reward_on_limit=True, skip_grading_on_timeout=True)
     all_timed_out = _GradingBuilder(
         _stopping(["rollout_timeout"], 0.5), group_size=3, group_rewards=[1.0]
     )
@@ -820,12 +800,16 @@ def test_grading_is_skipped_only_when_every_trajectory_timed_out() -> None:
     no_clamp = _GradingBuilder(
         _stopping(["rollout_timeout"], 0.5), group_size=2, group_rewards=[1.0]
     )
-    _run(do_group_rollout(no_clamp, POLICY, termination=_Termination(skip_grading_on_timeout=True)))
+    _run(
+        do_group_rollout(
+            no_clamp, POLICY, termination=TerminationRewardPolicy(skip_grading_on_timeout=True)
+        )
+    )
     assert no_clamp.grade_calls == 1
 
 
 def test_grader_timeout_is_a_group_error() -> None:
-    policy = _Termination(grader_timeout_seconds=0.05)
+    policy = TerminationRewardPolicy(grader_timeout_seconds=0.05)
     slow = _GradingBuilder(_stopping([None], 0.5), group_size=2, grade_s=1.0)
     with pytest.raises(
         TimeoutError, match=r"compute_group_rewards exceeded grader_timeout_seconds=0\.05"
