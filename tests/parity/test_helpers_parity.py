@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import tinker
 from hypothesis import given, settings
@@ -187,6 +188,7 @@ def _script(lt: ModuleType, fmt: ModuleType, tmp: Path) -> tuple[Any, str]:
             )
             lt.table([{"x": 1, "y": "<b>"}, {"x": 2}], caption="records")
             lt.table([[1, 2], [3, 4]])
+            lt.table(pd.DataFrame({"col": [1, 2], "txt": ["<a>", "b"]}), caption="frame")
             lt.table([], caption="empty")
             lt.table_from_dict_of_lists({"n": [1, 2], "m": ["a", "b"]}, order=["m", "n"])
         lt.details("a\n<b>", summary="Diag", pre=True)
