@@ -191,14 +191,14 @@ class ScriptedGroupBuilder(EnvGroupBuilder):
         return envs
 
     async def compute_group_rewards(
-        self, trajectories: Sequence[Any], envs: Sequence[Env]
+        self, trajectory_group: Sequence[Any], env_group: Sequence[Env]
     ) -> list[tuple[float, Metrics]]:
         if self.rewards_error is not None:
             raise self.rewards_error
         if self.group_rewards is None:
-            return [(0.0, {}) for _ in trajectories]
+            return [(0.0, {}) for _ in trajectory_group]
         rewards = [
-            self.group_rewards[i % len(self.group_rewards)] for i in range(len(trajectories))
+            self.group_rewards[i % len(self.group_rewards)] for i in range(len(trajectory_group))
         ]
         return [(r, {"group_reward": r}) for r in rewards]
 
