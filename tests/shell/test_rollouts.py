@@ -821,3 +821,12 @@ def test_grader_timeout_is_a_group_error() -> None:
         do_batch_rollouts([slow], POLICY, strategy=RetryOnFailure(), termination=policy)
     )
     assert outcomes[0].failure().error_type == "TimeoutError"
+
+
+@pytest.mark.parametrize("part", ["_strategies", "_group", "_batch"])
+def test_docstring_examples_of_the_parts_run(part: str) -> None:
+    import doctest
+    import importlib
+
+    module = importlib.import_module(f"shell.rollouts.{part}")
+    assert doctest.testmod(module).failed == 0
