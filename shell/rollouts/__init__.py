@@ -31,6 +31,9 @@ Conventions:
   (`Success(TrajectoryGroup)`, or `Failure(GroupFailure)` for a skipped one). A group is skipped on
   `AllTrajectoriesFailedError` under every strategy, and on any other non-fatal `Exception`
   under a strategy with `catches_group_errors`; otherwise the error propagates.
+- `set_rollout_executor(executor)` (and `get_rollout_executor`) sends each group to a
+  `concurrent.futures.Executor` (`asyncio.run` in a worker), as the cookbook's; both
+  `do_group_rollout_and_filter_constant_reward` and `do_batch_rollouts` honour it.
 - Error counts: `RolloutErrorCounter` accumulates `rollout_errors/<ErrorType>`,
   `rollout_errors/total` and `rollout_errors/groups_skipped` across calls, as the cookbook's;
   a skipped group counts once in `groups_skipped` (its trajectory errors are not counted).
@@ -53,7 +56,12 @@ from shell.rollouts._batch import (
     batch_rollout_error_metrics,
     do_batch_rollouts,
 )
-from shell.rollouts._group import do_group_rollout, do_group_rollout_and_filter_constant_reward
+from shell.rollouts._group import (
+    do_group_rollout,
+    do_group_rollout_and_filter_constant_reward,
+    get_rollout_executor,
+    set_rollout_executor,
+)
 from shell.rollouts._strategies import (
     FailFast,
     MinViableGroup,
@@ -81,6 +89,8 @@ __all__ = [
     "do_group_rollout",
     "do_group_rollout_and_filter_constant_reward",
     "do_single_rollout",
+    "get_rollout_executor",
     "min_viable_floor",
     "rollout_strategy_from_config",
+    "set_rollout_executor",
 ]

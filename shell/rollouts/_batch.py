@@ -22,7 +22,12 @@ from shell.env import EnvGroupBuilder
 from shell.limits import (
     TerminationRewardPolicy,
 )
-from shell.rollouts._group import do_group_rollout, skips_group
+from shell.rollouts._group import (
+    do_group_rollout,
+    get_rollout_executor,
+    run_in_rollout_executor,
+    skips_group,
+)
 from shell.rollouts._strategies import (
     FailFast,
     RolloutStrategy,
@@ -63,6 +68,32 @@ def _group_failure(exc: Exception) -> GroupFailure:
     return GroupFailure(error_type=type(exc).__name__, error_message=str(exc), errors=errors)
 
 
+@dataclass(frozen=True)
+class _GroupTask:
+    """The inputs of one group of a batch (pickleable when they are, for a process pool)."""
+
+    policy: TokenCompleter
+    builder: EnvGroupBuilder
+    strategy: RolloutStrategy
+    termination: TerminationRewardPolicy | None
+
+
+async def _group_outcome(task: _GroupTask) -> GroupOutcome:
+    try:
+        group = await do_group_rollout(task.builder, task.policy, task.strategy, task.termination)
+    except Exception as exc:
+        if not skips_group(task.strategy, exc):
+            raise
+        logger.warning("Rollout error (%s), skipping group: %s", type(exc).__name__, exc)
+        return Failure(_group_failure(exc))
+    return Success(group)
+
+
+def _run_group_task(task: _GroupTask) -> GroupOutcome:
+    """Executor entry point: one group of a batch in a fresh event loop of the worker."""
+    return asyncio.run(_group_outcome(task))
+
+
 async def do_batch_rollouts(
     builders_P: Sequence[EnvGroupBuilder],
     policy: TokenCompleter,
@@ -78,7 +109,8 @@ async def do_batch_rollouts(
         policy: samples actions.
         strategy: failure handling; `FailFast()` by default.
         termination: see `do_group_rollout`.
-        max_concurrent_groups: bound on groups in flight (None: unbounded).
+        max_concurrent_groups: bound on groups in flight (None: unbounded), also with a
+            rollout executor set (`set_rollout_executor`), which then runs each group.
 
     Returns:
         One outcome per builder, same order: `Success(TrajectoryGroup)` or `Failure(GroupFailure)`
@@ -95,16 +127,16 @@ async def do_batch_rollouts(
             f"do_batch_rollouts.max_concurrent_groups: expected >= 1, got {max_concurrent_groups}"
         )
     limit = asyncio.Semaphore(max_concurrent_groups or max(1, len(builders_P)))
+    executor = get_rollout_executor()
 
     async def one_group(builder: EnvGroupBuilder) -> GroupOutcome:
+        task = _GroupTask(
+            policy=policy, builder=builder, strategy=strategy, termination=termination
+        )
         async with limit:
-            try:
-                return Success(await do_group_rollout(builder, policy, strategy, termination))
-            except Exception as exc:
-                if not skips_group(strategy, exc):
-                    raise
-                logger.warning("Rollout error (%s), skipping group: %s", type(exc).__name__, exc)
-                return Failure(_group_failure(exc))
+            if executor is None:
+                return await _group_outcome(task)
+            return await run_in_rollout_executor(executor, _run_group_task, task)
 
     tasks = [asyncio.create_task(one_group(b)) for b in builders_P]
     try:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from rlpure.records import Metrics, TrajectoryGroup
 from shell.clients import SamplingClient
@@ -27,6 +31,9 @@ from shell.rollouts._strategies import (
 )
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 # --- group rollout -----------------------------------------------------------------------------
@@ -159,6 +166,75 @@ def _all_same(values: Sequence[float]) -> bool:
     return all(v == values[0] for v in values)
 
 
+# --- the rollout executor ----------------------------------------------------------------------
+
+_rollout_executor: ContextVar[Executor | None] = ContextVar("rollout_executor", default=None)
+
+
+def set_rollout_executor(executor: Executor | None) -> None:
+    """Sends every later group rollout to `executor` (None: back to in-process coroutines).
+
+    The cookbook's `set_rollout_executor`: `do_group_rollout_and_filter_constant_reward` and
+    `do_batch_rollouts` then run each group as `asyncio.run(...)` in a worker via
+    `loop.run_in_executor`, so the group's inputs (builder, policy or sampling client,
+    strategy, termination) must pickle for a process pool. A seeded policy is copied per group,
+    so in a process pool groups dispatched together reuse its seed sequence. The setting is a
+    `ContextVar`: it holds for tasks started after the call in the same context.
+
+    Raises:
+        ValueError: a `ProcessPoolExecutor` whose workers start by `fork` (the SDK's background
+            thread and JAX do not survive it; use `mp_context=multiprocessing.get_context(
+            "spawn")`).
+    """
+    context = getattr(executor, "_mp_context", None)
+    start_method = getattr(context, "get_start_method", None)
+    if start_method is not None and start_method() == "fork":
+        raise ValueError(
+            "set_rollout_executor: this ProcessPoolExecutor starts its workers by 'fork', "
+            "which hangs the Tinker client and JAX in the workers; create it with "
+            "ProcessPoolExecutor(..., mp_context=multiprocessing.get_context('spawn'))"
+        )
+    _rollout_executor.set(executor)
+
+
+def get_rollout_executor() -> Executor | None:
+    """The executor group rollouts are sent to, or None when they run in-process."""
+    return _rollout_executor.get()
+
+
+async def run_in_rollout_executor(executor: Executor, fn: Callable[[_T], _R], task: _T) -> _R:
+    """`fn(task)` in `executor`, awaited from the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, task)
+
+
+@dataclass(frozen=True)
+class _FilterTask:
+    """The pickleable inputs of one `do_group_rollout_and_filter_constant_reward` call."""
+
+    sampling_client: SamplingClient
+    env_group_builder: EnvGroupBuilder
+    max_tokens: int
+    temperature: float
+    remove_constant_reward_groups: bool
+    strategy: RolloutStrategy
+    termination: TerminationRewardPolicy | None
+
+
+def _run_filter_task(task: _FilterTask) -> TrajectoryGroup | None:
+    """Executor entry point: the group rollout in a fresh event loop of the worker."""
+    return asyncio.run(
+        _filter_in_process(
+            task.sampling_client,
+            task.env_group_builder,
+            task.max_tokens,
+            task.temperature,
+            task.remove_constant_reward_groups,
+            task.strategy,
+            task.termination,
+        )
+    )
+
+
 async def do_group_rollout_and_filter_constant_reward(
     sampling_client: SamplingClient,
     env_group_builder: EnvGroupBuilder,
@@ -186,10 +262,43 @@ async def do_group_rollout_and_filter_constant_reward(
     Returns:
         The group, or None if it was skipped: `AllTrajectoriesFailedError` (any strategy), any
         other non-fatal `Exception` under a strategy with `catches_group_errors`, or constant
-        rewards when filtering.
+        rewards when filtering. With a rollout executor set (`set_rollout_executor`), the
+        group runs there (the cookbook's dispatch).
     """
     del enable_logging
     strategy = FailFast() if strategy is None else strategy
+    executor = get_rollout_executor()
+    if executor is not None:
+        task = _FilterTask(
+            sampling_client=sampling_client,
+            env_group_builder=env_group_builder,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            remove_constant_reward_groups=do_remove_constant_reward_groups,
+            strategy=strategy,
+            termination=termination,
+        )
+        return await run_in_rollout_executor(executor, _run_filter_task, task)
+    return await _filter_in_process(
+        sampling_client,
+        env_group_builder,
+        max_tokens,
+        temperature,
+        do_remove_constant_reward_groups,
+        strategy,
+        termination,
+    )
+
+
+async def _filter_in_process(
+    sampling_client: SamplingClient,
+    env_group_builder: EnvGroupBuilder,
+    max_tokens: int,
+    temperature: float,
+    do_remove_constant_reward_groups: bool,
+    strategy: RolloutStrategy,
+    termination: TerminationRewardPolicy | None,
+) -> TrajectoryGroup | None:
     policy = TinkerTokenCompleter(sampling_client, max_tokens=max_tokens, temperature=temperature)
     try:
         group = await do_group_rollout(env_group_builder, policy, strategy, termination)

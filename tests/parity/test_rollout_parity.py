@@ -714,3 +714,34 @@ def test_deliberate_trajectories_keep_slot_order_under_retries() -> None:
         )
         orders.append(group.get_total_rewards())
     assert orders == [[0.5, 0.25, 0.0], [0.0, 0.25, 0.5]]
+
+
+@pytest.mark.parametrize(
+    ("case", "make_script", "spec", "group_kind", "filter_kind"),
+    [
+        c
+        for c in CASES
+        if c[0]
+        in {"success", "retries_exhausted", "rewards_fail_retry", "min_viable_key_error_partial"}
+    ],
+    ids=lambda c: c if isinstance(c, str) else "",
+)
+def test_a_rollout_executor_gives_the_same_outcomes(
+    case: str,
+    make_script: Callable[[], _Script],
+    spec: StrategySpec,
+    group_kind: str,
+    filter_kind: str,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cb_rollouts.set_rollout_executor(pool)
+        rollouts.set_rollout_executor(pool)
+        try:
+            cb, ours, _, _ = _both(make_script, spec, level="filter")
+        finally:
+            cb_rollouts.set_rollout_executor(None)
+            rollouts.set_rollout_executor(None)
+    assert cb == ours
+    assert cb.kind == filter_kind

@@ -830,3 +830,70 @@ def test_docstring_examples_of_the_parts_run(part: str) -> None:
 
     module = importlib.import_module(f"shell.rollouts.{part}")
     assert doctest.testmod(module).failed == 0
+
+
+# --- the rollout executor --------------------------------------------------------------------
+
+
+class _ThreadRecordingEnv(ScriptedEnv):
+    async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
+        import threading
+
+        _THREADS.add(threading.get_ident())
+        return await super().step(action, extra=extra)
+
+
+_THREADS: set[int] = set()
+
+
+def test_a_rollout_executor_runs_each_group_in_a_worker() -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shell.rollouts import get_rollout_executor, set_rollout_executor
+
+    def builders() -> list[ScriptedGroupBuilder]:
+        return [
+            ScriptedGroupBuilder(lambda i: _ThreadRecordingEnv(prompt=[i]), group_size=2),
+            _builder(2, failing=[0, 1, 2]),  # skipped under RetryOnFailure(1)
+            _builder(2, group_rewards=[1.0, 0.0]),
+        ]
+
+    in_process = _run(do_batch_rollouts(builders(), POLICY, strategy=RetryOnFailure(1)))
+    _THREADS.clear()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        set_rollout_executor(pool)
+        try:
+            assert get_rollout_executor() is pool
+            dispatched = _run(do_batch_rollouts(builders(), POLICY, strategy=RetryOnFailure(1)))
+            filtered = _run(
+                do_group_rollout_and_filter_constant_reward(
+                    FakeSamplingClient(), _builder(2, group_rewards=[1.0]), 4, 1.0, True
+                )
+            )
+            with pytest.raises(EnvFailure):  # FailFast errors cross the executor unchanged
+                _run(do_batch_rollouts([_builder(2, failing=[0])], POLICY))
+        finally:
+            set_rollout_executor(None)
+    assert get_rollout_executor() is None
+    assert threading.get_ident() not in _THREADS and _THREADS
+    assert [type(o) for o in dispatched] == [type(o) for o in in_process]
+    assert [o.unwrap().get_total_rewards() for o in dispatched if isinstance(o, Success)] == [
+        o.unwrap().get_total_rewards() for o in in_process if isinstance(o, Success)
+    ]
+    assert filtered is None  # constant reward, filtered in the worker
+
+
+def test_a_fork_process_pool_is_refused_as_rollout_executor() -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from shell.rollouts import get_rollout_executor, set_rollout_executor
+
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        with pytest.raises(ValueError, match="starts its workers by 'fork'"):
+            set_rollout_executor(pool)
+        assert get_rollout_executor() is None
+    finally:
+        pool.shutdown()
