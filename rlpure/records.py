@@ -53,6 +53,7 @@ __all__ = [
     "StepResult",
     "StopCondition",
     "StopReason",
+    "TokenIds",
     "TokensWithLogprobs",
     "Trajectory",
     "TrajectoryGroup",
@@ -107,6 +108,23 @@ class StopReason(enum.StrEnum):
 _INT32_MAX = np.iinfo(np.int32).max
 
 
+class TokenIds(np.ndarray):
+    """A read-only int32 token-id array that is truthy when non-empty, as a `list[int]` is.
+
+    Token fields of the records (`ModelInput.tokens`, `TokensWithLogprobs.tokens`) are this
+    view of a plain numpy array. The one thing it changes is `bool(tokens)`: numpy refuses it
+    for more than one element ("truth value of an array is ambiguous"), while cookbook code
+    written for `list[int]` tests it (`if response and response[-1] == eos: ...` in the
+    cookbook's renderers, handed `transition.ac.tokens`). Everything else — indexing, slicing
+    (which keeps the view), `len`, `tolist`, element-wise `==` — is numpy's.
+    """
+
+    def __bool__(self) -> bool:
+        if self.ndim == 1:
+            return self.shape[0] > 0
+        return bool(np.asarray(self))  # numpy's rule for scalars and 0-d arrays
+
+
 def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarray:
     """Copies `values` into a read-only 1-D array of `dtype`, refusing lossy conversions."""
     if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1:
@@ -146,6 +164,8 @@ def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarr
         raise ValueError(
             f"{record}.{field}: log-probability {out[bad]} > 0 at position {bad} (must be <= 0)"
         )
+    if dtype is np.int32:
+        out = out.view(TokenIds)
     out.flags.writeable = False
     return out
 

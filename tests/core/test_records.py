@@ -556,3 +556,15 @@ def test_hostile_input_raises_validation_error_not_recursion_or_unicode_errors()
         decode_msgpack(b"\x91\xa3\xffab", list[str])  # [str of 3 bytes, not UTF-8]
     with pytest.raises(msgspec.ValidationError, match="nested too deeply"):
         decode_msgpack(b"\x91" * 100_000 + b"\x01", list[Any])
+
+
+def test_token_fields_are_truthy_when_non_empty_like_a_list() -> None:
+    # cookbook renderers test `if response and response[-1] == eos` on `transition.ac.tokens`
+    from rlpure.records import TokenIds
+
+    action = TokensWithLogprobs(tokens=[5, 6, 7])
+    assert isinstance(action.tokens, TokenIds) and action.tokens
+    assert not TokensWithLogprobs(tokens=[]).tokens
+    assert action.tokens[:-1] and isinstance(action.tokens[:-1], TokenIds)
+    assert not ModelInput.empty().tokens and ModelInput.from_ints([1, 2]).tokens
+    assert action.tokens.dtype == np.int32 and not action.tokens.flags.writeable

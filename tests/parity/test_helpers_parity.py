@@ -462,17 +462,7 @@ def _group_rewards(
     return rewards, _normalize(tree), obs
 
 
-_NUMPY_ACTIONS = pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="rlpure TokensWithLogprobs.tokens is a numpy array; the cookbook's renderer tests its "
-    "truth value in parse_response (board: H1 to make ac.tokens list[int]-compatible)",
-)
-
-
-@pytest.mark.parametrize(
-    "renderer_source", [pytest.param("cookbook", marks=_NUMPY_ACTIONS), "shell"]
-)
+@pytest.mark.parametrize("renderer_source", ["cookbook", "shell"])
 @pytest.mark.parametrize(
     ("pattern", "chunk"), [("all_pairs_both_ways", 4), ("all_pairs_one_way", 3)]
 )
