@@ -122,7 +122,7 @@ class TokenIds(np.ndarray):
     def __bool__(self) -> bool:
         if self.ndim == 1:
             return self.shape[0] > 0
-        return super().__bool__()  # numpy's rule for 0-d arrays
+        return bool(self.item())  # a 0-d array: its one value
 
 
 def _frozen_array(values: Any, dtype: type, record: str, field: str) -> np.ndarray:
