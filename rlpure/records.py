@@ -121,7 +121,7 @@ class TokenIds(np.ndarray):
 
     def __bool__(self) -> bool:
         if self.ndim == 1:
-            return self.shape[0] > 0
+            return len(self) > 0
         return bool(self.item())  # a 0-d array: its one value
 
 
