@@ -3,7 +3,8 @@
 A thin facade over `shell.rollouts`: `do_single_rollout(policy, env)` runs one env to
 `episode_done`, `do_group_rollout(builder, policy, strategy=...)` a group under a rollout
 strategy, `do_group_rollout_and_filter_constant_reward(...)` the same returning None for a
-skipped or constant group, and `RolloutErrorCounter` counts errors across steps (see
+skipped or constant group, `RolloutErrorCounter` counts errors across steps, and
+`set_rollout_executor` / `get_rollout_executor` send group rollouts to an executor (see
 `shell.rollouts` for the conventions).
 """
 
@@ -14,6 +15,8 @@ from shell.rollouts import (
     do_group_rollout,
     do_group_rollout_and_filter_constant_reward,
     do_single_rollout,
+    get_rollout_executor,
+    set_rollout_executor,
 )
 
 __all__ = [
@@ -21,4 +24,6 @@ __all__ = [
     "do_group_rollout",
     "do_group_rollout_and_filter_constant_reward",
     "do_single_rollout",
+    "get_rollout_executor",
+    "set_rollout_executor",
 ]

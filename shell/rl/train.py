@@ -10,7 +10,7 @@ What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
 1. checks the whole config before anything runs: a field this loop does not implement yet set
    to a non-default value (`wandb_project`, `async_config`, `stream_minibatch_config`,
-   `rolling_save_every`, ...), a `rollout_executor`, or the cookbook's own errors
+   `rolling_save_every`, ...), or the cookbook's own errors
    (`kl_penalty_coef > 0` without `kl_reference_config`) raise `ConfigError` (which is
    `shell.exceptions.ConfigurationError`) naming the field;
 2. opens the service: `tinker.ServiceClient(base_url=..., user_metadata=..., display_name=...)`
@@ -24,7 +24,9 @@ What `main(config, rollout_executor=None, service_client=None)` does, in order:
    `shell.tokenizer_utils.register_tokenizer`, **before** `await config.dataset_builder()`, so a
    cookbook builder that calls `get_tokenizer(model_name)` gets the backend's tokenizer offline;
 5. builds the datasets and runs `shell.training.train` with the rollout strategy resolved from
-   `rollout_error_tolerance` (`effective_rollout_strategy`).
+   `rollout_error_tolerance` (`effective_rollout_strategy`) and the evaluators of
+   `evaluator_builders`, group rollouts going to `rollout_executor` when one is given
+   (`shell.rollouts.set_rollout_executor`).
 
 How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` → `base_model`,
 `kl_discount_factor` → `kl_discount`, `kl_reference_config` → `kl_reference_model` and
@@ -61,6 +63,7 @@ from shell.rollouts import (
     RolloutStrategy,
     default_rollout_strategy_for_model,
     rollout_strategy_from_config,
+    set_rollout_executor,
 )
 from shell.tokenizer_utils import register_tokenizer
 from shell.training import (
@@ -239,13 +242,8 @@ _NOT_YET: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def _check_supported(config: Config, *, rollout_executor: Executor | None) -> None:
+def _check_supported(config: Config) -> None:
     """Refuses what `main` cannot honour, before anything runs (see the module docstring)."""
-    if rollout_executor is not None:
-        raise ConfigError(
-            "main(rollout_executor=...): rollouts run as coroutines in this process; an "
-            "executor is not supported"
-        )
     for name, default, why in _NOT_YET:
         value = getattr(config, name)
         if value != default:
@@ -329,7 +327,9 @@ async def main(
 
     Args:
         config: the run's configuration.
-        rollout_executor: must be None (rollouts run in this process).
+        rollout_executor: where group rollouts run (`shell.rollouts.set_rollout_executor`,
+            for this call; shut down once training succeeded, as the cookbook); None runs them
+            as coroutines in this process.
         service_client: the backend; None opens `tinker.ServiceClient` (reads
             `TINKER_API_KEY`), e.g. `shell.LocalServiceClient()` trains offline.
 
@@ -344,20 +344,30 @@ async def main(
         A cookbook recipe's call, ported: ``await main(config,
         service_client=shell.LocalServiceClient())``.
     """
-    _check_supported(config, rollout_executor=rollout_executor)
-    if service_client is not None:
-        if config.base_url is not None:
-            raise ConfigError(
-                f"Config.base_url={config.base_url!r}: only used to open tinker.ServiceClient; "
-                "main was given a service_client"
-            )
-        return await _run(config, service_client)
-    with tinker.ServiceClient(
-        base_url=config.base_url,
-        user_metadata={"recipe_name": config.recipe_name},
-        display_name=config.session_name or config.wandb_name or None,
-    ) as tinker_client:
-        return await _run(config, tinker_client)
+    _check_supported(config)
+    if service_client is not None and config.base_url is not None:
+        raise ConfigError(
+            f"Config.base_url={config.base_url!r}: only used to open tinker.ServiceClient; "
+            "main was given a service_client"
+        )
+    if rollout_executor is not None:
+        set_rollout_executor(rollout_executor)  # refuses a fork-started process pool
+    try:
+        if service_client is not None:
+            result = await _run(config, service_client)
+        else:
+            with tinker.ServiceClient(
+                base_url=config.base_url,
+                user_metadata={"recipe_name": config.recipe_name},
+                display_name=config.session_name or config.wandb_name or None,
+            ) as tinker_client:
+                result = await _run(config, tinker_client)
+    finally:
+        if rollout_executor is not None:
+            set_rollout_executor(None)
+    if rollout_executor is not None:
+        rollout_executor.shutdown(wait=True)  # as the cookbook, once training succeeded
+    return result
 
 
 async def _run(config: Config, service_client: ServiceClient) -> TrainResult:

@@ -4,7 +4,8 @@ A thin facade: every name is the project's own object, re-exported so cookbook e
 by rewriting `tinker_cookbook.` to `shell.` in its imports. The protocol classes (`Env`,
 `EnvGroupBuilder`, `RLDataset`, `RLDatasetBuilder`) come from `shell.env`; the records
 (`StepResult`, `Transition`, `Trajectory`, `TrajectoryGroup`, `RolloutError`) and the metric
-aliases from `rlpure.records`.
+aliases from `rlpure.records`; `TokensWithLogprobs`, which the cookbook's module imports from
+`completers`, is `shell.completers.TokensWithLogprobs`.
 
 Differences a porter meets (each on purpose):
 - Records convert what cookbook code hands them at construction (`tinker.ModelInput` or a
@@ -32,6 +33,7 @@ from rlpure.records import (
     TrajectoryGroup,
     Transition,
 )
+from shell.completers import TokensWithLogprobs
 from shell.env import (
     Action,
     ActionExtra,
@@ -61,6 +63,7 @@ __all__ = [
     "StepResult",
     "StopCondition",
     "StopReason",
+    "TokensWithLogprobs",
     "Trajectory",
     "TrajectoryGroup",
     "Transition",

@@ -179,11 +179,37 @@ def test_main_refuses_unsupported_or_bad_config_before_anything_runs(
     assert not log_path.exists()
 
 
-def test_main_refuses_a_rollout_executor(tmp_path) -> None:
+def test_main_refuses_a_fork_process_pool_before_anything_runs(tmp_path) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    with pool, pytest.raises(ValueError, match="fork"):
+        asyncio.run(train.main(_config(tmp_path / "run"), pool, service_client=FakeServiceClient()))
+    assert not (tmp_path / "run").exists()
+
+
+def test_main_runs_group_rollouts_in_a_given_executor_and_shuts_it_down(tmp_path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="rollout_executor"):
-        asyncio.run(train.main(_config(tmp_path), pool, service_client=FakeServiceClient()))
+    class CountingPool(ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            CountingPool.submitted += 1
+            return super().submit(fn, *args, **kwargs)
+
+    log_path = tmp_path / "run"
+    pool = CountingPool(2)
+    result = asyncio.run(
+        train.main(
+            _config(log_path, max_steps=1), pool, service_client=micro_service(log_path / "states")
+        )
+    )
+    assert result.end_step == 1
+    assert CountingPool.submitted >= 2  # one step's two groups ran in the pool
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(print)
 
 
 def test_config_has_the_cookbook_required_fields_and_defaults() -> None:
