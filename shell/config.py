@@ -26,6 +26,11 @@ from rlpure.advantages import AggregationMode, Estimator
 from rlpure.losses import PolicyLossName
 from rlpure.model import MODEL_CONFIGS
 from shell.errors import ConfigError
+from shell.limits import (
+    DEFAULT_LIMIT_STOP_REASONS,
+    TerminationRewardPolicy,
+    default_rollout_config_for_model,
+)
 from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStrategy
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "LOCAL_LOSSES",
     "MAX_SEED",
     "LossName",
+    "TerminationConfig",
     "TrainConfig",
     "build_config",
     "check_log_dir",
@@ -52,6 +58,51 @@ LossName = Literal[PolicyLossName, "stable_reinforce"]
 cookbook's async default), which trains on the sampler's provenance spans."""
 LOCAL_LOSSES: frozenset[str] = frozenset(get_args(PolicyLossName))
 """The losses the local backend computes (`rlpure.losses`); others are refused at config time."""
+
+
+class TerminationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`shell.limits.TerminationRewardPolicy` as a config record (TOML/JSON-able, recorded in
+    `config.json`): the same fields, defaults and validation (`policy()` builds the policy,
+    `from_policy` reads one back).
+
+    Attributes:
+        zero_reward_on_limit: clamp the total reward of a limit-stopped trajectory to
+            `min(total, 0.0)` after grading.
+        limit_stop_reasons: the stop reasons that count as limit stops.
+        skip_grading_on_timeout: skip grading (rewards 0.0) when every trajectory of a group
+            stopped on `rollout_timeout` (with the clamp on).
+        grader_timeout_seconds: wall clock of one grading call (None: unbounded).
+        pass_all_messages_to_grader: env-level graders see the full history.
+
+    Examples:
+        >>> TerminationConfig(zero_reward_on_limit=True).policy().zero_reward_on_limit
+        True
+    """
+
+    zero_reward_on_limit: bool = False
+    limit_stop_reasons: tuple[str, ...] = tuple(DEFAULT_LIMIT_STOP_REASONS)
+    skip_grading_on_timeout: bool = False
+    grader_timeout_seconds: float | None = None
+    pass_all_messages_to_grader: bool = False
+
+    def policy(self) -> TerminationRewardPolicy:
+        """The `TerminationRewardPolicy` these fields describe.
+
+        Raises:
+            ValueError: a field the policy's validation refuses.
+        """
+        return TerminationRewardPolicy(**msgspec.structs.asdict(self))
+
+    @classmethod
+    def from_policy(cls, policy: TerminationRewardPolicy) -> TerminationConfig:
+        """The config record of `policy` (e.g. a cookbook `Config.termination`)."""
+        return cls(
+            zero_reward_on_limit=policy.zero_reward_on_limit,
+            limit_stop_reasons=tuple(policy.limit_stop_reasons),
+            skip_grading_on_timeout=policy.skip_grading_on_timeout,
+            grader_timeout_seconds=policy.grader_timeout_seconds,
+            pass_all_messages_to_grader=policy.pass_all_messages_to_grader,
+        )
 
 
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -87,6 +138,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kl_reference_checkpoint: str | None = None
     kl_reference_initial_policy: bool = False
     compute_post_kl: bool = False
+    termination: TerminationConfig | None = None
     rollout_strategy: StrategyName = "fail_fast"
     max_retries: int = 3
     rollout_timeout: float | None = None
@@ -172,6 +224,11 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         )
         need(0 <= self.kl_discount <= 1, "kl_discount", "must lie in [0, 1]")
         self._check_kl_reference()
+        if self.termination is not None:
+            try:
+                self.termination.policy()
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"TrainConfig.termination: {err}") from None
         need(self.max_retries >= 0, "max_retries", "must be >= 0")
         need(
             self.rollout_timeout is None
@@ -221,6 +278,16 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 "loss_fn 'stable_reinforce' and a KL penalty; set kl_discount = 0 or choose "
                 "another loss_fn"
             )
+
+    def effective_termination(self) -> TerminationRewardPolicy | None:
+        """The termination policy the run trains with (the cookbook's
+        `Config.effective_termination`): `termination` when set, else the model's default
+        (`shell.limits.default_rollout_config_for_model`: the agentic grade-then-clamp for
+        `thinkingmachines/Inkling` models, none for others). To force no clamp on such a
+        model, set `termination = {zero_reward_on_limit = false}`."""
+        if self.termination is not None:
+            return self.termination.policy()
+        return default_rollout_config_for_model(self.base_model).termination
 
     def strategy(self) -> RolloutStrategy:
         """The rollout strategy these options describe."""
@@ -292,6 +359,10 @@ FIELD_HELP: Mapping[str, str] = {
     "KLReferenceConfig.load_checkpoint_path), e.g. a tinker:// sampler path.",
     "kl_reference_initial_policy": "Use the policy's weights at the start of the run as the KL "
     "reference (saved once, reused after a resume); excludes kl_reference_model/checkpoint.",
+    "termination": "Stop-reason-keyed reward semantics of training rollouts (the cookbook's "
+    "TerminationRewardPolicy), a table: zero_reward_on_limit, limit_stop_reasons, "
+    "skip_grading_on_timeout, grader_timeout_seconds, pass_all_messages_to_grader. Default: "
+    "the model's (grade-then-clamp for thinkingmachines/Inkling models, none otherwise).",
     "compute_post_kl": "Also log kl_pre_post_v1/v2: the KL between the sampling logprobs "
     "and the updated policy's on the step's data (one extra scoring call per datum).",
     "rollout_strategy": "Failure handling per group: fail_fast (any rollout error stops the "

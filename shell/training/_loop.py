@@ -6,9 +6,11 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
    `evaluator_builders`, then the test set's (`shell.eval.RLTestSetEvaluator`, sampling at
    `eval_temperature`, 1.0 as the cookbook's) — concurrently on the current sampler, their
    metrics merged in that order;
-2. `dataset.get_batch(i % len(dataset))` (epoch `i // len(dataset)`; the run has
+2. `dataset.get_batch(i % len(dataset))` (`shell.datasets.EpochCycledRLDataset`, as the
+   cookbook's `main` wraps it: epoch `i // len(dataset)`; the run has
    `min(num_epochs * len(dataset), max_steps)` steps, `resolve_num_steps`) → all groups roll
-   out concurrently (`shell.rollouts`) with a
+   out concurrently (`shell.rollouts`, applying `config.effective_termination()` after
+   grading, as the cookbook's sync loop; evaluation applies none, as its evaluator) with a
    `TinkerTokenCompleter` over the current sampling client, under the configured strategy;
    failed groups are skipped and counted (`rollout_errors/*`: running totals since the
    `train` call started, under a strategy that catches group errors, as the cookbook's one
@@ -71,9 +73,11 @@ from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
 from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig
+from shell.datasets import EpochCycledRLDataset
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import ConfigError
 from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator, SamplingClientEvaluatorBuilder
+from shell.limits import TerminationRewardPolicy
 from shell.rollouts import (
     GroupOutcome,
     RolloutErrorCounter,
@@ -251,6 +255,7 @@ class _Run:
     evaluators: list[SamplingClientEvaluator]
     test_evaluator: RLTestSetEvaluator | None
     error_counter: RolloutErrorCounter | None
+    termination: TerminationRewardPolicy | None
 
 
 async def _kl_reference(
@@ -315,7 +320,7 @@ async def _run_step(
     if _evaluates(run) and step % config.eval_every == 0:
         metrics.update(await _run_evaluators(run, step))
 
-    builders = list(dataset.get_batch(step % len(dataset)))  # epoch e replays the dataset
+    builders = list(dataset.get_batch(step))
     policy = TinkerTokenCompleter(
         run.sampling_client,
         max_tokens=config.max_tokens,
@@ -324,7 +329,11 @@ async def _run_step(
     )
     rollout_start = time.perf_counter()
     outcomes = await do_batch_rollouts(
-        builders, policy, strategy=run.strategy, max_concurrent_groups=config.max_concurrent_groups
+        builders,
+        policy,
+        strategy=run.strategy,
+        termination=run.termination,
+        max_concurrent_groups=config.max_concurrent_groups,
     )
     metrics["time/rollouts_s"] = time.perf_counter() - rollout_start
     if run.error_counter is not None:
@@ -483,6 +492,7 @@ async def _locked_train(
     )
     record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
     num_steps = resolve_num_steps(config.max_steps, len(dataset), config.num_epochs)
+    dataset = EpochCycledRLDataset(dataset, config.num_epochs)  # step i: batch i % len
     start = 0 if resume is None else resume.step
     if start >= num_steps and resume is not None:
         logger.info("%s: already trained to step %d; nothing to do", log_dir, start)
@@ -535,6 +545,7 @@ async def _locked_train(
         evaluators=[build() for build in evaluator_builders],
         # one counter for the call, as the cookbook's main (a resumed run counts afresh)
         error_counter=RolloutErrorCounter() if strategy.catches_group_errors else None,
+        termination=config.effective_termination(),
         test_evaluator=(
             None
             if test_dataset is None

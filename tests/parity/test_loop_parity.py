@@ -412,3 +412,33 @@ def test_post_update_kl_is_the_cookbooks_compute_post_kl() -> None:
     for key in theirs:
         assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
     assert msgspec.json.encode(mine)  # plain floats, JSON-able
+
+
+# --- termination -------------------------------------------------------------------------------
+
+
+def test_a_cookbook_termination_policy_maps_onto_the_termination_config() -> None:
+    require_cookbook()
+    from tinker_cookbook.rl.rollout_limits import TerminationRewardPolicy as CookbookPolicy
+    from tinker_cookbook.rl.rollout_presets import agentic as cookbook_agentic
+    from tinker_cookbook.rl.rollout_presets import (
+        default_rollout_config_for_model as cookbook_default,
+    )
+
+    from shell.config import TerminationConfig
+
+    fields = ("zero_reward_on_limit", "limit_stop_reasons", "skip_grading_on_timeout",
+              "grader_timeout_seconds", "pass_all_messages_to_grader")  # fmt: skip
+    for theirs in (CookbookPolicy(), cookbook_agentic().termination,
+                   CookbookPolicy(zero_reward_on_limit=True, grader_timeout_seconds=3.0)):  # fmt: skip
+        mine = TerminationConfig.from_policy(theirs).policy()
+        assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    for model in ("Qwen/Qwen3.5-9B-Base", "thinkingmachines/Inkling-1:peft:262144", "rlpure/tiny"):
+        config = build_config({"log_dir": "unused", "backend": "fake", "base_model": model})
+        mine_or_none = config.effective_termination()
+        theirs_or_none = cookbook_default(model).termination
+        assert (mine_or_none is None) == (theirs_or_none is None), model
+        if theirs_or_none is not None:
+            assert [getattr(mine_or_none, f) for f in fields] == [
+                getattr(theirs_or_none, f) for f in fields
+            ]

@@ -407,3 +407,48 @@ def test_fail_fast_with_a_rollout_timeout_stops_a_run_whose_env_hangs(tmp_path: 
     with pytest.raises(TimeoutError):
         _train(config, FakeServiceClient(), data)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0]
+
+
+# --- termination -------------------------------------------------------------------------------
+
+
+def test_the_termination_policy_clamps_limit_stopped_rewards_in_training_only(
+    tmp_path: Path,
+) -> None:
+    """`config.termination` reaches the training rollouts (the cookbook's sync loop passes
+    `config.effective_termination()`; its test-set evaluator applies none)."""
+
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        def make(i: int) -> ScriptedEnv:
+            limited = {"stop/max_tokens": 1.0} if i % 2 else {}
+            return ScriptedEnv(rewards=[1.0], metrics=limited)
+
+        return ScriptedGroupBuilder(make, group_size=2)
+
+    data = ScriptedDataset(builder, num_batches=1, groups_per_batch=2)
+    rewards = {}
+    for name, options in (
+        ("none", {}),
+        ("clamp", {"termination": {"zero_reward_on_limit": True}}),
+    ):
+        config = _config(tmp_path / name, eval_every=1, **options)
+        _train(config, FakeServiceClient(), data, test_dataset=data)
+        step, _ = read_jsonl(tmp_path / name / "metrics.jsonl")
+        rewards[name] = (step["env/all/reward/total"], step["test/env/all/reward/total"])
+    assert rewards["none"] == (1.0, 1.0)
+    assert rewards["clamp"] == (0.5, 1.0)  # the limit-stopped half gets min(1.0, 0.0)
+    assert build_config({"base_model": "rlpure/tiny"}).effective_termination() is None
+    with pytest.raises(ConfigError, match=r"TrainConfig.termination: .*grader_timeout_seconds"):
+        _config(tmp_path, termination={"grader_timeout_seconds": -1.0})
+
+
+def test_the_termination_config_mirrors_the_termination_policy() -> None:
+    import chz
+
+    from shell.config import TerminationConfig
+    from shell.limits import TerminationRewardPolicy, agentic
+
+    assert set(TerminationConfig.__struct_fields__) == set(chz.chz_fields(TerminationRewardPolicy))
+    assert TerminationConfig().policy() == TerminationRewardPolicy()
+    preset = agentic().termination
+    assert preset is not None and TerminationConfig.from_policy(preset).policy() == preset
