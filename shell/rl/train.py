@@ -74,7 +74,14 @@ from shell.training import (
     train,
 )
 
-__all__ = ["AsyncConfig", "Config", "KLReferenceConfig", "StreamMinibatchConfig", "main"]
+__all__ = [
+    "AsyncConfig",
+    "Config",
+    "KLReferenceConfig",
+    "StreamMinibatchConfig",
+    "main",
+    "to_train_config",
+]
 
 logger = logging.getLogger(__name__)
 
