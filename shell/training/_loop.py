@@ -588,7 +588,7 @@ async def _locked_train(
             last_metrics = metrics
             if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < num_steps:
                 checkpoint = await _checkpoint(run, step + 1)
-        if _evaluates(run):
+        if _evaluates(run) and start < num_steps:  # as the cookbook: only after a step ran
             progress.phase(f"final evaluation {what}…")
             final_eval = await _run_evaluators(run, num_steps)
             metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})

@@ -452,3 +452,12 @@ def test_the_termination_config_mirrors_the_termination_policy() -> None:
     assert TerminationConfig().policy() == TerminationRewardPolicy()
     preset = agentic().termination
     assert preset is not None and TerminationConfig.from_policy(preset).policy() == preset
+
+
+def test_a_run_without_steps_does_not_evaluate(tmp_path: Path) -> None:
+    """The cookbook evaluates the final weights only when a step ran (`start < end`)."""
+    evaluator = _VersionEvaluator("eval/a", 0.0)
+    result = _train(_config(tmp_path, eval_every=1), FakeServiceClient(), _dataset(0),
+                    test_dataset=_dataset(1), evaluator_builders=[lambda: evaluator])  # fmt: skip
+    assert result.end_step == 0 and evaluator.versions == []
+    assert read_jsonl(tmp_path / "metrics.jsonl") == []
