@@ -52,7 +52,7 @@ import chz
 import tinker
 
 from shell.clients import ServiceClient
-from shell.config import TrainConfig
+from shell.config import TerminationConfig, TrainConfig
 from shell.errors import ConfigError
 from shell.eval import SamplingClientEvaluatorBuilder
 from shell.fakes import FakeServiceClient
@@ -257,11 +257,6 @@ def _check_supported(config: Config) -> None:
             raise ConfigError(f"Config.{name}={value!r}: not supported ({why})")
     if config.async_config is None and config.loss_fn == "custom":
         raise ConfigError("Config.loss_fn='custom': custom losses are not supported")
-    if config.effective_termination() is not None:
-        raise ConfigError(
-            f"Config.termination={config.effective_termination()!r} (or the model's preset): "
-            "a TerminationRewardPolicy is not applied by the loop yet"
-        )
     config.effective_rollout_strategy()  # an invalid rollout_error_tolerance fails here
     if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
         raise ConfigError("kl_reference_config must be specified when kl_penalty_coef > 0")
@@ -298,6 +293,12 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "max_tokens": config.max_tokens,
         "temperature": config.temperature,
         "eval_temperature": 1.0,
+        # None resolves to the model's preset inside TrainConfig, as `effective_termination` does
+        "termination": (
+            None
+            if config.termination is None
+            else TerminationConfig.from_policy(config.termination)
+        ),
         "remove_constant_reward_groups": config.remove_constant_reward_groups,
         "kl_penalty_coef": config.kl_penalty_coef,
         "kl_discount": config.kl_discount_factor,
