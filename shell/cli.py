@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+import msgspec
+
 from shell.clients import describe_tinker_error, watch_tinker_retries
 from shell.commands import Command, TrainRecipe
 from shell.config import (
@@ -71,11 +73,16 @@ def _optional_inner(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _is_struct(kind: Any) -> bool:
+    """Whether a field's type is a nested record (e.g. `TerminationConfig`), given as JSON."""
+    return isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+
+
 def _parse_value(kind: Any, nullable: bool, name: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         if nullable and text.lower() in ("none", "null"):
             return None
-        if get_origin(kind) is dict or kind is dict:
+        if get_origin(kind) is dict or kind is dict or _is_struct(kind):
             try:
                 return json.loads(text)
             except json.JSONDecodeError as err:
