@@ -158,5 +158,5 @@ def test_config_has_the_cookbook_fields_required_fields_and_defaults() -> None:
             assert repr(mine[name]._default) == repr(cookbook[name]._default), name
             factory, cookbook_factory = mine[name]._default_factory, cookbook[name]._default_factory
             assert callable(factory) == callable(cookbook_factory), name
-            if callable(cookbook_factory):
+            if callable(cookbook_factory) and callable(factory):
                 assert factory() == cookbook_factory(), name

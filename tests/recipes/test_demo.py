@@ -13,7 +13,6 @@ from pathlib import Path
 
 import jax
 import msgspec
-import numpy as np
 import pytest
 
 from rlpure.model import ByteTokenizer
@@ -49,7 +48,7 @@ def _arithmetic_envs(builder: EnvGroupBuilder) -> list[ArithmeticEnv]:
 
 
 def _step(env: ArithmeticEnv, text: str) -> tuple[float, dict[str, float]]:
-    result = asyncio.run(env.step(np.asarray(TOKENIZER.encode(text, add_special_tokens=False))))
+    result = asyncio.run(env.step(list(TOKENIZER.encode(text, add_special_tokens=False))))
     return result.reward, dict(result.metrics)
 
 

@@ -158,8 +158,8 @@ PROBLEM = Gsm8kProblem(
 
 
 def _step(env: Gsm8kEnv, text: str, *, eos: bool = False) -> tuple[float, dict]:
-    tokens = np.asarray([*TOKENIZER.encode(text, add_special_tokens=False)] + [EOS_ID] * eos)
-    result = asyncio.run(env.step(tokens))
+    tokens = [*TOKENIZER.encode(text, add_special_tokens=False)] + [EOS_ID] * eos
+    result = asyncio.run(env.step(tokens))  # actions reach Env.step as list[int]
     assert result.episode_done
     return result.reward, result.metrics
 
