@@ -15,6 +15,16 @@ method names, signatures and return conventions:
   `save_weights_and_get_sampling_client` return a future of the client that can be awaited,
   `.result()`-ed, or (deprecated, as in the SDK) used as the client directly.
 
+Standing in for `tinker.ServiceClient`: `LocalServiceClient` takes every keyword of the SDK's
+constructor (`user_metadata`, `project_id`, `display_name` kept; `base_url`, `api_key`,
+`default_headers_overrides` accepted and ignored: nothing is contacted), then its own options
+(`seed`, `checkpoint_dir`, ...); an unknown keyword is a `TypeError` (the SDK only warns). It is
+a context manager, and `create_rest_client()` answers the REST calls of the cookbook's
+`checkpoint_utils` (run metadata for the renderer-name check on resume, deleting rolling
+checkpoints). So the cookbook's `rl.train.main` runs unchanged with `tinker.ServiceClient =
+LocalServiceClient`; to resume in another process, bind a lasting checkpoint directory:
+`tinker.ServiceClient = functools.partial(LocalServiceClient, checkpoint_dir=...)`.
+
 Semantics and decisions:
 - **Full fine-tuning, not LoRA.** `rank`, `train_mlp`, `train_attn`, `train_unembed` are
   accepted for compatibility and ignored; every weight trains. `base_model` names a config of
@@ -62,6 +72,8 @@ Semantics and decisions:
   datum length), so a run compiles a handful of times. Large calls are split to bound memory
   (`max_batch_tokens` for sampling, `max_train_tokens` for `forward_backward`, whose chunks'
   gradients add up and whose metrics merge by their `:sum`/`:mean`/`:min`/`:max` suffix).
+- **Checkpoints never expire**: `ttl_seconds` is accepted and ignored; the REST client's
+  `delete_checkpoint_from_tinker_path` removes one (only a real local checkpoint directory).
 - **Checkpoints** (`save_state`, `save_weights_for_sampler`) are directories holding
   `arrays.npz` (loaded with `allow_pickle=False`) and `manifest.json`; the returned path is the
   directory's absolute filesystem path, accepted by `load_state`,
@@ -75,10 +87,12 @@ Semantics and decisions:
 Layout (this module is the public entry point; import the clients from here, the private
 modules are its parts):
 - `_service`: `LocalServiceClient`, the model configs and the client factories;
-- `_runtime`: `LocalRuntime`, what the service shares with its clients (seed, memory budgets,
-  checkpoint paths, the sample-request counter);
+- `_runtime`: `LocalRuntime`, what the service shares with its clients (seed, model configs,
+  memory budgets, checkpoint paths, the training runs opened, the sample-request counter);
 - `_training`: `LocalTrainingClient`;
 - `_sampling`: `LocalSamplingClient`, its request validation and batching;
+- `_rest`: `LocalRestClient` (training runs and checkpoints, read from the checkpoint files)
+  and `LocalLookupError`;
 - `_train_steps`: the jitted forward/backward stages and the merging of chunk metrics;
 - `_inputs`: validation of Tinker inputs and packing of datums into bucketed arrays;
 - `_checkpoints`: the checkpoint directory format;
@@ -87,11 +101,14 @@ modules are its parts):
 
 from __future__ import annotations
 
+from shell.local._rest import LocalLookupError, LocalRestClient
 from shell.local._sampling import LocalSamplingClient
 from shell.local._service import LocalServiceClient
 from shell.local._training import LocalTrainingClient
 
 __all__ = [
+    "LocalLookupError",
+    "LocalRestClient",
     "LocalSamplingClient",
     "LocalServiceClient",
     "LocalTrainingClient",

@@ -9,7 +9,13 @@ Conventions:
 - `manifest.json` is a JSON object (`_Manifest`): the format tag, the kind, the base model
   name, the `ModelConfig`, whether optimizer state is present, the optimizer step count (it keys
   the sampling streams, so a resumed run continues exactly), the sorted names of the arrays in
-  `arrays.npz` and the user's metadata. Every key is required and strictly typed.
+  `arrays.npz` and the checkpoint's user metadata (`save_state(user_metadata=)`). Every key is
+  required and strictly typed, except two that checkpoints of earlier rlpure versions lack: the
+  id of the training run that saved it (`training_run_id`, default: the folder two levels up,
+  `<checkpoint_dir>/<run id>/<kind>/<name>`) and that run's metadata (`run_metadata`, the
+  `user_metadata` its training client was created with, default `{}`), which the REST client's
+  `get_training_run_by_tinker_path` returns as the SDK's does (the cookbook reads the renderer
+  name from it on resume).
 - Writing is crash-safe: a checkpoint is written (and fsynced) in a fresh hidden sibling
   `.{name}.tmp-{pid}@{host}-{hex}` (`host`: 8 hex digits of the host name's hash) and renamed
   into place, so the real name never holds a half-written one. A write killed before its rename
@@ -56,7 +62,15 @@ from shell.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpoint", "checkpoint_name", "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointInfo",
+    "checkpoint_name",
+    "delete_checkpoint",
+    "read_checkpoint",
+    "read_checkpoint_info",
+    "write_checkpoint",
+]
 
 _CHECKPOINT_FORMAT = "rlpure-local-checkpoint-v1"
 
@@ -75,6 +89,8 @@ class _Manifest(msgspec.Struct, frozen=True, kw_only=True):
     optim_steps: Annotated[int, msgspec.Meta(ge=0)]
     arrays: tuple[str, ...]
     user_metadata: dict[str, str]
+    training_run_id: str | None = None
+    run_metadata: dict[str, str] = {}
 
 
 def _named_leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -215,12 +231,15 @@ def write_checkpoint(
     optim_steps: int,
     kind: Literal["state", "sampler"],
     user_metadata: Mapping[str, str] | None,
+    training_run_id: str | None = None,
+    run_metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Writes a checkpoint directory at `directory`, replacing one that exists (crash-safe: see
     the module docstring; the caller decides whether overwriting is allowed).
 
     `opt_state=None` writes weights only (a sampler checkpoint); `kind` is recorded in the
-    manifest (`"state"` or `"sampler"`).
+    manifest (`"state"` or `"sampler"`); `training_run_id` and `run_metadata` name the training
+    run that saved it and that run's metadata.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(directory.parent)
@@ -238,6 +257,8 @@ def write_checkpoint(
             optim_steps=optim_steps,
             kind=kind,
             user_metadata=user_metadata,
+            training_run_id=training_run_id,
+            run_metadata=run_metadata,
         )
     finally:
         _IN_FLIGHT.discard(staging)
@@ -254,6 +275,8 @@ def _write_staged(
     optim_steps: int,
     kind: Literal["state", "sampler"],
     user_metadata: Mapping[str, str] | None,
+    training_run_id: str | None,
+    run_metadata: Mapping[str, str] | None,
 ) -> None:
     """Fills `staging` and moves it to `directory` (`staging` removed if anything fails)."""
     try:
@@ -269,6 +292,8 @@ def _write_staged(
             optim_steps=optim_steps,
             arrays=tuple(sorted(arrays)),
             user_metadata=dict(user_metadata or {}),
+            training_run_id=training_run_id,
+            run_metadata=dict(run_metadata or {}),
         )
         with open(staging / "arrays.npz", "wb") as file:
             np.savez(file, **arrays)  # type: ignore[arg-type]
@@ -310,12 +335,24 @@ def _interrupted_overwrite_hint(directory: Path) -> str:
     )
 
 
+def _temporary_dir_hint(directory: Path) -> str:
+    """Explains a missing checkpoint that lived in a service's temporary directory (or `""`)."""
+    if directory.exists() or not any(part.startswith("rlpure-local-") for part in directory.parts):
+        return ""
+    return (
+        " (it was saved in the temporary checkpoint directory of a LocalServiceClient without "
+        "checkpoint_dir, which is removed when that process exits; to resume in a new process, "
+        "create the service with checkpoint_dir=..., e.g. "
+        "functools.partial(LocalServiceClient, checkpoint_dir='<log_path>/local_states'))"
+    )
+
+
 def _read_manifest(directory: Path, where: str) -> _Manifest:
     """Reads and validates `directory/manifest.json` (see `_Manifest`)."""
     try:
         text = (directory / "manifest.json").read_text(encoding="utf-8")
     except (OSError, ValueError) as err:  # ValueError: not UTF-8
-        hint = _interrupted_overwrite_hint(directory)
+        hint = _interrupted_overwrite_hint(directory) or _temporary_dir_hint(directory)
         raise CheckpointError(f"{where}: cannot read manifest.json: {err}{hint}") from err
     try:
         raw = json.loads(text)
@@ -394,3 +431,65 @@ def checkpoint_name(name: Any) -> str:
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"checkpoint name must be a non-empty file name, got {name!r}")
     return name
+
+
+class CheckpointInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What the manifest says of a checkpoint (no arrays read), for the REST client."""
+
+    path: str
+    """The checkpoint directory, as given."""
+    name: str
+    kind: Literal["state", "sampler"]
+    base_model: str
+    training_run_id: str
+    run_metadata: dict[str, str]
+    user_metadata: dict[str, str]
+    saved_at: float
+    """When it was written (the manifest's modification time, seconds since the epoch)."""
+    size_bytes: int
+
+
+def read_checkpoint_info(path: str) -> CheckpointInfo:
+    """Reads the manifest of the checkpoint directory `path` (not its arrays).
+
+    Raises:
+        CheckpointError: no readable, valid manifest (as `read_checkpoint`).
+    """
+    directory = Path(path)
+    where = f"checkpoint {path!r}"
+    manifest = _read_manifest(directory, where)
+    try:
+        saved_at = (directory / "manifest.json").stat().st_mtime
+        size = sum(entry.stat().st_size for entry in directory.iterdir() if entry.is_file())
+    except OSError as err:
+        raise CheckpointError(f"{where}: cannot stat its files: {err}") from err
+    run_id = manifest.training_run_id
+    if run_id is None:  # an earlier rlpure's checkpoint: <checkpoint_dir>/<run id>/<kind>/<name>
+        run_id = Path(os.path.abspath(directory)).parent.parent.name
+    return CheckpointInfo(
+        path=path,
+        name=directory.name,
+        kind=manifest.kind,
+        base_model=manifest.base_model,
+        training_run_id=run_id,
+        run_metadata=dict(manifest.run_metadata),
+        user_metadata=dict(manifest.user_metadata),
+        saved_at=saved_at,
+        size_bytes=size,
+    )
+
+
+def delete_checkpoint(path: str) -> None:
+    """Deletes the checkpoint directory `path`, once its manifest shows it is one.
+
+    Only a directory holding a valid local-checkpoint manifest is removed, so a wrong path never
+    deletes anything else.
+
+    Raises:
+        CheckpointError: `path` is not a readable local checkpoint (nothing is deleted).
+    """
+    read_checkpoint_info(path)
+    try:
+        shutil.rmtree(path)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path!r}: cannot delete it: {err}") from err

@@ -1,5 +1,5 @@
-"""What a local service shares with the clients it makes: seed, memory budgets, checkpoint paths,
-the sample-request counter.
+"""What a local service shares with the clients it makes: seed, model configs, memory budgets,
+checkpoint paths, the training runs it opened, the sample-request counter.
 
 Conventions:
 - `LocalServiceClient` builds one `LocalRuntime` and hands it to every training and sampling
@@ -16,6 +16,12 @@ Conventions:
   a fresh temporary directory (`rlpure-local-*`) is created on first use and removed when the
   interpreter exits (`atexit`; a killed process leaves it). A given `checkpoint_dir` is never
   removed.
+- `training_runs` records each training run (training client) the service opened, by id:
+  base model, rank, the `user_metadata` it was created with, when. The REST client reads it;
+  `new_training_run_id()` names runs `local-{seed}-{index}`, skipping ids in use by this service
+  or present as folders under the checkpoint directory, so a resumed run sharing a
+  `checkpoint_dir` with an earlier process never writes into that process's run folder (on
+  Tinker, too, a training client restored from a state is a new training run).
 - `next_sample_request_index()` counts the `sample` requests of every sampling client of the
   service (it names the returned sequences, `local-{request}-{sample}`).
 """
@@ -26,12 +32,17 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
+
+import msgspec
+from tinker import types
 
 from rlpure import model as model_lib
 from shell.local._checkpoints import checkpoint_name
 
-__all__ = ["LocalRuntime"]
+__all__ = ["LocalRuntime", "TrainingRunRecord"]
 
 _ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
 
@@ -41,11 +52,22 @@ def _floor_power_of_two(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+class TrainingRunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A training run (training client) a service opened."""
+
+    base_model: str
+    lora_rank: int
+    user_metadata: dict[str, str]
+    created_at: float
+    """Seconds since the epoch."""
+
+
 class LocalRuntime:
     """The service state its clients read or advance (validated by the service, not here).
 
     Args:
         seed: the run's seed (int >= 0).
+        model_configs: the named model configs (`base_model` name → `ModelConfig`).
         max_batch_rows: most sample rows per jitted sampling call (>= 1).
         max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call.
         max_train_tokens: most `datums × length bucket` per jitted training call.
@@ -57,12 +79,15 @@ class LocalRuntime:
         self,
         *,
         seed: int,
+        model_configs: Mapping[str, model_lib.ModelConfig],
         max_batch_rows: int,
         max_batch_tokens: int,
         max_train_tokens: int,
         checkpoint_dir: Path | None,
     ) -> None:
         self.seed = seed
+        self.model_configs = model_configs
+        self.training_runs: dict[str, TrainingRunRecord] = {}
         self.max_batch_rows = max_batch_rows
         self.max_batch_tokens = max_batch_tokens
         self.max_train_tokens = max_train_tokens
@@ -95,6 +120,46 @@ class LocalRuntime:
                 min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
             ),
         )
+
+    @property
+    def checkpoint_root(self) -> Path | None:
+        """The checkpoint directory (`None` while a temporary one has not been created)."""
+        return self._checkpoint_dir
+
+    def server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The model configs, all trainable and sampleable."""
+        return types.GetServerCapabilitiesResponse(
+            supported_models=[
+                types.SupportedModel(
+                    model_name=name,
+                    max_context_length=config.max_seq_len,
+                    trainable=True,
+                    sampleable=True,
+                )
+                for name, config in sorted(self.model_configs.items())
+            ]
+        )
+
+    def new_training_run_id(
+        self, *, base_model: str, lora_rank: int, user_metadata: Mapping[str, str] | None
+    ) -> str:
+        """Registers a new training run and returns its id (`local-{seed}-{index}`, unused)."""
+        index = 0
+        while True:
+            run_id = f"local-{self.seed}-{index}"
+            taken = run_id in self.training_runs or (
+                self._checkpoint_dir is not None and (self._checkpoint_dir / run_id).exists()
+            )
+            if not taken:
+                break
+            index += 1
+        self.training_runs[run_id] = TrainingRunRecord(
+            base_model=base_model,
+            lora_rank=lora_rank,
+            user_metadata=dict(user_metadata or {}),
+            created_at=time.time(),
+        )
+        return run_id
 
     def next_sample_request_index(self) -> int:
         """The index of a new `sample` request among all of this service's requests."""

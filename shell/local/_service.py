@@ -4,9 +4,14 @@ Conventions:
 - The service owns what its clients share, as one `LocalRuntime` (`shell.local._runtime`) handed
   to every client: the run's `seed` (the base model is `init_params(key(seed))`; unseeded
   sampling derives from it), the checkpoint directory (a fresh temporary directory on first use,
-  removed at exit, unless `checkpoint_dir` is given), the sample-request counter and the memory budgets that
-  bound one jitted call. The service itself keeps the named model configs and the counters that
-  name training clients (`local-{seed}-{index}`) and number sampling clients.
+  removed at exit, unless `checkpoint_dir` is given), the named model configs, the training runs
+  it opened (named `local-{seed}-{index}`, never an id already used under the checkpoint
+  directory), the sample-request counter and the memory budgets that bound one jitted call. The
+  service itself keeps the counter that numbers sampling clients and whether it is closed.
+- The constructor takes `tinker.ServiceClient`'s keywords (network-only ones accepted and
+  ignored) before the local options; `create_rest_client()` answers run and checkpoint lookups
+  from the checkpoint files (`shell.local._rest`); after `close()` (or leaving a `with` block)
+  the factories raise `RuntimeError`, as the SDK's closed session rejects requests.
 - A training client gets the service's `create_sampling_client` as a plain callable (for its own
   `create_sampling_client(model_path)`), never the service object.
 - `create_sampling_client(base_model=...)` samples from the base model on the stream
@@ -20,17 +25,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from types import MappingProxyType, TracebackType
+from typing import Any, Literal
 
 import jax
 import optax
+import tinker
 from tinker import types
 
 from rlpure import model as model_lib
 from shell.errors import CheckpointError, ConfigError
 from shell.local._checkpoints import read_checkpoint
-from shell.local._futures import ClientFuture
+from shell.local._futures import ClientFuture, ReadyFuture
+from shell.local._rest import LocalRestClient
 from shell.local._runtime import LocalRuntime
 from shell.local._sampling import LocalSamplingClient
 from shell.local._training import LocalTrainingClient
@@ -47,10 +54,37 @@ def _check_adam_optimizer(optimizer: object, where: str) -> None:
         )
 
 
+def _check_metadata(metadata: object, where: str) -> dict[str, str] | None:
+    """`metadata` as a `dict[str, str]` copy (or `None`); a clear `TypeError` otherwise."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+    ):
+        raise TypeError(f"{where}: expected a dict[str, str] or None, got {metadata!r}")
+    return dict(metadata)
+
+
 class LocalServiceClient:
     """Entry point, the SDK's `ServiceClient`, backed by local JAX models.
 
+    The constructor takes every keyword of `tinker.ServiceClient` (SDK 0.38), so
+    `tinker.ServiceClient = LocalServiceClient` runs Tinker code unchanged (the cookbook's
+    `rl.train.main` calls `tinker.ServiceClient(base_url=..., user_metadata=...,
+    display_name=...)`). To keep checkpoints across processes (resume), bind the local options
+    first: `tinker.ServiceClient = functools.partial(LocalServiceClient,
+    checkpoint_dir="<log_path>/local_states")`.
+
     Args:
+        user_metadata: the session's metadata (the SDK's first positional parameter); kept as
+            `self.user_metadata`. A training run's metadata is the `user_metadata` of the
+            factory that opened it, as on Tinker.
+        project_id: kept as `self.project_id` (default: `$TINKER_PROJECT_ID`, as the SDK);
+            it has no effect locally.
+        display_name: the session's display name, kept as `self.display_name`.
+        base_url: the Tinker server's URL: accepted and ignored (nothing is contacted).
+        api_key: accepted and ignored (no credentials are needed, read or stored).
+        default_headers_overrides: HTTP headers: accepted and ignored.
         seed: the run's seed: model init and unseeded sampling derive from it.
         checkpoint_dir: where checkpoints are written (default: a new temporary directory,
             removed when the interpreter exits; a given directory is never removed).
@@ -63,17 +97,31 @@ class LocalServiceClient:
             `forward_backward` batches run in chunks (gradients add up, metrics merge by
             suffix), so long sequences do not exhaust memory.
 
+    Unlike the SDK, which warns about unknown keywords and ignores them, an unknown keyword
+    is a `TypeError` here (a misspelt `checkpoint_dir` must not silently lose checkpoints).
+    The network-only values are checked for type only: a URL or key passed to the local
+    backend does no harm, and code that always passes `base_url=config.base_url` must run.
+
     Examples:
         >>> service = LocalServiceClient(seed=0)
         >>> trainer = service.create_lora_training_client(base_model="rlpure/tiny").result()
         >>> trainer.get_tokenizer().decode([104, 105])
         'hi'
+        >>> with LocalServiceClient(base_url=None, user_metadata={"recipe": "x"}) as service:
+        ...     service.user_metadata
+        {'recipe': 'x'}
     """
 
     def __init__(
         self,
-        seed: int = 0,
+        user_metadata: dict[str, str] | None = None,
+        project_id: str | None = None,
         *,
+        display_name: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        default_headers_overrides: Mapping[str, str] | None = None,
+        seed: int = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         max_batch_rows: int = 512,
         max_batch_tokens: int = 65_536,
@@ -92,18 +140,45 @@ class LocalServiceClient:
         ):
             if value < 1:
                 raise ValueError(f"LocalServiceClient.{name}: expected >= 1, got {value}")
-        self.model_configs: Mapping[str, model_lib.ModelConfig] = MappingProxyType(
-            {**model_lib.MODEL_CONFIGS, **(model_configs or {})}
+        self.user_metadata: dict[str, str] | None = _check_metadata(
+            user_metadata, "LocalServiceClient.user_metadata"
         )
+        for name, text in (
+            ("project_id", project_id),
+            ("display_name", display_name),
+            ("base_url", base_url),
+            ("api_key", api_key),
+        ):
+            if text is not None and not isinstance(text, str):
+                raise TypeError(
+                    f"LocalServiceClient.{name}: expected a str or None, got {type(text).__name__}"
+                )
+        if default_headers_overrides is not None and not isinstance(
+            default_headers_overrides, Mapping
+        ):
+            raise TypeError(
+                "LocalServiceClient.default_headers_overrides: expected a mapping or None, got "
+                f"{type(default_headers_overrides).__name__}"
+            )
+        self.project_id: str | None = (
+            project_id if project_id is not None else os.environ.get("TINKER_PROJECT_ID") or None
+        )
+        self.display_name: str | None = display_name
         self._runtime = LocalRuntime(
             seed=seed,
+            model_configs=MappingProxyType({**model_lib.MODEL_CONFIGS, **(model_configs or {})}),
             max_batch_rows=max_batch_rows,
             max_batch_tokens=max_batch_tokens,
             max_train_tokens=max_train_tokens,
             checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
         )
-        self._training_clients = 0
         self._sampling_clients = 0
+        self._closed = False
+
+    @property
+    def model_configs(self) -> Mapping[str, model_lib.ModelConfig]:
+        """The named model configs this service knows (`base_model` name → `ModelConfig`)."""
+        return self._runtime.model_configs
 
     @property
     def seed(self) -> int:
@@ -125,14 +200,61 @@ class LocalServiceClient:
         """Most `datums × length bucket` per jitted training call."""
         return self._runtime.max_train_tokens
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (the factories then refuse, as the SDK's session does)."""
+        return self._closed
+
     def __enter__(self) -> LocalServiceClient:
+        """`with LocalServiceClient(...) as service:` (refused once closed, as the SDK's)."""
+        self._check_open()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        status: Literal["success", "errored", "interrupted"]
+        if exc_type is None:
+            status = "success"
+        elif issubclass(exc_type, Exception):
+            status = "errored"
+        else:
+            status = "interrupted"
+        self.close(status).result()
 
-    def close(self) -> None:
-        """Nothing to release (kept for the SDK's interface)."""
+    def close(
+        self,
+        status: Literal["success", "errored", "interrupted"] = "success",
+        detail: str | None = None,
+    ) -> tinker.APIFuture[None]:
+        """Ends the session: the factories refuse afterwards. Clients already made keep
+        working, and checkpoints stay on disk (a temporary `checkpoint_dir` until exit).
+
+        The SDK's `close(status, detail)`; `status` defaults to `"success"` here.
+        """
+        if status not in ("success", "errored", "interrupted"):
+            raise ValueError(
+                "LocalServiceClient.close: status must be 'success', 'errored' or "
+                f"'interrupted', got {status!r}"
+            )
+        self._closed = True
+        return ReadyFuture(None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("LocalServiceClient is closed")
+
+    def create_rest_client(self) -> LocalRestClient:
+        """The REST client: training runs and checkpoints, read from local checkpoints.
+
+        Answers what the cookbook's `checkpoint_utils` asks (`get_training_run_by_tinker_path`
+        for the renderer-name check on resume, `delete_checkpoint_from_tinker_path` for rolling
+        checkpoints) and the other run and checkpoint lookups; see `shell.local._rest`.
+        """
+        return LocalRestClient(self._runtime)
 
     # -- internals --
 
@@ -146,6 +268,7 @@ class LocalServiceClient:
         rank: int,
         config: model_lib.ModelConfig | None = None,
         optim_steps: int = 0,
+        user_metadata: dict[str, str] | None = None,
     ) -> LocalTrainingClient:
         if config is None:
             config = self.model_configs.get(base_model)
@@ -154,8 +277,10 @@ class LocalServiceClient:
                     f"unknown local model {base_model!r}; known models: "
                     f"{sorted(self.model_configs)}"
                 )
-        index = self._training_clients
-        self._training_clients += 1
+        self._check_open()
+        model_id = self._runtime.new_training_run_id(
+            base_model=base_model, lora_rank=rank, user_metadata=user_metadata
+        )
         if params is None:
             params = model_lib.init_params(
                 jax.random.key(self.seed if seed is None else seed), config
@@ -169,26 +294,17 @@ class LocalServiceClient:
             config=config,
             params=params,
             opt_state=opt_state,
-            model_id=f"local-{self.seed}-{index}",
+            model_id=model_id,
             lora_rank=rank,
             optim_steps=optim_steps,
+            run_metadata=user_metadata,
         )
 
     # -- SDK surface --
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         """The local model configs, all trainable and sampleable."""
-        return types.GetServerCapabilitiesResponse(
-            supported_models=[
-                types.SupportedModel(
-                    model_name=name,
-                    max_context_length=config.max_seq_len,
-                    trainable=True,
-                    sampleable=True,
-                )
-                for name, config in sorted(self.model_configs.items())
-            ]
-        )
+        return self._runtime.server_capabilities()
 
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
         return self.get_server_capabilities()
@@ -212,8 +328,16 @@ class LocalServiceClient:
             NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`.
         """
         _check_adam_optimizer(optimizer, "create_lora_training_client.optimizer")
+        metadata = _check_metadata(user_metadata, "create_lora_training_client.user_metadata")
         return ClientFuture(
-            self._new_training_client(base_model, params=None, opt_state=None, seed=seed, rank=rank)
+            self._new_training_client(
+                base_model,
+                params=None,
+                opt_state=None,
+                seed=seed,
+                rank=rank,
+                user_metadata=metadata,
+            )
         )
 
     async def create_lora_training_client_async(
@@ -232,8 +356,16 @@ class LocalServiceClient:
         ).result_async()
 
     def _from_state(
-        self, path: str, *, base_model: str | None, with_optimizer: bool
+        self,
+        path: str,
+        *,
+        base_model: str | None,
+        with_optimizer: bool,
+        user_metadata: dict[str, str] | None,
+        where: str,
     ) -> ClientFuture[LocalTrainingClient]:
+        self._check_open()
+        metadata = _check_metadata(user_metadata, f"{where}.user_metadata")
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
         name = base_model if base_model is not None else checkpoint.base_model
         if base_model is not None and self.model_configs.get(base_model) != checkpoint.config:
@@ -248,6 +380,7 @@ class LocalServiceClient:
             rank=0,
             config=checkpoint.config,
             optim_steps=checkpoint.optim_steps,
+            user_metadata=metadata,
         )
         return ClientFuture(client)
 
@@ -268,7 +401,13 @@ class LocalServiceClient:
                 (as `create_lora_training_client`).
         """
         _check_adam_optimizer(optimizer, "create_training_client_from_state.optimizer")
-        return self._from_state(path, base_model=base_model, with_optimizer=False)
+        return self._from_state(
+            path,
+            base_model=base_model,
+            with_optimizer=False,
+            user_metadata=user_metadata,
+            where="create_training_client_from_state",
+        )
 
     async def create_training_client_from_state_async(
         self,
@@ -291,7 +430,13 @@ class LocalServiceClient:
     ) -> ClientFuture[LocalTrainingClient]:
         """A training client with the checkpoint's weights and Adam state (the SDK's signature
         has no `optimizer`: the checkpoint's optimizer is restored)."""
-        return self._from_state(path, base_model=base_model, with_optimizer=True)
+        return self._from_state(
+            path,
+            base_model=base_model,
+            with_optimizer=True,
+            user_metadata=user_metadata,
+            where="create_training_client_from_state_with_optimizer",
+        )
 
     async def create_training_client_from_state_with_optimizer_async(
         self,
@@ -314,6 +459,7 @@ class LocalServiceClient:
         """A sampling client on saved weights (`model_path`) or on the service's base model
         (the weights every training client of this service starts from).
         """
+        self._check_open()
         stream = (2, self._sampling_clients, 0)
         if model_path is not None:
             checkpoint = read_checkpoint(model_path, with_optimizer=False)

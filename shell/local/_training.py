@@ -65,9 +65,12 @@ class LocalTrainingClient:
         model_id: str,
         lora_rank: int,
         optim_steps: int = 0,
+        run_metadata: dict[str, str] | None = None,
     ) -> None:
         """Internal: use the service's factories. `runtime` is the service's shared state;
-        `open_sampling_client(path)` opens a sampling client on the checkpoint at `path`."""
+        `open_sampling_client(path)` opens a sampling client on the checkpoint at `path`;
+        `run_metadata` is the `user_metadata` the client was created with (recorded in its
+        checkpoints, read back by the REST client's `get_training_run_by_tinker_path`)."""
         self._runtime = runtime
         self._open_sampling_client = open_sampling_client
         self._base_model = base_model
@@ -79,6 +82,7 @@ class LocalTrainingClient:
         self.model_id = model_id
         self._lora_rank = lora_rank
         self._optim_steps = optim_steps  # checkpointed: keys the sampling streams
+        self._run_metadata = dict(run_metadata or {})
         self._samplers_this_step = 0
 
     @property
@@ -312,6 +316,10 @@ class LocalTrainingClient:
     ) -> tinker.APIFuture[types.SaveWeightsResponse]:
         """Saves weights and Adam state; `.path` is the checkpoint directory's absolute path.
 
+        `ttl_seconds` is accepted and ignored: local checkpoints never expire (delete them with
+        the REST client's `delete_checkpoint_from_tinker_path`, as the cookbook's rolling saves
+        do).
+
         Raises:
             FileExistsError: if the checkpoint exists and `overwrite` is False.
         """
@@ -325,6 +333,8 @@ class LocalTrainingClient:
             optim_steps=self._optim_steps,
             kind="state",
             user_metadata=user_metadata,
+            training_run_id=self.model_id,
+            run_metadata=self._run_metadata,
         )
         return ReadyFuture(types.SaveWeightsResponse(path=str(directory)))
 
@@ -343,7 +353,11 @@ class LocalTrainingClient:
         ttl_seconds: int | None = None,
         user_metadata: dict[str, str] | None = None,
     ) -> tinker.APIFuture[types.SaveWeightsForSamplerResponse]:
-        """Saves the weights (no optimizer state) for `create_sampling_client(model_path=...)`."""
+        """Saves the weights (no optimizer state) for `create_sampling_client(model_path=...)`.
+
+        `ttl_seconds` is accepted and ignored (local checkpoints never expire); an existing
+        sampler checkpoint of that name is replaced.
+        """
         directory = self._runtime.checkpoint_path(self.model_id, "sampler", name, overwrite=True)
         write_checkpoint(
             directory,
@@ -354,6 +368,8 @@ class LocalTrainingClient:
             optim_steps=self._optim_steps,
             kind="sampler",
             user_metadata=user_metadata,
+            training_run_id=self.model_id,
+            run_metadata=self._run_metadata,
         )
         return ReadyFuture(types.SaveWeightsForSamplerResponse(path=str(directory)))
 
