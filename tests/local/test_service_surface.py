@@ -19,8 +19,7 @@ import tinker
 from tinker import types
 
 from shell.errors import CheckpointError
-from shell.local import LocalServiceClient
-from shell.local._rest import LocalLookupError
+from shell.local import LocalLookupError, LocalServiceClient
 from tests.local.micro import MICRO, MICRO_NAME, micro_service
 
 
