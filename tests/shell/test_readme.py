@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_readme_python_blocks_run():
+def _run_blocks() -> list[dict]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert blocks, "the README has no Python example"
-    for block in blocks:
-        namespace: dict = {}
-        exec(compile(block, str(README), "exec"), namespace)
+    namespaces = []
+    for i, block in enumerate(blocks):
+        # a real module: chz and dataclasses look the defining module up in sys.modules
+        module = types.ModuleType(f"readme_example_{i}")
+        sys.modules[module.__name__] = module
+        try:
+            exec(compile(block, str(README), "exec"), module.__dict__)
+        finally:
+            del sys.modules[module.__name__]
+        namespaces.append(module.__dict__)
+    return namespaces
+
+
+def test_readme_python_blocks_run():
+    by_name = {name: ns for ns in _run_blocks() for name in ns}
     # The quick example's promised values.
-    assert namespace["advantages_P_G"].tolist() == [[0.5, -0.5]]
-    assert len(namespace["datums"]) == 2
-    assert set(namespace["datums"][0].loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+    quick = by_name["advantages_P_G"]
+    assert quick["advantages_P_G"].tolist() == [[0.5, -0.5]]
+    assert len(quick["datums"]) == 2
+    assert set(quick["datums"][0].loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+    # The porting example trained its 2 steps through shell.rl.train.main, and is resumable.
+    ported = by_name["SayHiDatasetBuilder"]
+    assert ported["result"].end_step == 2
+    assert 0.0 <= ported["result"].last_metrics["env/all/said_hi"] <= 1.0
+    assert (Path(ported["log_path"]) / "local_states").is_dir()
