@@ -1,8 +1,8 @@
 """shell: the effect layer around `rlpure`.
 
 Modules:
-- `shell.env`: environments and datasets; `shell.rollouts`: async rollouts under failure
-  strategies; `shell.completers`: the sampler-facing token completer.
+- `shell.env`: environments and datasets; `shell.datasets`: epoch-cycled and interleaved
+  datasets; `shell.completers`: the sampler-facing token and message completers.
 - `shell.datums`: padded batches to `tinker.Datum`s; `shell.cookbook`: records to
   tinker-cookbook's, for parity checks.
 - `shell.config`: `TrainConfig`; `shell.errors`: the project's exceptions.
@@ -11,10 +11,18 @@ Modules:
 - `shell.commands` and `shell.cli`: the `rlpure` command line and its command records.
 
 Subpackages:
-- `shell.training`: the GRPO loop, the policy update, checkpoints, resuming and run logs.
+- `shell.rollouts`: async group rollouts under failure strategies; `shell.limits`: the
+  single-episode loop with rollout limits, parse-error and termination policies.
+- `shell.training`: the GRPO loop, the policy update, checkpoints, resuming and run logs;
+  `shell.eval`: evaluators (the test-set one, custom ones, `BenchmarkResult`).
 - `shell.local`: the local JAX backend that speaks the Tinker client interface.
 - `shell.fakes`: scripted envs, policies and a Tinker SDK stand-in, for tests.
 - `shell.recipes`: the recipes and commands the CLI offers (`toy`, `gsm8k`, `demo`).
+
+tinker-cookbook's module names, thin facades so cookbook code ports by rewriting its import
+prefix `tinker_cookbook.` to `shell.`: `shell.rl` (`types`, `problem_env`, `rollouts`,
+`train`, ...), `shell.renderers`, `shell.completers`, `shell.tokenizer_utils`,
+`shell.model_info`, `shell.exceptions`, `shell.utils`, `shell.preference`, `shell.cli_utils`.
 
 This facade re-exports the names most code needs: envs, rollouts, completers, datums, config,
 errors, the local clients and the training loop.
