@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -79,6 +80,25 @@ class RolloutStrategy(ABC):
         Returns:
             The successful trajectories with their envs, and the failures met.
         """
+
+
+def _cookbook_configuration_errors() -> tuple[type[BaseException], ...]:
+    """tinker-cookbook's own `ConfigurationError`, when cookbook code is loaded in this process.
+
+    Ported code raises ours (`shell.exceptions.ConfigurationError` is `ConfigError`), but a
+    ported env may still call the cookbook's modules (its renderers), which raise theirs. It is
+    looked up in `sys.modules`, never imported: if no cookbook module ran, none was raised.
+    """
+    module = sys.modules.get("tinker_cookbook.exceptions")
+    kind = getattr(module, "ConfigurationError", None)
+    return (kind,) if isinstance(kind, type) and issubclass(kind, BaseException) else ()
+
+
+def _is_fatal(exc: BaseException, fatal: tuple[type[BaseException], ...]) -> bool:
+    """`exc` is one of `fatal`; the cookbook's `ConfigurationError` counts as our `ConfigError`."""
+    if isinstance(exc, fatal):
+        return True
+    return ConfigError in fatal and isinstance(exc, _cookbook_configuration_errors())
 
 
 @dataclass(frozen=True)
@@ -151,7 +171,7 @@ class RetryOnFailure(RolloutStrategy):
         return True
 
     def is_fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.fatal)
+        return _is_fatal(exc, self.fatal)
 
     async def execute(
         self, env_group_builder: EnvGroupBuilder, policy: TokenCompleter
@@ -203,7 +223,7 @@ class MinViableGroup(RolloutStrategy):
         return True
 
     def is_fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.fatal)
+        return _is_fatal(exc, self.fatal)
 
     async def execute(
         self, env_group_builder: EnvGroupBuilder, policy: TokenCompleter

@@ -48,6 +48,8 @@ def _error(name: str, side: Side, message: str) -> Exception:
             if side == "cookbook"
             else ConfigError(message)
         )
+    if name == "CookbookConfigurationError":  # the cookbook's own class, on both sides
+        return cb_exceptions.ConfigurationError(message)
     if name == "AllTrajectoriesFailedError":
         if side == "cookbook":
             return cb_exceptions.AllTrajectoriesFailedError(message)
@@ -683,6 +685,21 @@ def test_deliberate_config_errors_propagate_unless_fatal_is_emptied(spec: Strate
         # `fatal=()` is the cookbook's behaviour
         cb, ours, _, _ = _both(make, spec, level=level, ours_extra={"fatal": ()})
         assert cb == ours
+
+
+@pytest.mark.parametrize("spec", [RETRY_1, MIN_VIABLE_2], ids=lambda s: s[0])
+def test_deliberate_the_cookbooks_own_configuration_error_is_fatal_too(spec: StrategySpec) -> None:
+    """A ported env calling a cookbook module (its renderers) may raise the cookbook's class."""
+
+    def make() -> _Script:
+        return _Script(fail_step={0: "CookbookConfigurationError"})
+
+    cb, ours, _, our_script = _both(make, spec, level="group")
+    assert cb.kind == "kept" and cb.error_types == ("ConfigurationError",)
+    assert (ours.kind, ours.exception) == ("raised", "ConfigurationError")
+    assert our_script.make_envs_calls == 1
+    cb, ours, _, _ = _both(make, spec, level="group", ours_extra={"fatal": ()})
+    assert cb == ours
 
 
 async def _fail_then_wait(side: _Side, script: _Script) -> None:
