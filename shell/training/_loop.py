@@ -103,6 +103,7 @@ from shell.training._policy_update import (
     records_stability_info,
     train_on_groups,
 )
+from shell.training._reports import write_rollout_report
 from shell.training._resume import (
     OpenedTrainingClient,
     callers_training_client,
@@ -256,6 +257,7 @@ class _Run:
     test_evaluator: RLTestSetEvaluator | None
     error_counter: RolloutErrorCounter | None
     termination: TerminationRewardPolicy | None
+    decode: Callable[[Sequence[int]], str]
 
 
 async def _kl_reference(
@@ -297,6 +299,19 @@ async def _run_evaluators(run: _Run, step: int) -> dict[str, float]:
     merged: dict[str, float] = {}
     for found in await asyncio.gather(*calls):
         merged.update(found)
+    evaluated = getattr(run.test_evaluator, "last_groups", ())  # see shell.training._reports
+    if run.test_evaluator is not None and evaluated:
+        write_rollout_report(
+            run.log_dir,
+            step=step,
+            groups_P=[group for group, _ in evaluated],
+            tags_P=[tags for _, tags in evaluated],
+            decode=run.decode,
+            num_groups_to_log=run.config.num_groups_to_log,
+            base_name=f"eval_{run.test_evaluator.name}",
+            split=f"eval/{run.test_evaluator.name}",
+            title=f"Running evaluation {run.test_evaluator.name} {step}",
+        )
     return merged
 
 
@@ -341,6 +356,16 @@ async def _run_step(
             run.error_counter.ingest(outcome)
         metrics.update(run.error_counter.get_metrics())
     kept_builders, groups = _successful(builders, outcomes)
+    if groups:  # iteration_NNNNNN/train.html, train_rollout_summaries.jsonl
+        write_rollout_report(
+            run.log_dir,
+            step=step,
+            groups_P=groups,
+            tags_P=[b.logging_tags() for b in kept_builders],
+            decode=run.decode,
+            num_groups_to_log=config.num_groups_to_log,
+            advantage_estimator=config.advantage_estimator,
+        )
     if not groups:
         logger.warning(
             "Step %d: every group failed (%d groups); skipping the step", step, len(builders)
@@ -546,13 +571,14 @@ async def _locked_train(
         # one counter for the call, as the cookbook's main (a resumed run counts afresh)
         error_counter=RolloutErrorCounter() if strategy.catches_group_errors else None,
         termination=config.effective_termination(),
+        decode=_decoder(tokenizer),
         test_evaluator=(
             None
             if test_dataset is None
             else _test_set_evaluator(test_dataset, config=config, strategy=strategy, prefix="test/")
         ),
     )
-    decode = _decoder(tokenizer)
+    decode = run.decode
     skipped: list[int] = []
     last_metrics: dict[str, Any] = {}
     checkpoint = resume
