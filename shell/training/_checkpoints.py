@@ -23,6 +23,33 @@ Conventions:
   records naming the original's states — with a `CheckpointError` saying how to fix it. Records
   written by earlier rlpure versions (absolute paths) still resume while they point inside the
   log dir they are read from.
+- Rows are the cookbook's (tinker-cookbook 0.6.1 `checkpoint_utils`): each line rlpure writes
+  carries the cookbook's keys `name` (`"000020"`: the step, six digits; `"final"` for the end of
+  the run), `batch` (= `step`, the next batch to train) and `state_path`, so the cookbook's
+  `get_last_checkpoint` / `load_checkpoints_file` read an rlpure log dir, plus rlpure's own as
+  extra keys: `step` (kept for readers of older rows), `rng_key_data`, `final`, `wall_time`,
+  `kl_reference_path`. Not written: `sampler_path` (rlpure saves no sampler weights with a
+  checkpoint) and the cookbook's token totals `cumulative_tokens` / `discarded_tokens` (rlpure
+  keeps none; the cookbook's `main` resumes a row without them from zero). The row's `name` is
+  the cookbook's; the state itself is saved under a unique name (`step_000020_<hex>`, visible in
+  `state_path`) so that saving a step twice never collides.
+- Reading accepts three kinds of row, told apart per line: rlpure's rows (with `step` and
+  `rng_key_data`; older ones without `batch` resume as before), and rows the cookbook's
+  `rl.train.main` / `save_checkpoint_async` wrote (`name`, `batch`, `state_path`, no `step` nor
+  `rng_key_data`). Such a row resumes at `batch`, and what it lacks is re-derived or lost: the
+  loop's PRNG key is re-derived from the run's seed by replaying one `jax.random.split` per
+  completed step (`rederived_key_data`, the key an uninterrupted rlpure run with that seed holds
+  there; the record says `rng_key_rederived`, and `last_checkpoint` logs it), there is no KL
+  reference to carry over (a run with a KL penalty makes a new one from the resumed weights),
+  and the token totals, epoch and `rolling` flag are not read. A cookbook row may name a state
+  outside the log dir (the cookbook records absolute paths), which is its own semantics; it
+  is still refused if the state is missing (`check_states_exist`). A cookbook row with no
+  `state_path` (a sampler-only save) is skipped, as the cookbook's `get_last_checkpoint` skips
+  it. Any other row is refused with a `CheckpointError` naming the file, the line and the
+  missing key.
+- The cookbook reading an rlpure log dir gets `state_path` as written: a service URI
+  (`tinker://...`, `fake://...`) as it is, a state inside the log dir relative to it (which the
+  cookbook would resolve against its working directory).
 """
 
 from __future__ import annotations
@@ -33,9 +60,10 @@ import re
 import time
 from functools import cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import jax
+import jax.numpy as jnp
 import msgspec
 import numpy as np
 
@@ -47,9 +75,11 @@ __all__ = [
     "CheckpointRecord",
     "append_checkpoint",
     "check_states_exist",
+    "checkpoint_name",
     "last_checkpoint",
     "load_checkpoints",
     "recorded_path",
+    "rederived_key_data",
     "resolved_path",
     "restore_training_client",
     "save_checkpoint",
@@ -74,6 +104,8 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         wall_time: unix time of the save.
         kl_reference_path: sampler weights of the KL reference saved at the start of the run
             (None when the run has no KL penalty or names a reference model).
+        rng_key_rederived: the row held no PRNG key (the cookbook wrote it) and `rng_key_data`
+            was re-derived from the seed (`rederived_key_data`); never written to the file.
     """
 
     step: int
@@ -83,6 +115,7 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     final: bool = False
     wall_time: float = 0.0
     kl_reference_path: str | None = None
+    rng_key_rederived: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -91,8 +124,76 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
             raise ValueError("CheckpointRecord.state_path: empty")
 
 
-_DECODER = msgspec.json.Decoder(CheckpointRecord)
+class _Row(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """One line of `checkpoints.jsonl` as written by rlpure (any version) or the cookbook."""
+
+    name: str | None = None
+    batch: int | None = None
+    step: int | None = None
+    state_path: str | None = None
+    sampler_path: str | None = None
+    rng_key_data: tuple[Annotated[int, msgspec.Meta(ge=0, lt=2**32)], ...] | None = None
+    final: bool | None = None
+    wall_time: float | None = None
+    kl_reference_path: str | None = None
+
+
+class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The line rlpure writes: the cookbook's keys first, then rlpure's."""
+
+    name: str
+    batch: int
+    state_path: str
+    step: int
+    rng_key_data: tuple[int, ...]
+    final: bool
+    wall_time: float
+    kl_reference_path: str | None
+
+
+_DECODER = msgspec.json.Decoder(_Row)
 _ENCODER = msgspec.json.Encoder()
+
+
+def checkpoint_name(step: int, *, final: bool = False) -> str:
+    """The cookbook's name for a checkpoint row.
+
+    Examples:
+        >>> checkpoint_name(20), checkpoint_name(20, final=True)
+        ('000020', 'final')
+    """
+    return "final" if final else f"{step:06d}"
+
+
+@cache
+def _advance() -> Any:
+    def advance(data: jax.Array, steps: jax.Array) -> jax.Array:
+        def one(_: Any, words: jax.Array) -> jax.Array:
+            return jax.random.key_data(jax.random.split(jax.random.wrap_key_data(words))[0])
+
+        advanced: jax.Array = jax.lax.fori_loop(0, steps, one, data)
+        return advanced
+
+    return jax.jit(advance)
+
+
+@cache
+def rederived_key_data(seed: int, steps: int) -> tuple[int, ...]:
+    """The loop's PRNG key data after `steps` steps of a run seeded with `seed`.
+
+    The loop starts from `jax.random.key(seed)` and splits its key once per step, keeping the
+    first half; this replays that, for a row that holds no key (the cookbook's).
+
+    Examples:
+        >>> rederived_key_data(0, 0) == tuple(
+        ...     int(x) for x in np.asarray(jax.random.key_data(jax.random.key(0)))
+        ... )
+        True
+    """
+    start = jax.random.key_data(jax.random.key(seed))
+    data = _advance()(start, jnp.asarray(steps, dtype=jnp.int32))
+    return tuple(int(x) for x in np.asarray(data).ravel())
+
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 """A service's name for a state (`tinker://...`): not a path of this machine."""
@@ -184,13 +285,19 @@ def _key_words() -> int:
     return int(np.asarray(jax.random.key_data(jax.random.key(0))).size)
 
 
-def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
+def load_checkpoints(log_dir: str | os.PathLike[str], *, seed: int = 0) -> list[CheckpointRecord]:
     """All checkpoint records of a log directory, oldest first (none: empty list), their paths
     resolved against `log_dir` (absolute paths; URIs as recorded).
 
+    Args:
+        log_dir: the run's log directory.
+        seed: the run's seed (`TrainConfig.seed`), from which a row without a PRNG key (the
+            cookbook's) gets its key re-derived (see the module docstring).
+
     Raises:
-        CheckpointError: a line other than the last cannot be decoded, or names a state
-            outside `log_dir` (see the module docstring).
+        CheckpointError: a line other than the last cannot be decoded, is neither rlpure's
+            row nor the cookbook's, or names a state outside `log_dir` (see the module
+            docstring).
     """
     path = Path(log_dir) / CHECKPOINTS_FILE
     if not path.exists():
@@ -202,30 +309,74 @@ def load_checkpoints(log_dir: str | os.PathLike[str]) -> list[CheckpointRecord]:
         if not line.strip():
             continue
         try:
-            record = _DECODER.decode(line)
+            row = _DECODER.decode(line)
         except msgspec.DecodeError as err:
             if number == len(lines) and not data.endswith(b"\n"):
                 logger.warning("%s: ignoring torn last line %d (%s)", path, number, err)
                 break
             raise CheckpointError(f"{path}: line {number}: {err}") from None
-        where = f"{path}: line {number}"
-        if len(record.rng_key_data) != _key_words():
+        record = _record(row, where=f"{path}: line {number}", log_dir=path.parent, seed=seed)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRecord | None:
+    """The record a decoded row holds (None: a cookbook sampler-only row, skipped)."""
+    ours = row.step is not None or row.rng_key_data is not None
+    if ours:
+        missing = [key for key in ("step", "rng_key_data", "name", "state_path")
+                   if getattr(row, key) is None]  # fmt: skip
+        if missing:
+            raise CheckpointError(
+                f"{where}: an rlpure checkpoint row without {', '.join(map(repr, missing))}"
+            )
+        assert row.step is not None and row.rng_key_data is not None  # for mypy
+        if row.batch is not None and row.batch != row.step:
+            raise CheckpointError(
+                f"{where}: 'batch' {row.batch} and 'step' {row.step} disagree (both name the "
+                "next step to train)"
+            )
+        if len(row.rng_key_data) != _key_words():
             raise CheckpointError(
                 f"{where}: field 'rng_key_data': expected {_key_words()} uint32 words (the "
-                f"loop's jax PRNG key), got {len(record.rng_key_data)}"
+                f"loop's jax PRNG key), got {len(row.rng_key_data)}"
             )
-        records.append(
-            msgspec.structs.replace(
-                record,
-                state_path=resolved_path(record.state_path, path.parent, where=where),
-                kl_reference_path=(
-                    None
-                    if record.kl_reference_path is None
-                    else resolved_path(record.kl_reference_path, path.parent, where=where)
-                ),
+        step, key_data, rederived = row.step, row.rng_key_data, False
+    else:
+        if row.name is not None and row.state_path is None and row.sampler_path is not None:
+            return None  # the cookbook's sampler-only row: nothing to resume
+        missing = [key for key in ("name", "batch", "state_path") if getattr(row, key) is None]
+        if missing:
+            raise CheckpointError(
+                f"{where}: neither an rlpure checkpoint row ('step', 'rng_key_data') nor the "
+                f"cookbook's ('name', 'batch', 'state_path'): no {', '.join(map(repr, missing))}"
             )
-        )
-    return records
+        assert row.batch is not None  # for mypy
+        step, key_data, rederived = row.batch, rederived_key_data(seed, row.batch), True
+    assert row.name is not None and row.state_path is not None  # for mypy
+    if not row.state_path:
+        raise CheckpointError(f"{where}: 'state_path' is empty")
+    if step < 0:
+        raise CheckpointError(f"{where}: expected a step >= 0, got {step}")
+    if rederived and Path(row.state_path).is_absolute():
+        state_path = row.state_path  # the cookbook's semantics: an absolute path, anywhere
+    else:
+        state_path = resolved_path(row.state_path, log_dir, where=where)
+    return CheckpointRecord(
+        step=step,
+        name=row.name,
+        state_path=state_path,
+        rng_key_data=key_data,
+        final=bool(row.final),
+        wall_time=0.0 if row.wall_time is None else row.wall_time,
+        kl_reference_path=(
+            None
+            if row.kl_reference_path is None
+            else resolved_path(row.kl_reference_path, log_dir, where=where)
+        ),
+        rng_key_rederived=rederived,
+    )
 
 
 def check_states_exist(record: CheckpointRecord, log_dir: str | os.PathLike[str]) -> None:
@@ -246,10 +397,30 @@ def check_states_exist(record: CheckpointRecord, log_dir: str | os.PathLike[str]
             )
 
 
-def last_checkpoint(log_dir: str | os.PathLike[str]) -> CheckpointRecord | None:
-    """The most recent checkpoint record of `log_dir`, or None."""
-    records = load_checkpoints(log_dir)
-    return records[-1] if records else None
+def last_checkpoint(log_dir: str | os.PathLike[str], *, seed: int = 0) -> CheckpointRecord | None:
+    """The most recent checkpoint record of `log_dir`, or None.
+
+    Args:
+        log_dir: the run's log directory.
+        seed: the run's seed, for a row without a PRNG key (see `load_checkpoints`); logged
+            when used.
+    """
+    records = load_checkpoints(log_dir, seed=seed)
+    if not records:
+        return None
+    last = records[-1]
+    if last.rng_key_rederived:
+        logger.warning(
+            "%s: the checkpoint %r (batch %d) was written by tinker-cookbook and holds no PRNG "
+            "key: the loop's key is re-derived from seed %d (what an uninterrupted rlpure run "
+            "holds at that step), no KL reference is carried over, and its token totals are "
+            "not read",
+            Path(log_dir) / CHECKPOINTS_FILE,
+            last.name,
+            last.step,
+            seed,
+        )
+    return last
 
 
 def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord) -> None:
@@ -267,7 +438,17 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
                 keep = data.rfind(b"\n") + 1
                 logger.warning("%s: dropping a torn last line before appending", path)
                 f.truncate(keep)
-        f.write(_ENCODER.encode(record) + b"\n")
+        row = _WrittenRow(
+            name=record.name,
+            batch=record.step,
+            state_path=record.state_path,
+            step=record.step,
+            rng_key_data=record.rng_key_data,
+            final=record.final,
+            wall_time=record.wall_time,
+            kl_reference_path=record.kl_reference_path,
+        )
+        f.write(_ENCODER.encode(row) + b"\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -301,7 +482,7 @@ async def save_checkpoint(
     response = await training_client.save_state(name)
     record = CheckpointRecord(
         step=step,
-        name=name,
+        name=checkpoint_name(step, final=final),
         state_path=str(response.path),
         rng_key_data=tuple(int(x) for x in rng_key_data),
         final=final,

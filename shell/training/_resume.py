@@ -12,7 +12,9 @@ Conventions:
     state path, the KL reference's weights and the loop's PRNG key as `rng_key_data` — the
     uint32 words of `jax.random.key_data(key)`, flattened (`prng_key_data`), restored with
     `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same per-step
-    seeds as an uninterrupted one.
+    seeds as an uninterrupted one. The rows are also the cookbook's (`name`, `batch`,
+    `state_path`), and a row the cookbook's `rl.train.main` wrote resumes too, at its `batch`,
+    with the PRNG key re-derived from `config.seed` (logged; see `shell.training._checkpoints`).
 - What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
   long it runs, how often and how it evaluates, how often it saves, which diagnostics it logs,
   how rollouts are scheduled and retried), and
@@ -187,7 +189,7 @@ def checked_last_checkpoint(
             the log dir, or a last checkpoint whose saved files are missing (see
             `shell.training._checkpoints`).
     """
-    resume = last_checkpoint(config.log_dir)
+    resume = last_checkpoint(config.log_dir, seed=config.seed)
     if resume is not None:
         check_resumable_config(
             Path(config.log_dir) / CONFIG_FILE, config, recipe_options=recipe_options

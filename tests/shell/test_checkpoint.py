@@ -87,3 +87,90 @@ def test_an_absolute_record_outside_the_log_dir_is_refused(tmp_path: Path) -> No
     (log_dir / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(record) + b"\n")
     with pytest.raises(CheckpointError, match=r"line 1: the state /elsewhere/kl lies outside"):
         load_checkpoints(log_dir)
+
+
+# --- cookbook-compatible rows ------------------------------------------------------------------
+
+
+def _rows(log_dir: Path) -> list[dict[str, object]]:
+    return [msgspec.json.decode(line) for line in (log_dir / CHECKPOINTS_FILE).read_bytes().splitlines()]  # fmt: skip
+
+
+def test_rows_carry_the_cookbooks_keys_and_names(tmp_path: Path) -> None:
+    service = FakeServiceClient()
+
+    async def save() -> None:
+        client = await service.create_lora_training_client(base_model="m")
+        await save_checkpoint(client, log_dir=tmp_path, step=20, rng_key_data=(0, 1))
+        await save_checkpoint(client, log_dir=tmp_path, step=30, rng_key_data=(0, 2), final=True)
+
+    asyncio.run(save())
+    first, last = _rows(tmp_path)
+    assert (first["name"], first["batch"], first["step"]) == ("000020", 20, 20)
+    assert (last["name"], last["batch"], last["final"]) == ("final", 30, True)
+    assert str(first["state_path"]).startswith("fake://m/state/step_000020_")
+    assert list(first)[:3] == ["name", "batch", "state_path"]
+    assert {"rng_key_data", "wall_time", "kl_reference_path"} <= set(first)
+    assert [r.name for r in load_checkpoints(tmp_path)] == ["000020", "final"]
+
+
+def test_an_older_row_without_batch_still_loads(tmp_path: Path) -> None:
+    old = {"step": 4, "name": "step_000004_17f", "state_path": "fake://s4",
+           "rng_key_data": [0, 9], "final": False, "wall_time": 1.0, "kl_reference_path": None}  # fmt: skip
+    (tmp_path / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(old) + b"\n")
+    (record,) = load_checkpoints(tmp_path)
+    assert (record.step, record.rng_key_data, record.rng_key_rederived) == (4, (0, 9), False)
+
+
+def test_a_cookbook_row_resumes_at_its_batch_with_a_rederived_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [
+        {"name": "000002", "batch": 2, "state_path": "/elsewhere/state/000002",
+         "sampler_path": "/elsewhere/sampler/000002", "cumulative_tokens": {"sampled": 5}},
+        {"name": "000003", "batch": 3, "sampler_path": "tinker://r/sampler_weights/000003"},
+    ]  # fmt: skip
+    (tmp_path / CHECKPOINTS_FILE).write_bytes(
+        b"".join(msgspec.json.encode(r) + b"\n" for r in rows)
+    )
+    records = load_checkpoints(tmp_path, seed=7)
+    assert len(records) == 1  # the sampler-only row is skipped, as the cookbook skips it
+    with caplog.at_level("WARNING"):
+        record = _checkpoints.last_checkpoint(tmp_path, seed=7)
+    assert record == records[0]
+    assert (record.step, record.name, record.state_path) == (2, "000002", "/elsewhere/state/000002")
+    assert record.rng_key_rederived and record.rng_key_data == _checkpoints.rederived_key_data(7, 2)
+    assert record.rng_key_data != _checkpoints.rederived_key_data(0, 2)
+    assert "written by tinker-cookbook" in caplog.text and "seed 7" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("row", "missing"),
+    [
+        ({"name": "000002", "state_path": "fake://s"}, "'batch'"),
+        ({"batch": 2, "epoch": 0}, "'name', 'state_path'"),
+        ({"step": 2, "name": "s", "state_path": "fake://s"}, "'rng_key_data'"),
+    ],
+)
+def test_a_row_that_is_neither_is_refused_naming_file_line_and_key(
+    tmp_path: Path, row: dict[str, object], missing: str
+) -> None:
+    append_checkpoint(tmp_path, _record(1))
+    with (tmp_path / CHECKPOINTS_FILE).open("ab") as f:
+        f.write(msgspec.json.encode(row) + b"\n")
+    with pytest.raises(CheckpointError, match=rf"checkpoints.jsonl: line 2: .*{missing}") as err:
+        load_checkpoints(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_row_whose_batch_and_step_disagree_is_refused(tmp_path: Path) -> None:
+    row = {
+        "name": "000002",
+        "batch": 3,
+        "step": 2,
+        "state_path": "fake://s",
+        "rng_key_data": [0, 1],
+    }
+    (tmp_path / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(row) + b"\n")
+    with pytest.raises(CheckpointError, match="line 1: 'batch' 3 and 'step' 2 disagree"):
+        load_checkpoints(tmp_path)

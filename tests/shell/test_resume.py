@@ -18,9 +18,9 @@ import pytest
 import shell.training
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
-from shell.fakes import FakeCheckpointStore, FakeTrainingClient
-from shell.training import _resume
-from shell.training._checkpoints import CheckpointRecord, append_checkpoint
+from shell.fakes import FakeCheckpointStore, FakeServiceClient, FakeTrainingClient
+from shell.training import _resume, load_checkpoints
+from shell.training._checkpoints import CheckpointRecord, append_checkpoint, rederived_key_data
 from shell.training._resume import (
     RESUME_MAY_CHANGE,
     OpenedTrainingClient,
@@ -31,6 +31,7 @@ from shell.training._resume import (
     prng_key_from_data,
     record_run_options,
 )
+from tests.shell.test_train import _config, _dataset, _train
 
 # the on-disk names are part of a log directory's format: pinned, not imported
 CONFIG_FILE, RECIPE_OPTIONS_FILE = "config.json", "recipe_options.json"
@@ -165,3 +166,21 @@ def test_callers_training_client_unwraps_a_client_opened_for_the_same_checkpoint
         callers_training_client(fresh, resume=RECORD, log_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"resuming from the step-2 checkpoint fake://states/s2"):
         callers_training_client(client, resume=RECORD, log_dir=tmp_path)
+
+
+def test_a_rederived_key_is_the_key_the_loop_holds_after_those_steps(tmp_path: Path) -> None:
+    _train(_config(tmp_path, seed=11, save_every=2), FakeServiceClient(), _dataset(3))
+    saved = {r.step: r.rng_key_data for r in load_checkpoints(tmp_path)}
+    assert set(saved) == {2, 3}
+    assert saved == {step: rederived_key_data(11, step) for step in saved}
+
+
+def test_checked_last_checkpoint_rederives_a_cookbook_rows_key_from_the_runs_seed(
+    tmp_path: Path,
+) -> None:
+    config = TrainConfig(log_dir=str(tmp_path), backend="fake", seed=5)
+    row = {"name": "000004", "batch": 4, "state_path": "fake://m/state/000004"}
+    (tmp_path / "checkpoints.jsonl").write_text(json.dumps(row) + "\n")
+    resume = checked_last_checkpoint(config)
+    assert resume is not None and resume.rng_key_rederived
+    assert (resume.step, resume.rng_key_data) == (4, rederived_key_data(5, 4))
