@@ -14,7 +14,7 @@ cookbook's six-digit naming):
   `store.write_logtree`);
 - `{base}_rollout_summaries.jsonl` — one record per trajectory of **every** successful group,
   with the cookbook's `rl.rollout_logging.serialize_rollout_summaries` schema
-  (`rollout_summaries`): the cookbook exports them whatever `num_groups_to_log` is; they hold
+  (`serialize_rollout_summaries`, same signature): the cookbook exports them whatever `num_groups_to_log` is; they hold
   lengths, rewards and metrics only (no text), so they stay small.
 
 `base` is `train` for a training step and `eval_<name>` for an `RLTestSetEvaluator` named
@@ -51,8 +51,8 @@ __all__ = [
     "REPORT_EXPLANATION",
     "RolloutReport",
     "iteration_dir",
-    "rollout_summaries",
-    "rollout_summaries_path",
+    "rollout_summaries_jsonl_path",
+    "serialize_rollout_summaries",
     "write_rollout_report",
 ]
 
@@ -76,9 +76,10 @@ def iteration_dir(log_dir: str | Path, step: int) -> Path:
     return Path(log_dir) / f"iteration_{step:06d}"
 
 
-def rollout_summaries_path(directory: Path, base_name: str) -> Path:
-    """`directory / f"{base_name}_rollout_summaries.jsonl"` (the cookbook's file name)."""
-    return directory / f"{base_name}_rollout_summaries.jsonl"
+def rollout_summaries_jsonl_path(iteration_dir: Path, base_name: str) -> Path:
+    """`iteration_dir / f"{base_name}_rollout_summaries.jsonl"` (the cookbook's
+    `rl.rollout_logging.rollout_summaries_jsonl_path`)."""
+    return iteration_dir / f"{base_name}_rollout_summaries.jsonl"
 
 
 def _json_safe(value: Any) -> Any:
@@ -106,28 +107,48 @@ def _step_summary(index: int, transition: Transition) -> dict[str, Any]:
     }
 
 
-def rollout_summaries(
-    groups_P: Sequence[TrajectoryGroup],
+def serialize_rollout_summaries(
     *,
     split: str,
     iteration: int,
-    tags_P: Sequence[Sequence[str]],
-    sampling_client_step: int | None = None,
+    trajectory_groups_P: Sequence[TrajectoryGroup],
+    taglist_P: Sequence[Sequence[str]],
+    sampling_client_steps_P: Sequence[int | None] | None = None,
 ) -> list[dict[str, Any]]:
     """One JSON-safe record per trajectory, the cookbook's rollout-summary schema (version 1).
 
-    Each record: `schema_version, split, iteration, group_idx, traj_idx, tags,
-    sampling_client_step, total_reward, final_reward, trajectory_metrics, steps, final_ob_len`,
-    `steps` holding `step_idx, ob_len, ac_len, reward, episode_done, metrics, logs` per turn.
+    The cookbook's `rl.rollout_logging.serialize_rollout_summaries`, same signature. Each
+    record: `schema_version, split, iteration, group_idx, traj_idx, tags, sampling_client_step,
+    total_reward, final_reward, trajectory_metrics, steps, final_ob_len`, `steps` holding
+    `step_idx, ob_len, ac_len, reward, episode_done, metrics, logs` per turn.
+
+    Args:
+        split: the dataset split (`train`, `eval/test`).
+        iteration: the training step.
+        trajectory_groups_P: the groups, in batch order.
+        taglist_P: each group's `logging_tags()`.
+        sampling_client_steps_P: each group's sampling-client step (None: null in every record).
 
     Raises:
-        ValueError: `tags_P` and `groups_P` differ in length.
+        ValueError: `taglist_P` or `sampling_client_steps_P` differs in length from
+            `trajectory_groups_P`.
     """
-    if len(tags_P) != len(groups_P):
-        raise ValueError(f"rollout_summaries: {len(tags_P)} tag lists for {len(groups_P)} groups")
+    num_groups = len(trajectory_groups_P)
+    for name, given in (
+        ("taglist_P", taglist_P),
+        ("sampling_client_steps_P", sampling_client_steps_P),
+    ):
+        if given is not None and len(given) != num_groups:
+            raise ValueError(
+                f"serialize_rollout_summaries: {name} has {len(given)} entries for "
+                f"{num_groups} groups"
+            )
     records: list[dict[str, Any]] = []
-    for group_idx, (group, tags) in enumerate(zip(groups_P, tags_P, strict=True)):
+    for group_idx, (group, tags) in enumerate(zip(trajectory_groups_P, taglist_P, strict=True)):
         totals_G = group.get_total_rewards()
+        sampling_step = (
+            None if sampling_client_steps_P is None else sampling_client_steps_P[group_idx]
+        )
         for traj_idx, trajectory in enumerate(group.trajectories_G):
             record = {
                 "schema_version": _SCHEMA_VERSION,
@@ -136,7 +157,7 @@ def rollout_summaries(
                 "group_idx": group_idx,
                 "traj_idx": traj_idx,
                 "tags": list(tags),
-                "sampling_client_step": sampling_client_step,
+                "sampling_client_step": sampling_step,
                 "total_reward": totals_G[traj_idx],
                 "final_reward": group.final_rewards_G[traj_idx],
                 "trajectory_metrics": group.metrics_G[traj_idx],
@@ -364,10 +385,14 @@ def write_rollout_report(
         )
     directory = iteration_dir(log_dir, step)
     directory.mkdir(parents=True, exist_ok=True)
-    records = rollout_summaries(
-        groups_P, split=split, iteration=step, tags_P=tags_P, sampling_client_step=step
+    records = serialize_rollout_summaries(
+        split=split,
+        iteration=step,
+        trajectory_groups_P=groups_P,
+        taglist_P=tags_P,
+        sampling_client_steps_P=[step] * len(groups_P),
     )
-    summaries = rollout_summaries_path(directory, base_name)
+    summaries = rollout_summaries_jsonl_path(directory, base_name)
     summaries.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in records))
     if num_groups_to_log == 0:
         return RolloutReport(html=None, logtree_json=None, summaries=str(summaries))

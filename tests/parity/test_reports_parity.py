@@ -12,7 +12,10 @@ from hypothesis import given, settings
 
 from rlpure.testing import batches
 from shell.cookbook import to_cookbook_groups
-from shell.training._reports import iteration_dir, rollout_summaries, rollout_summaries_path
+from shell.training._reports import (
+    iteration_dir,
+    rollout_summaries_jsonl_path,
+)
 from tests.parity.porting import require_cookbook
 
 
@@ -30,8 +33,12 @@ def test_rollout_summaries_equal_the_cookbooks(groups_P) -> None:
         taglist_P=tags_P,
         sampling_client_steps_P=[5] * len(groups_P),
     )
-    mine = rollout_summaries(
-        groups_P, split="eval/test", iteration=5, tags_P=tags_P, sampling_client_step=5
+    mine = serialize_rollout_summaries(
+        split="eval/test",
+        iteration=5,
+        trajectory_groups_P=groups_P,
+        taglist_P=tags_P,
+        sampling_client_steps_P=[5] * len(groups_P),
     )
     assert [list(r) for r in mine] == [list(r) for r in theirs]  # same keys, same order
     assert [list(s) for r in mine for s in r["steps"]] == [
@@ -43,13 +50,11 @@ def test_rollout_summaries_equal_the_cookbooks(groups_P) -> None:
 
 def test_report_paths_are_the_cookbooks(tmp_path: Path) -> None:
     require_cookbook()
-    from tinker_cookbook.rl.rollout_logging import rollout_summaries_jsonl_path
+    from tinker_cookbook.rl.rollout_logging import rollout_summaries_jsonl_path as cookbook_path
     from tinker_cookbook.utils.misc_utils import iteration_dir as cookbook_iteration_dir
 
     for step in (0, 7, 123456):
         assert iteration_dir(tmp_path, step) == cookbook_iteration_dir(tmp_path, step)
         directory = iteration_dir(tmp_path, step)
         for base in ("train", "eval_test"):
-            assert rollout_summaries_path(directory, base) == rollout_summaries_jsonl_path(
-                directory, base
-            )
+            assert rollout_summaries_jsonl_path(directory, base) == cookbook_path(directory, base)

@@ -21,7 +21,7 @@ from shell.fakes import FakeServiceClient, ScriptedDataset, ScriptedEnv, Scripte
 from shell.training import read_jsonl, train
 from shell.training._reports import (
     iteration_dir,
-    rollout_summaries,
+    serialize_rollout_summaries,
     write_rollout_report,
 )
 
@@ -178,8 +178,18 @@ def test_an_eval_report_uses_the_cookbook_names_and_escapes_env_text(tmp_path: P
 
 
 def test_rollout_summaries_refuse_misaligned_tags() -> None:
-    with pytest.raises(ValueError, match="1 tag lists for 2 groups"):
-        rollout_summaries([_group(), _group()], split="train", iteration=0, tags_P=[["a"]])
+    with pytest.raises(ValueError, match="taglist_P has 1 entries for 2 groups"):
+        serialize_rollout_summaries(
+            split="train", iteration=0, trajectory_groups_P=[_group(), _group()], taglist_P=[["a"]]
+        )
+    with pytest.raises(ValueError, match="sampling_client_steps_P has 3 entries for 1 groups"):
+        serialize_rollout_summaries(
+            split="train",
+            iteration=0,
+            trajectory_groups_P=[_group()],
+            taglist_P=[["a"]],
+            sampling_client_steps_P=[0, 1, 2],
+        )
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -210,3 +220,36 @@ def test_the_report_renders_in_headless_chromium(tmp_path: Path) -> None:
         check=True,
     )
     assert shot.stat().st_size > 1000
+
+
+def _evaluator_exposes_groups() -> bool:
+    from shell.eval import RLTestSetEvaluator
+
+    return hasattr(RLTestSetEvaluator(_dataset(), max_tokens=4), "last_groups")
+
+
+@pytest.mark.skipif(
+    not _evaluator_exposes_groups(),
+    reason="RLTestSetEvaluator does not expose last_groups yet (asked of shell/eval's owner); "
+    "the loop writes no eval report without them",
+)
+def test_eval_steps_write_eval_test_reports(tmp_path: Path) -> None:
+    config = build_config(
+        {"log_dir": str(tmp_path), "backend": "fake", "progress": False, "max_tokens": 4},
+        {"max_steps": 2, "eval_every": 1, "num_groups_to_log": 1},
+    )
+    asyncio.run(
+        train(
+            config,
+            dataset=_dataset(),
+            service_client=FakeServiceClient(seed=0),
+            test_dataset=_dataset(groups_per_batch=3),
+        )
+    )
+    for step in (0, 1, 2):  # step 2: the final evaluation, as the cookbook's end_batch
+        directory = tmp_path / f"iteration_{step:06d}"
+        text = _page_text(directory / "eval_test.html")
+        assert f"Running evaluation test {step}" in text and "Group 1" not in text
+        records = read_jsonl(directory / "eval_test_rollout_summaries.jsonl")
+        assert {r["split"] for r in records} == {"eval/test"}
+        assert len(records) == 2 * 3 * 2  # every test group (2 batches x 3) x group size 2
