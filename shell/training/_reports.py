@@ -7,7 +7,8 @@ cookbook's six-digit naming):
   of the first `num_groups_to_log` groups: one section per group (tags, rewards), one
   collapsed `<details>` per trajectory (a click expands it) whose summary line carries the total
   reward, final group reward, advantage and stop reason, and inside it each turn's decoded
-  observation and action (coloured differently), step reward, stop reason, the env's step
+  observation (after the first turn, only the tokens it adds to the previous observation and
+  action when it extends them) and action (coloured differently), step reward, stop reason, the env's step
   metrics and logs, then the episode totals (the cookbook's `Episode totals` keys) and the
   group metrics;
 - `{base}_logtree.json` — the same tree as JSON (`Trace.to_dict()`, the cookbook's
@@ -48,6 +49,7 @@ from shell.utils import logtree
 from shell.utils.logtree_formatters import CONVERSATION_CSS, ConversationFormatter
 
 __all__ = [
+    "PREVIOUS_TURNS",
     "REPORT_EXPLANATION",
     "RolloutReport",
     "iteration_dir",
@@ -218,13 +220,26 @@ def _stop_reason(trajectory: Trajectory) -> str:
     return "none"
 
 
-def _log_turn(index: int, transition: Transition, decode: Callable[[Sequence[int]], str]) -> None:
+PREVIOUS_TURNS = "[previous turns] "
+"""Starts a turn's observation text when it extends the previous observation and action (the
+prefix property): only the new tokens are decoded after it."""
+
+
+def _log_turn(
+    index: int,
+    transition: Transition,
+    decode: Callable[[Sequence[int]], str],
+    *,
+    previous: Sequence[int],
+) -> None:
+    ob_ints = transition.ob.to_ints()
+    if previous and ob_ints[: len(previous)] == list(previous):
+        observation = PREVIOUS_TURNS + decode(ob_ints[len(previous) :])
+    else:
+        observation = decode(ob_ints)
     with logtree.scope_header(f"Turn {index}"):
         logtree.log_formatter(
-            _TurnFormatter(
-                observation=decode(transition.ob.to_ints()),
-                action=decode(transition.ac.tokens.tolist()),
-            )
+            _TurnFormatter(observation=observation, action=decode(transition.ac.tokens.tolist()))
         )
         logtree.table_from_dict(
             {
@@ -269,8 +284,10 @@ def _log_trajectory(
         f"{len(trajectory.transitions)} turn(s)"
     )
     with logtree.scope_details(summary):
+        previous: list[int] = []
         for turn_idx, transition in enumerate(trajectory.transitions, start=1):
-            _log_turn(turn_idx, transition, decode)
+            _log_turn(turn_idx, transition, decode, previous=previous)
+            previous = transition.ob.to_ints() + transition.ac.tokens.tolist()
         step_rewards = sum(t.reward for t in trajectory.transitions)
         logtree.table_from_dict(
             {

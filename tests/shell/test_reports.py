@@ -130,6 +130,8 @@ def test_without_a_tokenizer_the_report_shows_token_ids_and_every_turn(tmp_path:
     assert "Group 1" in text
     assert "Turn 1" in text and "Turn 2" in text
     assert "observation: 1 40" in text  # ids joined by spaces
+    # turn 2 extends turn 1's observation and action: only its new tokens are shown
+    assert "observation: [previous turns] " in text
     assert "2 turn(s)" in text and "total reward 1.500" in text
 
 
@@ -175,6 +177,29 @@ def test_an_eval_report_uses_the_cookbook_names_and_escapes_env_text(tmp_path: P
     records = read_jsonl(directory / "eval_test_rollout_summaries.jsonl")
     assert [r["split"] for r in records] == ["eval/test", "eval/test"]
     assert records[0]["steps"][0]["logs"]["note"] == "<b>bold?</b>"
+
+
+def test_a_later_turn_shows_only_what_it_adds_to_the_previous_turn(tmp_path: Path) -> None:
+    def turn(ob: list[int], ac: list[int]) -> Transition:
+        action = TokensWithLogprobs(tokens=ac, logprobs=[0.0] * len(ac), stop_reason="stop")
+        return Transition(ob=ob, ac=action, reward=0.0, episode_done=False)
+
+    extends = Trajectory(transitions=[turn([5, 6], [7]), turn([5, 6, 7, 99], [8])])
+    restarts = Trajectory(transitions=[turn([5, 6], [7]), turn([31, 32], [8])])
+    group = TrajectoryGroup(
+        trajectories_G=[extends, restarts], final_rewards_G=[0.0, 0.0], metrics_G=[{}, {}]
+    )
+    write_rollout_report(
+        tmp_path,
+        step=0,
+        groups_P=[group],
+        tags_P=[[]],
+        decode=lambda ids: " ".join(map(str, ids)),
+        num_groups_to_log=1,
+    )
+    text = _page_text(tmp_path / "iteration_000000" / "train.html")
+    assert "observation: [previous turns] 99 action: 8" in text
+    assert "observation: 31 32 action: 8" in text  # not a prefix: shown whole
 
 
 def test_rollout_summaries_refuse_misaligned_tags() -> None:
