@@ -325,7 +325,7 @@ def _damage(path: Path, line: int, text: str) -> None:
             CHECKPOINTS_FILE,
             1,
             '{"step": "one", "name": "s", "state_path": "fake://x", "rng_key_data": [1, 2]}',
-            r"checkpoints.jsonl: line 1: Expected `int`, got `str` - at `\$.step`",
+            r"checkpoints.jsonl: line 1: Expected `int \| null`, got `str` - at `\$.step`",
         ),
     ],
 )
