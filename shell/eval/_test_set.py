@@ -51,6 +51,8 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
 
     Attributes:
         last_result: the `BenchmarkResult` of the latest call (None before the first).
+        last_groups: the latest call's successful groups with their logging tags, in dataset
+            order (the loop's `eval_test.html` report reads them; empty before the first call).
 
     Examples:
         >>> from shell.fakes import FakeSamplingClient, ScriptedDataset, ScriptedEnv
@@ -91,6 +93,7 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
         self.max_concurrent_groups = max_concurrent_groups
         self.seed = seed
         self.last_result: BenchmarkResult | None = None
+        self.last_groups: tuple[tuple[TrajectoryGroup, list[str]], ...] = ()
 
     async def __call__(
         self, sampling_client: SamplingClient, *, seed: int | None = None
@@ -131,6 +134,7 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
                 {k: float(v) for k, v in metrics_lib.trajectory_metrics(groups, tags).items()}
             )
         self.last_result = _benchmark_result(self.name, groups, len(builders), found)
+        self.last_groups = tuple((group, builder.logging_tags()) for builder, group in kept)
         return {f"{self.name}/{key}": value for key, value in found.items()}
 
 

@@ -247,17 +247,6 @@ def test_the_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert shot.stat().st_size > 1000
 
 
-def _evaluator_exposes_groups() -> bool:
-    from shell.eval import RLTestSetEvaluator
-
-    return hasattr(RLTestSetEvaluator(_dataset(), max_tokens=4), "last_groups")
-
-
-@pytest.mark.skipif(
-    not _evaluator_exposes_groups(),
-    reason="RLTestSetEvaluator does not expose last_groups yet (asked of shell/eval's owner); "
-    "the loop writes no eval report without them",
-)
 def test_eval_steps_write_eval_test_reports(tmp_path: Path) -> None:
     config = build_config(
         {"log_dir": str(tmp_path), "backend": "fake", "progress": False, "max_tokens": 4},
