@@ -167,11 +167,12 @@ class ByteTokenizer:
                     f"ByteTokenizer.decode: id {token} at position {position} is outside "
                     f"[0, {VOCAB_SIZE})"
                 )
+            if skip_special_tokens:
+                continue  # dropped first, as Hugging Face does: the bytes around it join up
             if run:
                 out.append(run.decode("utf-8", errors="replace"))
                 run.clear()
-            if not skip_special_tokens:
-                out.append(special)
+            out.append(special)
         if run:
             out.append(run.decode("utf-8", errors="replace"))
         return "".join(out)
