@@ -28,9 +28,10 @@ Conventions:
   the run), `batch` (= `step`, the next batch to train) and `state_path`, so the cookbook's
   `get_last_checkpoint` / `load_checkpoints_file` read an rlpure log dir, plus rlpure's own as
   extra keys: `step` (kept for readers of older rows), `rng_key_data`, `final`, `wall_time`,
-  `kl_reference_path`. Not written: `sampler_path` (rlpure saves no sampler weights with a
-  checkpoint) and the cookbook's token totals `cumulative_tokens` / `discarded_tokens` (rlpure
-  keeps none; the cookbook's `main` resumes a row without them from zero). The row's `name` is
+  `kl_reference_path`, and the cookbook's running token totals `cumulative_tokens` /
+  `discarded_tokens` (`{kind: count}` over `rlpure.usage.TOKEN_KINDS`, which the cookbook's
+  `main` reads back as its `TokenUsage`). Not written: `sampler_path` (rlpure saves no sampler
+  weights with a checkpoint). The row's `name` is
   the cookbook's; the state itself is saved under a unique name (`step_000020_<hex>`, visible in
   `state_path`) so that saving a step twice never collides.
 - Reading accepts three kinds of row, told apart per line: rlpure's rows (with `step` and
@@ -41,7 +42,9 @@ Conventions:
   completed step (`rederived_key_data`, the key an uninterrupted rlpure run with that seed holds
   there; the record says `rng_key_rederived`, and `last_checkpoint` logs it), there is no KL
   reference to carry over (a run with a KL penalty makes a new one from the resumed weights),
-  and the token totals, epoch and `rolling` flag are not read. A cookbook row may name a state
+  and its epoch and `rolling` flag are not read. The token totals of every kind of row are read
+  (a row without them, as older rlpure rows, resumes its totals from zero, as the cookbook's
+  `main` does). A cookbook row may name a state
   outside the log dir (the cookbook records absolute paths), which is its own semantics; it
   is still refused if the state is missing (`check_states_exist`). A cookbook row with no
   `state_path` (a sampler-only save) is skipped, as the cookbook's `get_last_checkpoint` skips
@@ -67,6 +70,7 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
+from rlpure.usage import TokenUsage
 from shell.clients import ServiceClient, TrainingClient
 from shell.errors import CheckpointError
 
@@ -106,6 +110,10 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
             (None when the run has no KL penalty or names a reference model).
         rng_key_rederived: the row held no PRNG key (the cookbook wrote it) and `rng_key_data`
             was re-derived from the seed (`rederived_key_data`); never written to the file.
+        cumulative_tokens: the run's running token totals after `step` steps, discarded
+            sampling included (`rlpure.usage`; zero when the row has none).
+        discarded_tokens: the part of `cumulative_tokens` sampled for groups dropped before
+            training.
     """
 
     step: int
@@ -116,6 +124,8 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     wall_time: float = 0.0
     kl_reference_path: str | None = None
     rng_key_rederived: bool = False
+    cumulative_tokens: TokenUsage = msgspec.field(default_factory=TokenUsage)
+    discarded_tokens: TokenUsage = msgspec.field(default_factory=TokenUsage)
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -136,6 +146,8 @@ class _Row(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Fals
     final: bool | None = None
     wall_time: float | None = None
     kl_reference_path: str | None = None
+    cumulative_tokens: dict[str, int] | None = None
+    discarded_tokens: dict[str, int] | None = None
 
 
 class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,6 +156,8 @@ class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     batch: int
     state_path: str
+    cumulative_tokens: dict[str, int]
+    discarded_tokens: dict[str, int]
     step: int
     rng_key_data: tuple[int, ...]
     final: bool
@@ -376,7 +390,18 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
             else resolved_path(row.kl_reference_path, log_dir, where=where)
         ),
         rng_key_rederived=rederived,
+        cumulative_tokens=_token_totals(
+            row.cumulative_tokens, where=f"{where}: 'cumulative_tokens'"
+        ),
+        discarded_tokens=_token_totals(row.discarded_tokens, where=f"{where}: 'discarded_tokens'"),
     )
+
+
+def _token_totals(counts: dict[str, int] | None, *, where: str) -> TokenUsage:
+    try:
+        return TokenUsage.from_mapping(counts, where=where)
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def check_states_exist(record: CheckpointRecord, log_dir: str | os.PathLike[str]) -> None:
@@ -442,6 +467,8 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
             name=record.name,
             batch=record.step,
             state_path=record.state_path,
+            cumulative_tokens=record.cumulative_tokens.as_dict(),
+            discarded_tokens=record.discarded_tokens.as_dict(),
             step=record.step,
             rng_key_data=record.rng_key_data,
             final=record.final,
@@ -461,6 +488,8 @@ async def save_checkpoint(
     rng_key_data: tuple[int, ...],
     final: bool = False,
     kl_reference_path: str | None = None,
+    cumulative_tokens: TokenUsage | None = None,
+    discarded_tokens: TokenUsage | None = None,
 ) -> CheckpointRecord:
     """Saves the training state (weights and optimizer) and records it.
 
@@ -471,6 +500,8 @@ async def save_checkpoint(
         rng_key_data: the loop's PRNG key data after `step` steps.
         final: mark the record as the end of the run.
         kl_reference_path: where the run's KL reference weights are, carried over on resume.
+        cumulative_tokens: the run's running token totals after `step` steps (default zero).
+        discarded_tokens: the part of them sampled for groups dropped before training.
 
     Returns:
         The record appended to `checkpoints.jsonl`, with the paths as given (what
@@ -488,6 +519,8 @@ async def save_checkpoint(
         final=final,
         wall_time=time.time(),
         kl_reference_path=kl_reference_path,
+        cumulative_tokens=TokenUsage() if cumulative_tokens is None else cumulative_tokens,
+        discarded_tokens=TokenUsage() if discarded_tokens is None else discarded_tokens,
     )
     append_checkpoint(
         log_dir,

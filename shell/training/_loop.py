@@ -68,6 +68,8 @@ from returns.result import Success
 from rich.console import Console
 
 from rlpure import metrics as metrics_lib
+from rlpure import usage as usage_lib
+from rlpure.advantages import remove_constant_reward_groups
 from rlpure.records import TrajectoryGroup
 from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
@@ -258,6 +260,25 @@ class _Run:
     error_counter: RolloutErrorCounter | None
     termination: TerminationRewardPolicy | None
     decode: Callable[[Sequence[int]], str]
+    tokens: usage_lib.TokenUsage  # running totals (rlpure.usage), discarded sampling included
+    discarded_tokens: usage_lib.TokenUsage
+
+
+def _count_tokens(run: _Run, groups: Sequence[TrajectoryGroup]) -> dict[str, int]:
+    """The step's `tokens/*` and `tokens/cumulative/*` metrics (the cookbook's sync loop: the
+    rollouts and datums of the trained groups are the step's; constant-reward groups dropped
+    before training count only in the running and discarded totals)."""
+    kept = (
+        remove_constant_reward_groups(groups)
+        if run.config.remove_constant_reward_groups
+        else groups
+    )
+    kept_ids = {id(group) for group in kept}
+    discarded = usage_lib.rollout_usage(g for g in groups if id(g) not in kept_ids)
+    step = usage_lib.rollout_usage(kept) + usage_lib.training_usage(kept)
+    run.discarded_tokens += discarded
+    run.tokens += discarded + step
+    return {**step.metrics("tokens"), **run.tokens.metrics("tokens/cumulative")}
 
 
 async def _kl_reference(
@@ -387,6 +408,7 @@ async def _run_step(
             adam_params=run.adam_params,
         )
         metrics.update(update.metrics)
+        metrics.update(_count_tokens(run, groups))
         run.sampling_client = update.sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start
     metrics["time/step_s"] = time.perf_counter() - step_start
@@ -401,6 +423,8 @@ async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> Checkpoin
         rng_key_data=prng_key_data(run.key),
         final=final,
         kl_reference_path=run.kl_reference_path,
+        cumulative_tokens=run.tokens,
+        discarded_tokens=run.discarded_tokens,
     )
 
 
@@ -572,6 +596,8 @@ async def _locked_train(
         error_counter=RolloutErrorCounter() if strategy.catches_group_errors else None,
         termination=config.effective_termination(),
         decode=_decoder(tokenizer),
+        tokens=usage_lib.TokenUsage() if resume is None else resume.cumulative_tokens,
+        discarded_tokens=usage_lib.TokenUsage() if resume is None else resume.discarded_tokens,
         test_evaluator=(
             None
             if test_dataset is None
