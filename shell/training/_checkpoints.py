@@ -438,8 +438,7 @@ def last_checkpoint(log_dir: str | os.PathLike[str], *, seed: int = 0) -> Checkp
         logger.warning(
             "%s: the checkpoint %r (batch %d) was written by tinker-cookbook and holds no PRNG "
             "key: the loop's key is re-derived from seed %d (what an uninterrupted rlpure run "
-            "holds at that step), no KL reference is carried over, and its token totals are "
-            "not read",
+            "holds at that step) and no KL reference is carried over",
             Path(log_dir) / CHECKPOINTS_FILE,
             last.name,
             last.step,

@@ -52,7 +52,16 @@ def test_rlpure_resumes_a_checkpoint_the_cookbook_saved_as_an_uninterrupted_run(
         service = FakeServiceClient(store=store)
         client = await service.create_training_client_from_state_with_optimizer(ours.state_path)
         await checkpoint_utils.save_checkpoint_async(
-            client, name="000002", log_path=str(log_dir), loop_state={"batch": 2}, kind="both"
+            client,
+            name="000002",
+            log_path=str(log_dir),
+            # the cookbook's _loop_state: the next batch and its running token totals
+            loop_state={
+                "batch": 2,
+                "cumulative_tokens": ours.cumulative_tokens.as_dict(),
+                "discarded_tokens": ours.discarded_tokens.as_dict(),
+            },
+            kind="both",
         )
 
     asyncio.run(cookbook_save())

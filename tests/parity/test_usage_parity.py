@@ -110,3 +110,23 @@ def test_a_multi_turn_trajectory_counts_as_the_cookbooks():
     groups = [TrajectoryGroup(trajectories_G=[trajectory], final_rewards_G=[1.0], metrics_G=[{}])]
     assert rollout_usage(groups) == _ours(train.rollout_usage(_cookbook_groups(groups)))
     assert rollout_usage(groups) == TokenUsage(sampled=3, prefill_cached=5, prefill_uncached=4)
+
+
+def test_the_cookbooks_main_reads_the_token_totals_of_an_rlpure_checkpoint(tmp_path):
+    require_cookbook()
+    from tinker_cookbook import checkpoint_utils
+    from tinker_cookbook.utils.cost_estimation import TokenUsage as CookbookTokenUsage
+
+    from shell.fakes import FakeServiceClient
+    from shell.training import load_checkpoints
+    from tests.shell.test_usage_run import _config, _dataset, _train
+
+    _train(_config(tmp_path, save_every=2), FakeServiceClient(), _dataset(3))
+    resume_info = checkpoint_utils.get_last_checkpoint(str(tmp_path))
+    assert resume_info is not None
+    # what the cookbook's rl.train.main does with the row it resumes from
+    cumulative = CookbookTokenUsage(**resume_info.get("cumulative_tokens", {}))
+    discarded = CookbookTokenUsage(**resume_info.get("discarded_tokens", {}))
+    last = load_checkpoints(tmp_path)[-1]
+    assert _ours(cumulative) == last.cumulative_tokens and cumulative.sampled > 0
+    assert _ours(discarded) == last.discarded_tokens
