@@ -240,6 +240,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; li
 .lt-details-body { margin: 0.25rem 0 0; padding: 0.35rem 0.45rem; background: var(--lt-bg, #f5f5f5);
   border-radius: 4px; overflow-x: auto; white-space: pre-wrap;
   font-family: var(--lt-mono, ui-monospace, monospace); font-size: 0.875rem; }
+.lt-details-body:has(> section, > div), .lt-details-body .lt-section-body {
+  white-space: normal; }  /* a scope's body: its markup's indentation is not content */
 .lt-table { border-collapse: collapse; width: 100%; margin: 0.6rem 0; font-size: 0.875rem;
   background: #fff; }
 .lt-table th { background: var(--lt-table-head-bg, #eef2f7); text-align: left; padding: 0.5rem;
