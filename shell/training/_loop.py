@@ -69,7 +69,6 @@ from rich.console import Console
 
 from rlpure import metrics as metrics_lib
 from rlpure import usage as usage_lib
-from rlpure.advantages import remove_constant_reward_groups
 from rlpure.records import TrajectoryGroup
 from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
@@ -264,18 +263,15 @@ class _Run:
     discarded_tokens: usage_lib.TokenUsage
 
 
-def _count_tokens(run: _Run, groups: Sequence[TrajectoryGroup]) -> dict[str, int]:
+def _count_tokens(
+    run: _Run, groups: Sequence[TrajectoryGroup], trained: Sequence[TrajectoryGroup]
+) -> dict[str, int]:
     """The step's `tokens/*` and `tokens/cumulative/*` metrics (the cookbook's sync loop: the
-    rollouts and datums of the trained groups are the step's; constant-reward groups dropped
-    before training count only in the running and discarded totals)."""
-    kept = (
-        remove_constant_reward_groups(groups)
-        if run.config.remove_constant_reward_groups
-        else groups
-    )
-    kept_ids = {id(group) for group in kept}
-    discarded = usage_lib.rollout_usage(g for g in groups if id(g) not in kept_ids)
-    step = usage_lib.rollout_usage(kept) + usage_lib.training_usage(kept)
+    rollouts and datums of the `trained` groups are the step's; the other `groups` — constant
+    reward, dropped before training — count only in the running and discarded totals)."""
+    trained_ids = {id(group) for group in trained}
+    discarded = usage_lib.rollout_usage(g for g in groups if id(g) not in trained_ids)
+    step = usage_lib.rollout_usage(trained) + usage_lib.training_usage(trained)
     run.discarded_tokens += discarded
     run.tokens += discarded + step
     return {**step.metrics("tokens"), **run.tokens.metrics("tokens/cumulative")}
@@ -408,7 +404,7 @@ async def _run_step(
             adam_params=run.adam_params,
         )
         metrics.update(update.metrics)
-        metrics.update(_count_tokens(run, groups))
+        metrics.update(_count_tokens(run, groups, update.trained_groups_P))
         run.sampling_client = update.sampling_client
         metrics["time/train_s"] = time.perf_counter() - train_start
     metrics["time/step_s"] = time.perf_counter() - step_start

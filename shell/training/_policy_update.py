@@ -74,10 +74,13 @@ class PolicyUpdate(NamedTuple):
     Attributes:
         sampling_client: a sampling client of the trained weights.
         metrics: the update's metrics, keyed as in the module docstring.
+        trained_groups_P: the groups the datums were built from (after constant-reward
+            removal), so callers count what was trained without filtering again.
     """
 
     sampling_client: SamplingClient
     metrics: dict[str, float]
+    trained_groups_P: tuple[TrajectoryGroup, ...]
 
 
 def adam_params_from_config(config: TrainConfig) -> tinker.AdamParams:
@@ -345,7 +348,9 @@ async def train_on_groups(
     )
     if config.compute_post_kl:
         metrics.update(await post_update_kl_metrics(sampling_client, batch))
-    return PolicyUpdate(sampling_client=sampling_client, metrics=metrics)
+    return PolicyUpdate(
+        sampling_client=sampling_client, metrics=metrics, trained_groups_P=tuple(groups)
+    )
 
 
 def records_stability_info(config: TrainConfig) -> bool:
