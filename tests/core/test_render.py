@@ -312,7 +312,10 @@ def test_parse_response_never_raises_on_any_tokens(tokens: list[int]) -> None:
 
 def test_get_renderer() -> None:
     assert isinstance(get_renderer("role_colon", TOK), RoleColonRenderer)
-    with pytest.raises(ValueError, match=r"unknown renderer 'chatml'.*role_colon"):
+    with pytest.raises(ValueError, match=r"unknown renderer 'gpt_oss'.*role_colon.*llama3"):
+        get_renderer("gpt_oss", TOK)
+    # A chat format needs its control tokens to be single tokens of the tokenizer.
+    with pytest.raises(ValueError, match=r"encodes '<\|im_end\|>' as 10 tokens"):
         get_renderer("chatml", TOK)
 
 
@@ -362,9 +365,11 @@ def test_grading_and_render_modules_stay_pure() -> None:
     import ast
     from pathlib import Path
 
-    allowed = {"__future__", "collections", "fractions", "re", "typing", "msgspec", "numpy"}
+    allowed = {"__future__", "collections", "fractions", "json", "re", "typing", "msgspec", "numpy"}
     root = Path(__file__).resolve().parents[2] / "rlpure"
-    for name in ("tasks/math_grading.py", "render.py"):
+    names = ["tasks/math_grading.py", *(f"render/{p.name}" for p in (root / "render").glob("*.py"))]
+    assert len(names) >= 8
+    for name in names:
         tree = ast.parse((root / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

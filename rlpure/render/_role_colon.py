@@ -1,4 +1,4 @@
-"""Renderers: chat messages <-> token sequences for sampling, parsing and supervised training.
+"""The `role_colon` renderer (DeepSeek R1-Zero's `Role: content` format) as pure functions.
 
 Conventions:
 - A message is a `{"role": str, "content": str}` mapping (`Message`); content is plain text.
@@ -32,199 +32,28 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, TypedDict, runtime_checkable
 
-import msgspec
 import numpy as np
-from msgspec.structs import force_setattr
 
 from rlpure.records import ModelInput
-
-__all__ = [
-    "RENDERER_NAMES",
-    "Message",
-    "ParsedResponse",
-    "Renderer",
-    "RoleColonRenderer",
-    "SupervisedExample",
-    "Termination",
-    "TokenizerLike",
-    "TrainOn",
-    "get_renderer",
-]
-
-Termination = Literal["stop_sequence", "eos", "malformed"]
-TrainOn = Literal[
-    "last_assistant_message",
-    "last_assistant_turn",
-    "all_assistant_messages",
-    "all_messages",
-    "all_tokens",
-    "all_user_and_system_messages",
-    "customized",
-]
-"""Which tokens a supervised example trains on (the cookbook's `TrainOnWhat` values)."""
-
-_TRAIN_ON: tuple[str, ...] = (
-    "last_assistant_message",
-    "last_assistant_turn",
-    "all_assistant_messages",
-    "all_messages",
-    "all_tokens",
-    "all_user_and_system_messages",
-    "customized",
+from rlpure.render._types import (
+    ParsedResponse,
+    SupervisedExample,
+    Termination,
+    TokenizerLike,
+    TrainOn,
+    check_text_messages,
+    check_train_on,
+    output_is_trained,
 )
 
-_TERMINATIONS: tuple[str, ...] = ("stop_sequence", "eos", "malformed")
-
-
-class Message(TypedDict):
-    """One chat message."""
-
-    role: str
-    content: str
-
-
-@runtime_checkable
-class TokenizerLike(Protocol):
-    """The tokenizer surface a renderer uses (a subset of Hugging Face's)."""
-
-    @property
-    def bos_token_id(self) -> int | None: ...
-
-    @property
-    def eos_token_id(self) -> int | None: ...
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class ParsedResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """A sampled response read back as an assistant message.
-
-    Attributes:
-        content: the assistant's text, without the rendered leading space, the stop sequence
-            or the EOS token. Best effort when `termination` is `"malformed"`.
-        termination: how the response ended (see the module docstring).
-        role: always `"assistant"`.
-    """
-
-    content: str
-    termination: Termination
-    role: str = "assistant"
-
-    def __post_init__(self) -> None:
-        if self.termination not in _TERMINATIONS:
-            raise ValueError(
-                f"ParsedResponse.termination: expected one of {_TERMINATIONS}, "
-                f"got {self.termination!r}"
-            )
-
-    @property
-    def is_clean(self) -> bool:
-        """True for `"stop_sequence"` and `"eos"`: what lenient grading gates on."""
-        return self.termination != "malformed"
-
-    @property
-    def is_stop_sequence(self) -> bool:
-        """True only for `"stop_sequence"`: the strict format gate of `ProblemEnv`."""
-        return self.termination == "stop_sequence"
-
-    @property
-    def message(self) -> Message:
-        """The response as a chat message."""
-        return {"role": self.role, "content": self.content}
-
-
-class SupervisedExample(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """Tokens of a whole conversation with a per-token training weight.
-
-    Attributes:
-        model_input: the tokens, int32 `[T]`.
-        weights_T: float32 `[T]`, read-only; 1.0 on tokens the model is trained to produce,
-            0.0 elsewhere.
-    """
-
-    model_input: ModelInput
-    weights_T: np.ndarray
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.model_input, ModelInput):
-            raise TypeError(
-                "SupervisedExample.model_input: expected ModelInput, "
-                f"got {type(self.model_input).__name__}"
-            )
-        weights = np.array(self.weights_T, dtype=np.float32, copy=True)
-        if weights.shape != (self.model_input.length,):
-            raise ValueError(
-                f"SupervisedExample.weights_T: shape {weights.shape} != tokens shape "
-                f"({self.model_input.length},)"
-            )
-        weights.flags.writeable = False
-        force_setattr(self, "weights_T", weights)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, SupervisedExample)
-            and self.model_input == other.model_input
-            and np.array_equal(self.weights_T, other.weights_T)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class Renderer(Protocol):
-    """What the shell needs from a renderer (cookbook `Renderer`, text-only subset)."""
-
-    def build_generation_prompt(
-        self, messages: Sequence[Mapping[str, str]], *, role: str = "assistant"
-    ) -> ModelInput:
-        """The prompt that asks the model to write the next `role` message."""
-        ...
-
-    def get_stop_sequences(self) -> tuple[str, ...]:
-        """Strings that end a sampled message."""
-        ...
-
-    def parse_response(self, tokens: Sequence[int] | np.ndarray) -> ParsedResponse:
-        """Reads sampled tokens back as a message with its termination."""
-        ...
-
-    def build_supervised_example(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        train_on: TrainOn = ...,
-        trainable_M: Sequence[bool] | None = ...,
-    ) -> SupervisedExample:
-        """Tokens and weights for supervised training on `messages`."""
-        ...
+__all__ = ["RoleColonRenderer"]
 
 
 _CONTENT_PREFIX = " "
 _CONTENT_SUFFIX = "\n\n"
 _STOP_SEQUENCE = "\n\nUser:"
 _STOP_OVERLAP = "User:"  # what the stop sequence adds after an assistant output's "\n\n"
-
-
-def _check_messages(messages: Sequence[Mapping[str, str]]) -> None:
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise TypeError(
-            f"messages: expected a sequence of message mappings, got {type(messages).__name__}"
-        )
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise TypeError(f"messages[{i}]: expected a mapping, got {type(message).__name__}")
-        for key in ("role", "content"):
-            if key not in message:
-                raise ValueError(f"messages[{i}]: missing key {key!r}")
-            if not isinstance(message[key], str):
-                raise TypeError(
-                    f"messages[{i}][{key!r}]: expected str, got {type(message[key]).__name__}"
-                )
-        if not message["role"]:
-            raise ValueError(f"messages[{i}]['role']: empty role")
 
 
 class RoleColonRenderer:
@@ -273,6 +102,11 @@ class RoleColonRenderer:
 
     # --- protocol ---------------------------------------------------------------------------
 
+    @property
+    def has_extension_property(self) -> bool:
+        """True: earlier turns render the same in every prefix."""
+        return True
+
     def get_stop_sequences(self) -> tuple[str, ...]:
         """`("\\n\\nUser:",)`."""
         return (_STOP_SEQUENCE,)
@@ -292,7 +126,7 @@ class RoleColonRenderer:
         Raises:
             TypeError, ValueError: naming the offending message index and key.
         """
-        _check_messages(messages)
+        check_text_messages(messages)
         tokens = self._bos_tokens()
         for message in messages:
             tokens += self._header_tokens(message["role"])
@@ -377,23 +211,10 @@ class RoleColonRenderer:
             ValueError: for an empty conversation, an unknown `train_on`, or `trainable_M`
                 missing, of the wrong length, or given without `"customized"`.
         """
-        _check_messages(messages)
+        check_text_messages(messages)
         if not messages:
             raise ValueError("build_supervised_example: messages is empty")
-        if train_on not in _TRAIN_ON:
-            raise ValueError(
-                f"build_supervised_example: unknown train_on {train_on!r}; known: {_TRAIN_ON}"
-            )
-        if (train_on == "customized") != (trainable_M is not None):
-            raise ValueError(
-                "build_supervised_example: trainable_M is required with train_on='customized' "
-                f"and refused otherwise (train_on={train_on!r})"
-            )
-        if trainable_M is not None and len(trainable_M) != len(messages):
-            raise ValueError(
-                f"build_supervised_example: trainable_M has {len(trainable_M)} flags for "
-                f"{len(messages)} messages"
-            )
+        check_train_on(train_on, trainable_M, len(messages))
         last = len(messages) - 1
         turn_start = 1 + max(
             (i for i, m in enumerate(messages[:last]) if m["role"] == "user"), default=-1
@@ -403,7 +224,7 @@ class RoleColonRenderer:
         weights: list[float] = [0.0] * len(tokens)
         for i, message in enumerate(messages):
             role = message["role"]
-            trained = _output_is_trained(
+            trained = output_is_trained(
                 train_on,
                 role=role,
                 is_last=i == last,
@@ -419,34 +240,3 @@ class RoleColonRenderer:
         return SupervisedExample(
             model_input=ModelInput.from_ints(tokens), weights_T=np.asarray(weights, np.float32)
         )
-
-
-def _output_is_trained(
-    train_on: str, *, role: str, is_last: bool, in_last_turn: bool, trainable: bool
-) -> bool:
-    """Whether a message's output carries weight under `train_on` (see `build_supervised_example`)."""
-    if train_on == "last_assistant_message":
-        return is_last and role == "assistant"
-    if train_on == "last_assistant_turn":
-        return in_last_turn and role == "assistant"
-    if train_on == "all_assistant_messages":
-        return role == "assistant"
-    if train_on in ("all_messages", "all_tokens"):
-        return True
-    if train_on == "all_user_and_system_messages":
-        return role in ("user", "system")
-    return trainable  # "customized"
-
-
-RENDERER_NAMES: tuple[str, ...] = ("role_colon",)
-
-
-def get_renderer(name: str, tokenizer: TokenizerLike) -> Renderer:
-    """The renderer called `name` (one of `RENDERER_NAMES`) over `tokenizer`.
-
-    Raises:
-        ValueError: for an unknown name, listing the known ones.
-    """
-    if name == "role_colon":
-        return RoleColonRenderer(tokenizer)
-    raise ValueError(f"get_renderer: unknown renderer {name!r}; known: {RENDERER_NAMES}")
