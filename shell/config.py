@@ -37,7 +37,9 @@ __all__ = [
     "FIELD_HELP",
     "LOCAL_LOSSES",
     "MAX_SEED",
+    "AsyncConfig",
     "LossName",
+    "StreamMinibatchConfig",
     "TerminationConfig",
     "TrainConfig",
     "build_config",
@@ -105,6 +107,46 @@ class TerminationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         )
 
 
+class StreamMinibatchConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sync training with streaming minibatches (the cookbook's `StreamMinibatchConfig`).
+
+    Each step's `groups_per_batch` groups are split into `num_substeps` optimizer substeps of
+    `num_minibatches` minibatches each; a minibatch goes to `forward_backward` as soon as its
+    groups have rolled out, and each substep ends with one `optim_step`
+    (`shell.training._stream`).
+
+    Attributes:
+        groups_per_batch: groups per training step (must equal the dataset's batch size, and
+            `groups_per_batch / num_substeps` must be a multiple of `num_minibatches`).
+        num_minibatches: `forward_backward` calls per optimizer substep.
+    """
+
+    groups_per_batch: int
+    num_minibatches: int
+
+
+class AsyncConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Async, off-policy training (the cookbook's `AsyncConfig`; `shell.training._async`).
+
+    Rollouts keep going while the model trains: at most
+    `groups_per_batch * (max_steps_off_policy + 1)` groups are started and not yet trained;
+    each step trains the `groups_per_batch` completed groups sampled from the oldest weights,
+    and no group is discarded for staleness.
+
+    Attributes:
+        max_steps_off_policy: how many steps sampling may run ahead of training (>= 0; 0 is
+            on-policy).
+        groups_per_batch: groups per training step (>= 1, at most the dataset's batch size).
+        loss_fn: the loss async runs train with, in place of `TrainConfig.loss_fn` (the
+            cookbook's default `stable_reinforce`, Tinker only; on the local backend choose
+            e.g. `ppo`).
+    """
+
+    max_steps_off_policy: int
+    groups_per_batch: int
+    loss_fn: LossName = "stable_reinforce"
+
+
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every option of the GRPO loop; see `FIELD_HELP` for each field's meaning."""
 
@@ -146,8 +188,17 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_concurrent_groups: int | None = None
     eval_every: int = 0
     save_every: int = 0
+    ttl_seconds: int | None = 604800
+    rolling_save_every: int = 0
+    rolling_ttl_seconds: int = 7200
     num_groups_to_log: int = 1
     progress: bool = True
+    stream_minibatch_config: StreamMinibatchConfig | None = None
+    async_config: AsyncConfig | None = None
+    price_table: str | None = None
+    wandb_project: str | None = None
+    wandb_name: str | None = None
+    tensorboard_dir: str | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, field: str, rule: str) -> None:
@@ -202,6 +253,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             + ", ".join(sorted(LOCAL_LOSSES))
             + "); use backend 'tinker' or another loss",
         )
+        self._check_modes()
         need(
             (self.loss_aggregation == "constant_length") == (self.aggregation_length is not None),
             "aggregation_length",
@@ -253,7 +305,93 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         )
         need(self.eval_every >= 0, "eval_every", "must be >= 0 (0 disables evaluation)")
         need(self.save_every >= 0, "save_every", "must be >= 0 (0: only a final checkpoint)")
+        need(
+            self.ttl_seconds is None or self.ttl_seconds > 0,
+            "ttl_seconds",
+            "must be > 0 or null (kept indefinitely)",
+        )
+        need(self.rolling_save_every >= 0, "rolling_save_every", "must be >= 0 (0: none)")
+        need(self.rolling_ttl_seconds > 0, "rolling_ttl_seconds", "must be > 0")
         need(self.num_groups_to_log >= 0, "num_groups_to_log", "must be >= 0")
+        need(
+            self.price_table is None or bool(self.price_table),
+            "price_table",
+            "must be a non-empty path or null",
+        )
+        need(
+            self.wandb_project is None or bool(self.wandb_project),
+            "wandb_project",
+            "must be a non-empty W&B project name or null (no W&B logging)",
+        )
+        need(
+            self.wandb_name is None or self.wandb_project is not None,
+            "wandb_name",
+            "names a W&B run, so it needs wandb_project",
+        )
+        need(
+            self.tensorboard_dir is None or bool(self.tensorboard_dir),
+            "tensorboard_dir",
+            "must be a non-empty path or null (no TensorBoard logging)",
+        )
+
+    def _check_modes(self) -> None:
+        """The streaming and async options (the cookbook's `AsyncConfig._check`, its runtime
+        divisibility asserts and its loss checks in `main`), refused here as `ConfigError`s."""
+        stream, run_async = self.stream_minibatch_config, self.async_config
+        if stream is not None:
+            where = "TrainConfig.stream_minibatch_config"
+            if stream.groups_per_batch < 1 or stream.num_minibatches < 1:
+                raise ConfigError(
+                    f"{where}: groups_per_batch and num_minibatches must be >= 1, got "
+                    f"{stream.groups_per_batch} and {stream.num_minibatches}"
+                )
+            if stream.groups_per_batch % self.num_substeps:
+                raise ConfigError(
+                    f"{where}.groups_per_batch: {stream.groups_per_batch} is not divisible by "
+                    f"num_substeps {self.num_substeps}"
+                )
+            per_substep = stream.groups_per_batch // self.num_substeps
+            if per_substep % stream.num_minibatches:
+                raise ConfigError(
+                    f"{where}.num_minibatches: {stream.num_minibatches} minibatches do not "
+                    f"divide the {per_substep} groups of a substep (groups_per_batch "
+                    f"{stream.groups_per_batch} / num_substeps {self.num_substeps})"
+                )
+        if run_async is None:
+            return
+        where = "TrainConfig.async_config"
+        if stream is not None:
+            raise ConfigError(
+                f"{where}: async training with streaming minibatches (both async_config and "
+                "stream_minibatch_config set) is not supported; set one of them"
+            )
+        if run_async.max_steps_off_policy < 0:
+            raise ConfigError(
+                f"{where}.max_steps_off_policy: must be >= 0, got {run_async.max_steps_off_policy}"
+            )
+        if run_async.groups_per_batch < 1:
+            raise ConfigError(
+                f"{where}.groups_per_batch: must be >= 1, got {run_async.groups_per_batch}"
+            )
+        if self.loss_fn not in ("importance_sampling", run_async.loss_fn):
+            # the cookbook's check in `main`: async runs train with AsyncConfig.loss_fn
+            raise ConfigError(
+                f"TrainConfig.loss_fn: {self.loss_fn!r} conflicts with async_config.loss_fn "
+                f"{run_async.loss_fn!r}; async runs train with async_config.loss_fn, so set "
+                "the loss there"
+            )
+        if self.backend == "local" and run_async.loss_fn not in LOCAL_LOSSES:
+            raise ConfigError(
+                f"{where}.loss_fn: {run_async.loss_fn!r} is a Tinker loss the local backend does "
+                "not implement (local losses: " + ", ".join(sorted(LOCAL_LOSSES)) + "); set "
+                "async_config.loss_fn to one of them (ppo is stable on off-policy data) or use "
+                "backend 'tinker'"
+            )
+
+    def training_loss_fn(self) -> LossName:
+        """The loss this run trains with: `async_config.loss_fn` for async runs, else `loss_fn`
+        (the cookbook's `Config.training_loss_fn`)."""
+        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
 
     def _check_kl_reference(self) -> None:
         named = self.kl_reference_model is not None or self.kl_reference_checkpoint is not None
@@ -270,7 +408,11 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 "reference: set kl_reference_model (and optionally kl_reference_checkpoint, the "
                 "cookbook's KLReferenceConfig), or kl_reference_initial_policy = true"
             )
-        if self.loss_fn == "stable_reinforce" and self.kl_penalty_coef > 0 and self.kl_discount > 0:
+        if (
+            self.training_loss_fn() == "stable_reinforce"
+            and self.kl_penalty_coef > 0
+            and self.kl_discount > 0
+        ):
             # the cookbook's check: discounting spreads the penalty onto prompt tokens, and
             # stable_reinforce accepts nonzero advantages on sampled tokens only
             raise ConfigError(
@@ -377,9 +519,34 @@ FIELD_HELP: Mapping[str, str] = {
     "max_concurrent_groups": "At most this many groups roll out at once (default: all).",
     "eval_every": "Run the evaluators (the test set's, and train(evaluator_builders=...)) "
     "every N steps and after the last (0: never).",
-    "save_every": "Save a checkpoint every N steps (0: only at the end).",
+    "save_every": "Save a checkpoint every N steps (0: only at the end): the training state "
+    "and the sampler weights.",
+    "ttl_seconds": "Seconds the backend keeps each periodic checkpoint (null: indefinitely; "
+    "the final one is always kept). Tinker expires them; the local backend keeps everything.",
+    "rolling_save_every": "Save a rolling checkpoint (training state only, for resuming) every "
+    "N steps where no periodic one falls (0: none); each deletes the previous one.",
+    "rolling_ttl_seconds": "Seconds the backend keeps a rolling checkpoint, a safety net if "
+    "its deletion fails (Tinker only).",
     "num_groups_to_log": "Groups per step whose decoded rollouts go to samples.jsonl.",
     "progress": "Show the progress bar and the per-step line.",
+    "stream_minibatch_config": "Streaming minibatches (the cookbook's StreamMinibatchConfig), "
+    "a table {groups_per_batch, num_minibatches}: each minibatch of a step's groups goes to "
+    "forward_backward as soon as its groups have rolled out, one optim_step per substep. "
+    "groups_per_batch must equal the dataset's batch size and groups_per_batch / "
+    "num_substeps must be a multiple of num_minibatches.",
+    "async_config": "Async off-policy training (the cookbook's AsyncConfig), a table "
+    "{max_steps_off_policy, groups_per_batch, loss_fn}: rollouts continue while the model "
+    "trains, at most groups_per_batch * (max_steps_off_policy + 1) groups in flight, each step "
+    "trains the groups sampled from the oldest weights first (none discarded for staleness). "
+    "loss_fn (default stable_reinforce, Tinker only) replaces TrainConfig.loss_fn.",
+    "price_table": "TOML/JSON file of USD per million tokens by model (prefill, "
+    "cached_prefill, sample, train; or Tinker's models.json list): adds cost/step_usd and "
+    "cost/cumulative_usd to metrics.jsonl. The run's base_model must be listed.",
+    "wandb_project": "Weights & Biases project to log metrics.jsonl's rows and the config to "
+    "(needs the wandb extra: pip install 'rlpure[wandb]'; WANDB_MODE=offline logs locally).",
+    "wandb_name": "Display name of the W&B run (needs wandb_project).",
+    "tensorboard_dir": "Also write metrics.jsonl's numeric values as TensorBoard scalars to "
+    "this directory (needs the tensorboard extra: pip install 'rlpure[tensorboard]').",
 }
 
 assert set(FIELD_HELP) == set(TrainConfig.__struct_fields__), "document every TrainConfig field"

@@ -333,7 +333,7 @@ async def train_on_groups(
         training_client,
         datums,
         adam_params=adam_params,
-        loss_fn=config.loss_fn,
+        loss_fn=config.training_loss_fn(),
         loss_fn_config=config.loss_fn_config,
         num_substeps=config.num_substeps,
     )
@@ -355,5 +355,6 @@ async def train_on_groups(
 
 def records_stability_info(config: TrainConfig) -> bool:
     """Whether the run's samplers must record what `stable_reinforce` trains on (the
-    cookbook's `Config.records_stability_info`)."""
-    return config.loss_fn == "stable_reinforce"
+    cookbook's `Config.records_stability_info`): the loss it trains with, the async one for
+    async runs (`TrainConfig.training_loss_fn`)."""
+    return config.training_loss_fn() == "stable_reinforce"
