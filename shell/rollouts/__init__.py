@@ -55,6 +55,7 @@ from shell.rollouts._batch import (
     RolloutErrorCounter,
     batch_rollout_error_metrics,
     do_batch_rollouts,
+    do_group_rollout_outcome,
 )
 from shell.rollouts._group import (
     do_group_rollout,
@@ -88,6 +89,7 @@ __all__ = [
     "do_batch_rollouts",
     "do_group_rollout",
     "do_group_rollout_and_filter_constant_reward",
+    "do_group_rollout_outcome",
     "do_single_rollout",
     "get_rollout_executor",
     "min_viable_floor",

@@ -94,6 +94,34 @@ def _run_group_task(task: _GroupTask) -> GroupOutcome:
     return asyncio.run(_group_outcome(task))
 
 
+async def do_group_rollout_outcome(
+    builder: EnvGroupBuilder,
+    policy: TokenCompleter,
+    *,
+    strategy: RolloutStrategy | None = None,
+    termination: TerminationRewardPolicy | None = None,
+) -> GroupOutcome:
+    """One group as a `GroupOutcome`, in the rollout executor when one is set.
+
+    What `do_batch_rollouts` does for each of its groups, for loops that start groups one at
+    a time (streaming minibatches, async training): `Success(group)`, or `Failure(GroupFailure)`
+    for a group the strategy skips.
+
+    Raises:
+        Exception: a group error that is not skipped; cancellation.
+    """
+    task = _GroupTask(
+        policy=policy,
+        builder=builder,
+        strategy=FailFast() if strategy is None else strategy,
+        termination=termination,
+    )
+    executor = get_rollout_executor()
+    if executor is None:
+        return await _group_outcome(task)
+    return await run_in_rollout_executor(executor, _run_group_task, task)
+
+
 async def do_batch_rollouts(
     builders_P: Sequence[EnvGroupBuilder],
     policy: TokenCompleter,

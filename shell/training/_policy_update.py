@@ -49,10 +49,12 @@ from shell.datums import to_tinker_datums
 
 __all__ = [
     "PolicyUpdate",
+    "PreparedDatums",
     "TrainStepOutput",
     "adam_params_from_config",
     "check_provenance",
     "post_update_kl_metrics",
+    "prepare_datums",
     "records_stability_info",
     "reference_logprobs_D_T",
     "split_into_substeps",
@@ -273,6 +275,57 @@ async def post_update_kl_metrics(
     }
 
 
+class PreparedDatums(NamedTuple):
+    """What `prepare_datums` built from a set of groups.
+
+    Attributes:
+        batch: the padded batch (advantages aggregated and, with a KL penalty, shaped).
+        datums: its `tinker.Datum`s (no `mask`), with provenance spans.
+        metrics: the KL penalty's metrics when shaped, else empty.
+    """
+
+    batch: DatumBatch
+    datums: list[tinker.Datum]
+    metrics: dict[str, float]
+
+
+async def prepare_datums(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    config: TrainConfig,
+    kl_reference_client: SamplingClient | None,
+) -> PreparedDatums:
+    """Advantages → one padded batch → loss aggregation → (KL shaping) → datums.
+
+    The cookbook's `prepare_minibatch` without its logging: the part of a step that turns
+    groups into training data, shared by the sync step (`train_on_groups`) and the streaming
+    minibatches (`shell.training._stream`, once per minibatch). No group is dropped here.
+
+    Args:
+        groups: at least one trajectory group.
+        config: the estimator, aggregation and KL options.
+        kl_reference_client: the KL reference's sampler (used when `kl_penalty_coef > 0`).
+
+    Returns:
+        A `PreparedDatums`.
+    """
+    metrics: dict[str, float] = {}
+    advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
+    batch = assemble_batch(groups, advantages_P_G)
+    batch = advantages_lib.aggregate_advantages(
+        batch, mode=config.loss_aggregation, length=config.aggregation_length
+    )
+    if kl_reference_client is not None and config.kl_penalty_coef > 0:
+        ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
+        batch, kl_metrics = kl_penalty_advantages(
+            batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
+        )
+        metrics.update({k: float(v) for k, v in kl_metrics.items()})
+    return PreparedDatums(
+        batch=batch, datums=to_tinker_datums(batch, include_mask=False), metrics=metrics
+    )
+
+
 async def train_on_groups(
     groups: Sequence[TrajectoryGroup],
     *,
@@ -312,21 +365,11 @@ async def train_on_groups(
         )
     if not groups:
         raise ValueError("train_on_groups: groups is empty (a step without groups is skipped)")
-    metrics: dict[str, float] = {}
     if config.remove_constant_reward_groups:
         groups = advantages_lib.remove_constant_reward_groups(groups)
-    advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
-    batch = assemble_batch(groups, advantages_P_G)
-    batch = advantages_lib.aggregate_advantages(
-        batch, mode=config.loss_aggregation, length=config.aggregation_length
+    batch, datums, metrics = await prepare_datums(
+        groups, config=config, kl_reference_client=kl_reference_client
     )
-    if kl_reference_client is not None and config.kl_penalty_coef > 0:
-        ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
-        batch, kl_metrics = kl_penalty_advantages(
-            batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
-        )
-        metrics.update({k: float(v) for k, v in kl_metrics.items()})
-    datums = to_tinker_datums(batch, include_mask=False)
     metrics["batch/num_datums"] = len(datums)
     metrics["batch/num_trained_groups"] = len(groups)
     step_output = await train_step(
