@@ -69,7 +69,7 @@ class RoleColonRenderer:
         >>> prompt.to_ints()[0], Chars().decode(prompt.to_ints()[1:])
         (0, 'User: 2+2?\\n\\nAssistant:')
         >>> r.parse_response(Chars().encode(" 4\\n\\nUser:"))
-        ParsedResponse(content='4', termination='stop_sequence', role='assistant')
+        ParsedResponse(content='4', termination='stop_sequence')
     """
 
     __slots__ = ("tokenizer",)

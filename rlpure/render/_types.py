@@ -142,7 +142,7 @@ class TokenizerLike(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-class ParsedResponse(msgspec.Struct, frozen=True, kw_only=True):
+class ParsedResponse(msgspec.Struct, frozen=True, kw_only=True, repr_omit_defaults=True):
     """A sampled response read back as an assistant message.
 
     Attributes:

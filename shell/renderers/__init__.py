@@ -9,9 +9,15 @@ cookbook are in `shell.renderers.base` and `shell.renderers.role_colon`.
 - `base` — `Message` and its content parts, `ToolCall`, `TrainOnWhat`, `ParseTermination`,
   `ParseResult`, `Renderer`, `ensure_text`, `get_text_content`, `classify_parse_failure`,
   `get_renderer` and the custom-renderer registry.
-- `role_colon` — `RoleColonRenderer`, the one renderer offered so far; the cookbook's chat
-  renderers (`qwen3`, `llama3`, ...) raise a `RendererError` saying how to use the cookbook's
-  meanwhile (the shell accepts their output).
+- `role_colon` — `RoleColonRenderer` (`"role_colon"`).
+- `qwen3` — `Qwen3Renderer` (`"qwen3"`), `Qwen3DisableThinkingRenderer`
+  (`"qwen3_disable_thinking"`).
+- `llama3` — `Llama3Renderer` (`"llama3"`).
+- `chatml` — `ChatMLRenderer` (`"chatml"`; `"smollm2"` adds SmolLM2's default system prompt),
+  not a cookbook module.
+
+The cookbook's other chat renderers (`qwen3_5`, `deepseekv3`, `gpt_oss`, `kimi_k2`, ...) raise a
+`RendererError` saying how to use the cookbook's meanwhile (the shell accepts their output).
 """
 
 from shell.renderers.base import (
@@ -43,18 +49,25 @@ from shell.renderers.base import (
     register_renderer,
     unregister_renderer,
 )
+from shell.renderers.chatml import ChatMLRenderer
+from shell.renderers.llama3 import Llama3Renderer
+from shell.renderers.qwen3 import Qwen3DisableThinkingRenderer, Qwen3Renderer
 from shell.renderers.role_colon import RoleColonRenderer
 
 __all__ = [
     "COOKBOOK_RENDERER_NAMES",
     "AudioPart",
+    "ChatMLRenderer",
     "Content",
     "ContentPart",
     "ImagePart",
+    "Llama3Renderer",
     "Message",
     "ParseFailureKind",
     "ParseResult",
     "ParseTermination",
+    "Qwen3DisableThinkingRenderer",
+    "Qwen3Renderer",
     "Renderer",
     "Role",
     "RoleColonRenderer",

@@ -136,9 +136,15 @@ def test_content_helpers() -> None:
 
 
 def test_unknown_and_cookbook_only_renderer_names_say_what_to_do() -> None:
-    with pytest.raises(RendererError, match=r"'qwen3' is not in rlpure yet.*tinker_cookbook"):
+    with pytest.raises(RendererError, match=r"'qwen3_5' is not in rlpure yet.*tinker_cookbook"):
+        renderers.get_renderer("qwen3_5", TOK)
+    # qwen3 is offered now; a tokenizer without its control tokens is named.
+    with pytest.raises(RendererError, match=r"encodes '<\|im_end\|>' as 10 tokens"):
         renderers.get_renderer("qwen3", TOK)
-    with pytest.raises(RendererError, match=r"unknown renderer 'nope' \(supported: role_colon"):
+    with pytest.raises(
+        RendererError,
+        match=r"unknown renderer 'nope' \(supported: chatml, llama3, qwen3, .*role_colon",
+    ):
         renderers.get_renderer("nope", TOK)
     assert set(renderers.COOKBOOK_RENDERER_NAMES) >= {"role_colon", "qwen3", "llama3"}
 
