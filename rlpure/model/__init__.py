@@ -1,8 +1,15 @@
-"""The local backend's model maths: a small pre-LN transformer, its sampler, its optimiser and
-its byte tokenizer (pure JAX; `shell.local` runs them behind the Tinker client interface).
+"""The local backend's model maths: decoder-only transformers (the toy `rlpure` family and the
+Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and byte tokenizer
+(pure JAX; `shell.local` runs them behind the Tinker client interface).
 
-- `_transformer`: `ModelConfig`, the named `MODEL_CONFIGS`, `init_params`, the causal forward
-  pass, `logits` and `target_logprobs` (training logprobs).
+- `_config`: `ModelConfig` (every family), `RopeScaling`, the named `MODEL_CONFIGS`.
+- `_transformer`: `init_params`, the causal `forward` pass, the KV-cached `prefill` and
+  `decode_step`, `logits` and `target_logprobs` (training logprobs), each with optional LoRA
+  adapters.
+- `_lora`: `LoraConfig` (Tinker's `rank`, `train_attn`, `train_mlp`, `train_unembed`; scale
+  `α / R` with `α = 32`), `init_lora` (B = 0), `merge_lora`.
+- `_hf_names`: `config_from_hf` and `params_from_hf`, Hugging Face `config.json` and
+  state-dict names to ours (pure; the shell reads the files).
 - `_sampling`: `sample_tokens` (KV-cached decoding with stop tokens/sequences, temperature,
   top-k/top-p) and its `SampleBatch` / `SampleOutput` records.
 - `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW)
@@ -18,6 +25,9 @@ is traced.
 
 from __future__ import annotations
 
+from rlpure.model._config import RopeScaling
+from rlpure.model._hf_names import config_from_hf, params_from_hf
+from rlpure.model._lora import LoraConfig, count_lora_params, init_lora, merge_lora
 from rlpure.model._optimizer import (
     AdamHyperparams,
     AdamUpdate,
@@ -28,12 +38,19 @@ from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
     MODEL_CONFIGS,
+    DecodeOutput,
+    ForwardOutput,
+    KVCache,
     ModelConfig,
     Params,
+    PrefillOutput,
     count_params,
+    decode_step,
+    forward,
     get_model_config,
     init_params,
     logits,
+    prefill,
     target_logprobs,
     target_logprobs_fn,
 )
@@ -48,16 +65,30 @@ __all__ = [
     "AdamHyperparams",
     "AdamUpdate",
     "ByteTokenizer",
+    "DecodeOutput",
+    "ForwardOutput",
+    "KVCache",
+    "LoraConfig",
     "ModelConfig",
     "Params",
+    "PrefillOutput",
+    "RopeScaling",
     "SampleBatch",
     "SampleOutput",
     "apply_adam_update",
+    "config_from_hf",
+    "count_lora_params",
     "count_params",
+    "decode_step",
+    "forward",
     "get_model_config",
+    "init_lora",
     "init_optimizer_state",
     "init_params",
     "logits",
+    "merge_lora",
+    "params_from_hf",
+    "prefill",
     "sample_tokens",
     "target_logprobs",
     "target_logprobs_fn",

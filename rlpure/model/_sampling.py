@@ -4,7 +4,7 @@ The local backend's sampler (`shell.local`) pads requests into a `SampleBatch`, 
 `sample_tokens` and reads the `SampleOutput`; the model itself is `rlpure.model._transformer`.
 
 Axes (STYLE's table; `M`, `K`, `Q` and `W` are new here):
-    B rows (one per sample), T prompt positions, S positions in the KV cache (`T + M`),
+    B rows (one per sample), P distinct prompts, T prompt positions, S positions in the KV cache (`T + M`),
     L layers, H query heads, N key/value heads, C head width, E model width, V vocabulary,
     M the static bucket of new tokens, K words of per-row key material, Q stop-sequence slots,
     W the stop-sequence window (the longest stop sequence, in tokens).
@@ -20,7 +20,9 @@ Conventions:
   computes, so on-policy importance ratios are 1 (to float32 rounding).
 - Prompts are right-padded (each row at least one real token); stop sequences are
   right-aligned in their `W` window and left-padded with -1. The KV cache holds keys and
-  values `[L, B, S, N, C]` each.
+  values `[L, B, S, N, C]` each (`rlpure.model._transformer.prefill` / `decode_step`, the
+  same for every model family). With `SampleBatch.prompt_index_B` the `P` distinct prompts
+  are prefilled once and their caches broadcast to their `B` rows (`num_samples`).
 - Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
   logprob is unfiltered. Each row's randomness depends on its own key material and the step
   index only, never on the rest of the batch.
@@ -38,16 +40,9 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
-from rlpure.model._transformer import (
-    NEG_INF,
-    ModelConfig,
-    Params,
-    attend,
-    finish_block,
-    forward,
-    qkv,
-    unembed,
-)
+from rlpure.model._config import ModelConfig
+from rlpure.model._lora import LoraConfig
+from rlpure.model._transformer import NEG_INF, KVCache, Params, decode_step, prefill
 
 __all__ = ["SampleBatch", "SampleOutput", "sample_tokens", "tempered_token_logprobs"]
 
@@ -70,6 +65,10 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         stop_seqs_B_Q_W: int32 `[B, Q, W]` stop sequences, **right-aligned**, left-padded with
             -1 (a wildcard); all -1 for an unused slot.
         stop_seq_valid_B_Q: bool `[B, Q]`, True for used slots.
+        prompt_index_B: optional int32 `[B]`: when set, `prompt_tokens_B_T` and
+            `prompt_length_B` hold `P` distinct prompts (`[P, T]` and `[P]`, `P ≤ B`) and row
+            `b` continues prompt `prompt_index_B[b]`: each prompt is prefilled once and its
+            cache shared by its rows (Tinker's `num_samples`). `None`: row `b` is prompt `b`.
     """
 
     prompt_tokens_B_T: jax.Array | np.ndarray
@@ -82,6 +81,7 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     stop_token_mask_B_V: jax.Array | np.ndarray
     stop_seqs_B_Q_W: jax.Array | np.ndarray
     stop_seq_valid_B_Q: jax.Array | np.ndarray
+    prompt_index_B: jax.Array | np.ndarray | None = None
 
 
 class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -175,8 +175,7 @@ class _DecodeState(NamedTuple):
 
     step: jax.Array  # int32 scalar: tokens decoded so far (the next column of `tokens_B_M`)
     logits_B_V: jax.Array  # float32 next-token logits of every row
-    k_L_B_S_N_C: jax.Array  # float32 cached keys (RoPE'd)
-    v_L_B_S_N_C: jax.Array  # float32 cached values
+    cache: KVCache  # RoPE'd keys and values [L, B, S, N, C] (config.dtype)
     done_B: jax.Array  # bool: the row generates no more tokens
     stopped_B: jax.Array  # bool: the row ended on a stop token or sequence
     num_B: jax.Array  # int32 tokens generated per row
@@ -185,32 +184,41 @@ class _DecodeState(NamedTuple):
     tail_B_W: jax.Array  # int32 the row's last `W` generated tokens (-2 before any)
 
 
-@partial(jax.jit, static_argnames=("config", "max_new_tokens"))
+@partial(jax.jit, static_argnames=("config", "max_new_tokens", "lora"))
 def sample_tokens(
-    params: Params, batch: SampleBatch, *, config: ModelConfig, max_new_tokens: int
+    params: Params,
+    batch: SampleBatch,
+    *,
+    config: ModelConfig,
+    max_new_tokens: int,
+    adapters: Params | None = None,
+    lora: LoraConfig | None = None,
 ) -> SampleOutput:
     """Samples up to `max_new_tokens` tokens for every row of `batch` (jitted).
 
-    Prefills the prompts into a KV cache of length `S = T + max_new_tokens`, then, per step:
-    draw the next token of every live row from `softmax(filter(logits) / temperature)` (argmax
-    when the temperature is 0), record its logprob `log_softmax(logits / temperature)` (as
-    Tinker's sampler reports it: tempered, not renormalised over the top-k/top-p set; at
-    temperature 0 the untempered one), stop the row if the token is a stop token, if its
-    generated tail now ends with one of its stop sequences, or if it reached its
-    `max_new_tokens_B`; feed the token back through one cached decoder step. Exits early when
-    every row has stopped.
+    Prefills the prompts into a KV cache of length `S = T + max_new_tokens` (once per distinct
+    prompt when `batch.prompt_index_B` is set), then, per step: draw the next token of every
+    live row from `softmax(filter(logits) / temperature)` (argmax when the temperature is 0),
+    record its logprob `log_softmax(logits / temperature)` (as Tinker's sampler reports it:
+    tempered, not renormalised over the top-k/top-p set; at temperature 0 the untempered one),
+    stop the row if the token is a stop token, if its generated tail now ends with one of its
+    stop sequences, or if it reached its `max_new_tokens_B`; feed the token back through one
+    cached decoder step (`decode_step`). Exits early when every row has stopped.
 
     Args:
         params: model params.
-        batch: the padded requests (see `SampleBatch`); `B` and `T` should be bucketed.
+        batch: the padded requests (see `SampleBatch`); `B`, `P` and `T` should be bucketed.
         config: model shape (static).
         max_new_tokens: `M`, the static bucket ≥ every `max_new_tokens_B` (static).
+        adapters: optional LoRA adapters applied unmerged (`rlpure.model.init_lora`); a
+            sampler that decodes many batches is faster on `merge_lora`'d params.
+        lora: their config (static), required with `adapters`.
 
     Returns:
         `SampleOutput` with `[B, M]` tokens/logprobs, `[B]` counts and stop flags.
     """
-    prompt_B_T = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
-    length_B = jnp.asarray(batch.prompt_length_B, jnp.int32)
+    prompt_tokens = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
+    prompt_length = jnp.asarray(batch.prompt_length_B, jnp.int32)
     max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
     temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
     stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
@@ -218,24 +226,39 @@ def sample_tokens(
     stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_Q, bool)
     top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
     top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
-    b, t = prompt_B_T.shape
+    b = max_new_B.shape[0]
+    t = prompt_tokens.shape[1]
     m = max_new_tokens
-    cache_len = t + m
     window = stop_seqs_B_Q_W.shape[-1]
     rows_B = jnp.arange(b)
 
-    # Prefill: full causal pass over the padded prompts; cache their keys/values.
-    logits_B_T_V, k_L_B_T_N_C, v_L_B_T_N_C = forward(params, prompt_B_T, config)
-    pad = ((0, 0), (0, 0), (0, m), (0, 0), (0, 0))  # T → S = T + M
+    # Prefill: one causal pass over the padded prompts fills the cache.
+    prefilled = prefill(
+        params,
+        prompt_tokens,
+        prompt_length,
+        config=config,
+        cache_len=t + m,
+        adapters=adapters,
+        lora=lora,
+    )
+    logits_B_V, cache = prefilled.logits_B_V, prefilled.cache
+    length_B = prompt_length
+    if batch.prompt_index_B is not None:  # rows share their prompt's prefill
+        index_B = jnp.asarray(batch.prompt_index_B, jnp.int32)
+        logits_B_V = logits_B_V[index_B]
+        length_B = prompt_length[index_B]
+        cache = KVCache(
+            k_L_B_S_N_C=cache.k_L_B_S_N_C[:, index_B], v_L_B_S_N_C=cache.v_L_B_S_N_C[:, index_B]
+        )
     keys_B = _row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32))
     needs_filter = jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0)
     safe_temp_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
 
     initial = _DecodeState(
         step=jnp.zeros((), jnp.int32),
-        logits_B_V=logits_B_T_V[rows_B, length_B - 1],
-        k_L_B_S_N_C=jnp.pad(k_L_B_T_N_C, pad),
-        v_L_B_S_N_C=jnp.pad(v_L_B_T_N_C, pad),
+        logits_B_V=logits_B_V,
+        cache=cache,
         done_B=max_new_B <= 0,
         stopped_B=jnp.zeros((b,), bool),
         num_B=jnp.zeros((b,), jnp.int32),
@@ -276,28 +299,19 @@ def sample_tokens(
         done_B = state.done_B | (live_B & (hit_B | (num_B >= max_new_B)))
 
         # One cached decoder step on the new token at position length + step.
-        pos_B = length_B + step
-        x_B_1_E = params["embed_V_E"][token_B][:, None, :]
-        allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= pos_B[:, None])[:, None, :]
-
-        def block(
-            x_B_1_E: jax.Array, layer_and_cache: tuple[Params, jax.Array, jax.Array]
-        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            layer, k_B_S_N_C, v_B_S_N_C = layer_and_cache
-            q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = qkv(layer, x_B_1_E, pos_B[:, None], config)
-            k_B_S_N_C = k_B_S_N_C.at[rows_B, pos_B].set(k_B_1_N_C[:, 0])
-            v_B_S_N_C = v_B_S_N_C.at[rows_B, pos_B].set(v_B_1_N_C[:, 0])
-            attn_B_1_H_C = attend(q_B_1_H_C, k_B_S_N_C, v_B_S_N_C, allowed_B_1_S)
-            return finish_block(layer, x_B_1_E, attn_B_1_H_C, config), (k_B_S_N_C, v_B_S_N_C)
-
-        x_B_1_E, (k_L_B_S_N_C, v_L_B_S_N_C) = jax.lax.scan(
-            block, x_B_1_E, (params["layers"], state.k_L_B_S_N_C, state.v_L_B_S_N_C)
+        decoded = decode_step(
+            params,
+            state.cache,
+            token_B,
+            length_B + step,
+            config=config,
+            adapters=adapters,
+            lora=lora,
         )
         return _DecodeState(
             step=step + 1,
-            logits_B_V=unembed(params, x_B_1_E, config)[:, 0],
-            k_L_B_S_N_C=k_L_B_S_N_C,
-            v_L_B_S_N_C=v_L_B_S_N_C,
+            logits_B_V=decoded.logits_B_V,
+            cache=decoded.cache,
             done_B=done_B,
             stopped_B=stopped_B,
             num_B=num_B,
