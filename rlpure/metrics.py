@@ -88,6 +88,8 @@ def _metrics_of(groups_P: Sequence[TrajectoryGroup], good_threshold: float) -> d
         "total_turns": float(total_turns),
         "total_ac_tokens": float(total_ac_tokens),
         "total_ob_tokens": float(total_ob_tokens),
+        # prompt tokens the sampler reported as prefix-cache hits (a part of total_ob_tokens)
+        "total_cached_ob_tokens": float(sum(tr.ac.prompt_cache_hit_tokens for tr in transitions)),
     }
     rewards = [reward for group in groups_P for reward in group.get_total_rewards()]
     metrics["reward/total"] = float(np.mean(rewards)) if rewards else 0.0
@@ -111,7 +113,9 @@ def trajectory_metrics(
     Under `env/all/` (and, when tags are given and at least one tag selects a strict subset of
     the groups, also under `env/<tag>/` for every tag, over the groups carrying it):
     `ac_tokens_per_turn`, `ob_tokens_per_turn`, `turns_per_episode`, `total_episodes`,
-    `total_turns`, `total_ac_tokens`, `total_ob_tokens`, `reward/total` (mean over trajectories
+    `total_turns`, `total_ac_tokens`, `total_ob_tokens`, `total_cached_ob_tokens` (the part of
+    the prompt tokens the sampler reported as prefix-cache hits, `ac.prompt_cache_hit_tokens`),
+    `reward/total` (mean over trajectories
     of step rewards + final group reward), the mean of every transition-metric and group-metric
     key (e.g. `format`, `correct`), and `by_group/frac_mixed`, `by_group/frac_all_good`,
     `by_group/frac_all_bad` (a group is "all good" when every trajectory's total reward is

@@ -30,10 +30,12 @@ from rlpure.records import (
 )
 
 
-def step(ob_len, ac_len, reward=0.0, metrics=None, done=False):
+def step(ob_len, ac_len, reward=0.0, metrics=None, done=False, cached=0):
     return Transition(
         ob=ModelInput.from_ints(list(range(ob_len))),
-        ac=TokensWithLogprobs(tokens=np.arange(ac_len, dtype=np.int32)),
+        ac=TokensWithLogprobs(
+            tokens=np.arange(ac_len, dtype=np.int32), prompt_cache_hit_tokens=cached
+        ),
         reward=reward,
         episode_done=done,
         metrics=metrics or {},
@@ -81,6 +83,7 @@ def test_golden_all():
     assert m["env/all/turns_per_episode"] == pytest.approx(6 / 5)
     assert m["env/all/total_ac_tokens"] == 3 + 5 + 2 + 1 + 0 + 4
     assert m["env/all/total_ob_tokens"] == 4 + 4 + 2 + 6 + 3 + 5
+    assert m["env/all/total_cached_ob_tokens"] == 0  # the golden turns report no cache hits
     assert m["env/all/ac_tokens_per_turn"] == pytest.approx(15 / 6)
     assert m["env/all/ob_tokens_per_turn"] == pytest.approx(24 / 6)
     # totals: 1, 0, 1, 1, 0 → mean 0.6
@@ -95,6 +98,18 @@ def test_golden_all():
     assert not any(k.startswith("env/math") for k in m)
     assert all(type(v) is float for v in m.values())
     json.dumps(m)
+
+
+def test_cached_prompt_tokens_are_the_sampler_reported_cache_hits():
+    # two turns of one trajectory: 3 of 4 prompt tokens cached, then 5 of 6; another group, 0 of 2
+    groups = [
+        group([[step(4, 1, cached=3), step(6, 1, cached=5, done=True)]], finals=[1.0]),
+        group([[step(2, 1, done=True)]], finals=[0.0]),
+    ]
+    m = trajectory_metrics(groups, [["chat"], ["math"]])
+    assert m["env/all/total_cached_ob_tokens"] == 8.0
+    assert m["env/chat/total_cached_ob_tokens"] == 8.0
+    assert m["env/math/total_cached_ob_tokens"] == 0.0
 
 
 def test_golden_per_tag():
@@ -155,7 +170,7 @@ def reference_metrics(groups, tags, good_threshold=0.5):
     """Slow reference written from the cookbook's description, one loop per quantity."""
 
     def compute(gs):
-        turns = episodes = ac = ob = 0
+        turns = episodes = ac = ob = cached = 0
         rewards = []
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -168,6 +183,7 @@ def reference_metrics(groups, tags, good_threshold=0.5):
                     turns += 1
                     ac += len(tr.ac.tokens)
                     ob += len(tr.ob.tokens)
+                    cached += tr.ac.prompt_cache_hit_tokens
                     total += tr.reward
                     for k, v in tr.metrics.items():
                         sums[k] = sums.get(k, 0.0) + v
@@ -193,6 +209,7 @@ def reference_metrics(groups, tags, good_threshold=0.5):
             "total_turns": turns,
             "total_ac_tokens": ac,
             "total_ob_tokens": ob,
+            "total_cached_ob_tokens": cached,
             "reward/total": sum(rewards) / len(rewards) if rewards else 0.0,
         }
         for k in sums:
@@ -216,11 +233,13 @@ def reference_metrics(groups, tags, good_threshold=0.5):
 @st.composite
 def transitions(draw):
     keys = draw(st.sets(st.sampled_from(["format", "correct", "parse_error_masked"])))
+    ob_len = draw(st.integers(0, 5))
     return step(
-        draw(st.integers(0, 5)),
+        ob_len,
         draw(st.integers(0, 4)),  # empty actions included
         reward=draw(st.sampled_from([0.0, 0.25, 1.0, -0.5])),
         metrics={k: draw(st.sampled_from([0, 1, 0.5])) for k in keys},
+        cached=draw(st.integers(0, ob_len)),
     )
 
 
