@@ -1,0 +1,290 @@
+"""Hugging Face fast tokenizers for real models: from a checkpoint directory or a GGUF file.
+
+Both return a `transformers.PreTrainedTokenizerFast` (chat template, special tokens,
+`encode(..., add_special_tokens=False)`, `decode`, `apply_chat_template`), which is what the
+cookbook's renderers and Tinker code expect from `get_tokenizer()`.
+
+- `tokenizer_from_directory`: `transformers.AutoTokenizer` over the directory's
+  `tokenizer.json` (+ `tokenizer_config.json`, `special_tokens_map.json`), local files only.
+- `tokenizer_from_gguf`: built here with `tokenizers` from the file's metadata
+  (`tokenizer.ggml.*`: vocabulary, merges, token types, special token ids, `add_bos_token`,
+  `tokenizer.chat_template`). transformers' own GGUF path (`AutoTokenizer.from_pretrained(dir,
+  gguf_file=...)`) imports torch, which the project's install does not have, so the same
+  construction is written here over `tokenizers`; `tests/parity/test_smollm2_parity.py` pins
+  identical token ids against transformers' on varied text and the chat template.
+
+Conventions: only byte-level BPE vocabularies (`tokenizer.ggml.model` `gpt2`: Llama 3, Qwen,
+SmolLM) are built from GGUF; the text is split before BPE the way the vocabulary was trained
+(`tokenizer.ggml.pre`, see `_PRE_TOKENIZERS`); tokens marked CONTROL become special tokens and
+USER_DEFINED ones plain added tokens, so both are matched whole. Every failure the caller can
+fix is a `ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader, TokenType
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from shell.errors import ConfigError
+
+__all__ = [
+    "byte_level_alphabet",
+    "tokenizer_from_directory",
+    "tokenizer_from_gguf",
+]
+
+# Split patterns of the byte-level vocabularies (the patterns their tokenizer.json files state).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _gpt2() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _smollm() -> pre_tokenizers.PreTokenizer:
+    # SmolLM's tokenizer.json: digits one by one, then GPT-2's byte-level split.
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+
+
+# `tokenizer.ggml.pre` → the pre-tokenizer its vocabulary was trained with.
+_PRE_TOKENIZERS: Mapping[str, Any] = {
+    "default": _gpt2,
+    "gpt2": _gpt2,
+    "smollm": _smollm,
+    "llama3": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
+    "llama-v3": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
+    "llama-bpe": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
+    "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT),
+}
+
+
+@functools.cache
+def byte_level_alphabet() -> tuple[str, ...]:
+    """GPT-2's byte-level alphabet: the printable character that spells each byte 0..255.
+
+    Printable Latin-1 bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) spell themselves; the other 68
+    bytes take the code points 256, 257, ... in byte order (so a space is `Ġ`, U+0120).
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    spelled = dict.fromkeys(range(256), "")
+    extra = 0
+    for byte in range(256):
+        if byte in printable:
+            spelled[byte] = chr(byte)
+        else:
+            spelled[byte] = chr(256 + extra)
+            extra += 1
+    return tuple(spelled[byte] for byte in range(256))
+
+
+def tokenizer_from_directory(directory: Path) -> PreTrainedTokenizerFast:
+    """The fast tokenizer of a Hugging Face checkpoint directory (local files only).
+
+    Args:
+        directory: holds `tokenizer.json` (and usually `tokenizer_config.json` with the chat
+            template and special tokens).
+
+    Returns:
+        The `transformers` fast tokenizer `AutoTokenizer` builds from those files.
+
+    Raises:
+        ConfigError: no `tokenizer.json`, or transformers cannot read the files.
+    """
+    if not (directory / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"{directory}: no tokenizer.json (a fast tokenizer file is required; slow "
+            "sentencepiece/vocab files alone are not read)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{directory}: cannot load the tokenizer files ({error})") from None
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise ConfigError(
+            f"{directory}: transformers built a {type(tokenizer).__name__}, not a fast tokenizer"
+        )
+    return tokenizer
+
+
+def _contents(reader: GGUFReader, key: str, path: Path, *, required: bool = True) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if required:
+            raise ConfigError(f"{path}: GGUF metadata field {key!r} is missing")
+        return None
+    return field.contents()
+
+
+def _token_name(tokens: Sequence[str], key: str, value: Any, path: Path) -> str | None:
+    if value is None:
+        return None
+    if not 0 <= int(value) < len(tokens):
+        raise ConfigError(
+            f"{path}: GGUF metadata field {key!r} is {value}, outside the {len(tokens)} tokens"
+        )
+    return tokens[int(value)]
+
+
+def tokenizer_from_gguf(path: Path, *, reader: GGUFReader | None = None) -> PreTrainedTokenizerFast:
+    """Build the fast tokenizer a GGUF file's metadata describes (byte-level BPE only).
+
+    Args:
+        path: the `.gguf` file.
+        reader: the file already opened (`shell.local._gguf.open_gguf`), to skip re-parsing.
+
+    Returns:
+        A `PreTrainedTokenizerFast` with the file's vocabulary, merges, special tokens (BOS,
+        EOS, UNK, PAD by `tokenizer.ggml.*_token_id`) and chat template; BOS/EOS are added by
+        `encode` only when `tokenizer.ggml.add_bos_token` / `add_eos_token` say so.
+
+    Raises:
+        ConfigError: a tokenizer model other than `gpt2`, an unknown `tokenizer.ggml.pre`,
+            or a missing or malformed field (naming the file and the field).
+    """
+    if reader is None:
+        from shell.local._gguf import open_gguf
+
+        reader = open_gguf(path)
+    model = _contents(reader, "tokenizer.ggml.model", path)
+    if model != "gpt2":
+        raise ConfigError(
+            f"{path}: GGUF metadata field 'tokenizer.ggml.model' is {model!r}; only byte-level "
+            "BPE ('gpt2') tokenizers are built from GGUF; load the Hugging Face checkpoint "
+            "directory (its tokenizer.json) instead"
+        )
+    pre = _contents(reader, "tokenizer.ggml.pre", path, required=False) or "default"
+    if pre not in _PRE_TOKENIZERS:
+        raise ConfigError(
+            f"{path}: GGUF metadata field 'tokenizer.ggml.pre' is {pre!r}; known: "
+            f"{', '.join(sorted(_PRE_TOKENIZERS))}"
+        )
+    tokens = list(_contents(reader, "tokenizer.ggml.tokens", path))
+    merges_field = _contents(reader, "tokenizer.ggml.merges", path)
+    types = _contents(reader, "tokenizer.ggml.token_type", path, required=False)
+    types = list(types) if types is not None else [int(TokenType.NORMAL)] * len(tokens)
+    if len(types) != len(tokens):
+        raise ConfigError(
+            f"{path}: GGUF metadata field 'tokenizer.ggml.token_type' has {len(types)} entries "
+            f"for {len(tokens)} tokens"
+        )
+    alphabet = byte_level_alphabet()
+    letters = frozenset(alphabet)
+    # A byte-level vocabulary spells every token in the byte alphabet; respell any that is not
+    # (a few files store added tokens as raw text).
+    vocab = {
+        (token if set(token) <= letters else "".join(alphabet[b] for b in token.encode())): i
+        for i, token in enumerate(tokens)
+    }
+    merges = []
+    for i, merge in enumerate(merges_field):
+        pair = merge.split(" ")
+        if len(pair) != 2:
+            raise ConfigError(
+                f"{path}: GGUF metadata field 'tokenizer.ggml.merges' entry {i} is {merge!r}, "
+                "not two tokens separated by one space"
+            )
+        merges.append((pair[0], pair[1]))
+    backend = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    backend.pre_tokenizer = _PRE_TOKENIZERS[pre]()
+    backend.decoder = decoders.ByteLevel()
+    control = [
+        AddedToken(token, normalized=False, special=True)
+        for token, kind in zip(tokens, types, strict=True)
+        if kind == TokenType.CONTROL and set(token) <= letters
+    ]
+    backend.add_special_tokens(control)
+    user_defined = [
+        AddedToken(token, normalized=False, special=False)
+        for token, kind in zip(tokens, types, strict=True)
+        if kind == TokenType.USER_DEFINED
+    ]
+    backend.add_tokens(user_defined)
+
+    special = {
+        name: _token_name(
+            tokens,
+            f"tokenizer.ggml.{key}",
+            _contents(reader, f"tokenizer.ggml.{key}", path, required=False),
+            path,
+        )
+        for name, key in (
+            ("bos_token", "bos_token_id"),
+            ("eos_token", "eos_token_id"),
+            ("unk_token", "unknown_token_id"),
+            ("pad_token", "padding_token_id"),
+        )
+    }
+    add_bos = bool(_contents(reader, "tokenizer.ggml.add_bos_token", path, required=False))
+    add_eos = bool(_contents(reader, "tokenizer.ggml.add_eos_token", path, required=False))
+    backend.post_processor = _post_processor(
+        bos=special["bos_token"] if add_bos else None,
+        eos=special["eos_token"] if add_eos else None,
+        vocab=vocab,
+        path=path,
+    )
+    chat_template = _contents(reader, "tokenizer.chat_template", path, required=False)
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=backend,
+        chat_template=chat_template,
+        clean_up_tokenization_spaces=False,
+        **{name: token for name, token in special.items() if token is not None},
+    )
+    tokenizer.name_or_path = str(path)
+    return tokenizer
+
+
+def _post_processor(
+    *, bos: str | None, eos: str | None, vocab: Mapping[str, int], path: Path
+) -> processors.PostProcessor:
+    def piece(token: str, field: str) -> tuple[str, int]:
+        if token not in vocab:
+            raise ConfigError(
+                f"{path}: GGUF metadata field {field!r} names a token not in the vocabulary"
+            )
+        return token, vocab[token]
+
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    specials = [piece(t, "tokenizer.ggml.bos_token_id") for t in head] + [
+        piece(t, "tokenizer.ggml.eos_token_id") for t in tail
+    ]
+    single = [*head, "$A:0", *tail]
+    pair = [*head, "$A:0", *tail, *head, "$B:1", *tail]
+    return processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=list(dict.fromkeys(specials))
+    )
