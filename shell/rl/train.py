@@ -9,7 +9,7 @@ is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
 What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
 1. checks the whole config before anything runs: a field this loop does not implement yet set
-   to a non-default value (`wandb_project`, `async_config`, `stream_minibatch_config`,
+   to a non-default value (`async_config`, `stream_minibatch_config`,
    `rolling_save_every`, ...), or the cookbook's own errors
    (`kl_penalty_coef > 0` without `kl_reference_config`) raise `ConfigError` (which is
    `shell.exceptions.ConfigurationError`) naming the field;
@@ -31,9 +31,10 @@ What `main(config, rollout_executor=None, service_client=None)` does, in order:
 How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` → `base_model`,
 `kl_discount_factor` → `kl_discount`, `kl_reference_config` → `kl_reference_model` and
 `kl_reference_checkpoint`; the optimizer, loss, sampling, KL, cadence, epoch and step fields
-keep their names. The evaluation temperature is the cookbook's 1.0. `recipe_name` and the
-dataset builder's class are recorded as recipe options, so a resume with another recipe or
-builder class is refused.
+keep their names; `wandb_project` and `wandb_name` log to W&B as the cookbook's `WandbLogger`
+(`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
+and the dataset builder's class are recorded as recipe options, so a resume with another recipe
+or builder class is refused.
 
 Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
 None); `ttl_seconds`, `rolling_ttl_seconds` and `renderer_name` are accepted and not used (local
@@ -234,8 +235,6 @@ class Config:
 
 # (field, its default, why it is refused when set to anything else)
 _NOT_YET: tuple[tuple[str, Any, str], ...] = (
-    ("wandb_project", None, "Weights & Biases logging is not supported; metrics.jsonl"),
-    ("wandb_name", None, "Weights & Biases logging is not supported; metrics.jsonl"),
     ("enable_trace", False, "trace events are not recorded"),
     ("span_chart_every", 0, "timing Gantt charts are not drawn"),
     ("rolling_save_every", 0, "rolling checkpoints are not implemented; use save_every"),
@@ -308,6 +307,9 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "eval_every": config.eval_every,
         "save_every": config.save_every,
         "num_groups_to_log": config.num_groups_to_log,
+        "wandb_project": config.wandb_project,
+        # the cookbook names a W&B run only with a project (else wandb_name names the session)
+        "wandb_name": config.wandb_name if config.wandb_project else None,
     }
     try:
         return TrainConfig(**fields)

@@ -152,7 +152,6 @@ def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_pat
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"wandb_project": "p"}, "Config.wandb_project"),
         ({"async_config": train.AsyncConfig(max_steps_off_policy=0, groups_per_batch=1)}, "15"),
         (
             {
@@ -298,3 +297,13 @@ def test_the_termination_policy_reaches_the_train_config_and_the_model_preset_re
     agentic = default_rollout_config_for_model("thinkingmachines/Inkling-1").termination
     assert agentic is not None and preset.termination is None
     assert preset.effective_termination() == agentic
+
+
+def test_wandb_fields_map_onto_the_train_config() -> None:
+    mapped = train.to_train_config(
+        _config(Path("run"), wandb_project="p", wandb_name="n"), backend="fake"
+    )
+    assert (mapped.wandb_project, mapped.wandb_name) == ("p", "n")
+    # without a project the cookbook's wandb_name only names the Tinker session
+    alone = train.to_train_config(_config(Path("run"), wandb_name="n"), backend="fake")
+    assert (alone.wandb_project, alone.wandb_name) == (None, None)
