@@ -12,47 +12,72 @@ Conventions:
 - A torn last line (a kill during the append) is ignored with a warning; any other unreadable
   line raises `CheckpointError` naming the file and line.
 - Records hold paths and numbers only: never credentials.
+- What is saved when, per `train` call (`Checkpointer`, the cookbook's `CheckpointManager`):
+  - **periodic**: after step `i` when `save_every` divides `i + 1` (the row's `batch`), the
+    training state *and* the sampler weights (`save_state` + `save_weights_for_sampler`,
+    submitted together, then awaited), both with `TrainConfig.ttl_seconds` (the cookbook's 7
+    days by default; None: kept indefinitely); the row has `state_path` and `sampler_path`;
+  - **rolling**: when `rolling_save_every` (> 0) divides the batch and no periodic save falls
+    on it, the training state only, with `rolling_ttl_seconds`, in a row marked `"rolling":
+    true`; once it is recorded, the previous rolling state is deleted
+    (`service_client.create_rest_client().delete_checkpoint_from_tinker_path`, as the cookbook;
+    a failed or impossible deletion is a warning, the TTL cleans up on Tinker). A run resumed
+    from a rolling row deletes that state too once it saved a newer one (the cookbook's
+    manager only deletes what its own process saved, and the local backend has no TTL);
+  - **final**: after the last step, state and sampler weights with no TTL (kept
+    indefinitely), name `"final"`, then the last rolling state is deleted.
+  Deliberate differences from the cookbook, with no effect on what resumes: no periodic or
+  rolling save on the last batch (the cookbook saves `"000020"` and then `"final"` for the same
+  weights when `save_every` divides the step count); the saves are awaited in the loop (the
+  cookbook's rolling save overlaps the next step).
+- TTLs on the backends: Tinker expires checkpoints server-side; the local backend and the fake
+  SDK accept `ttl_seconds` and keep every checkpoint until it is deleted (`shell.local`), so a
+  local rolling state is removed by the deletion above, never by expiry.
 - Log directories are relocatable: a state the backend saved inside the log dir (the local
-  backend's `<log_dir>/local_states/...`) is recorded by its path relative to the log dir
-  (`local_states/local-0-0/state/step_000004_...`), and `load_checkpoints` resolves it against
-  the log dir it reads, so `mv D D2` keeps every record usable. A URI (`tinker://...`,
-  `fake://...`) is the service's name for a state and is kept as it is. A state saved outside
-  the log dir is recorded by its absolute path (with a warning: that log dir cannot be resumed
-  once moved), and reading refuses any record whose path lies outside the log dir it is read
+  backend's `<log_dir>/local_states/...`) gets its path relative to the log dir in the
+  row's extra key `relative_state_path` (`local_states/local-0-0/state/step_000004_...`;
+  likewise `relative_sampler_path`), and `load_checkpoints` resolves that against the log dir
+  it reads, so `mv D D2` keeps every record usable. The cookbook's keys `state_path` /
+  `sampler_path` hold what the backend returned (an absolute path, as the cookbook writes), so
+  the cookbook's `main` resumes the log dir where it is; a URI (`tinker://...`, `fake://...`)
+  is the service's name for a state and is written as it is, with no relative key. A state saved
+  outside the log dir gets no relative key (with a warning: that log dir cannot be resumed once
+  moved), and reading refuses any rlpure record whose path lies outside the log dir it is read
   from — a relative path climbing out with `..`, or an absolute one such as a copied log dir's
-  records naming the original's states — with a `CheckpointError` saying how to fix it. Records
-  written by earlier rlpure versions (absolute paths) still resume while they point inside the
-  log dir they are read from.
+  records naming the original's states — with a `CheckpointError` saying how to fix it.
 - Rows are the cookbook's (tinker-cookbook 0.6.1 `checkpoint_utils`): each line rlpure writes
-  carries the cookbook's keys `name` (`"000020"`: the step, six digits; `"final"` for the end of
-  the run), `batch` (= `step`, the next batch to train) and `state_path`, so the cookbook's
-  `get_last_checkpoint` / `load_checkpoints_file` read an rlpure log dir, plus rlpure's own as
-  extra keys: `step` (kept for readers of older rows), `rng_key_data`, `final`, `wall_time`,
-  `kl_reference_path`, and the cookbook's running token totals `cumulative_tokens` /
+  carries the cookbook's keys `name` (`"000020"`: the batch, six digits; `"final"` for the end
+  of the run), `batch` (the next batch to train), `state_path`, `sampler_path` (periodic and
+  final rows), `rolling` (rolling rows only) and the running token totals `cumulative_tokens` /
   `discarded_tokens` (`{kind: count}` over `rlpure.usage.TOKEN_KINDS`, which the cookbook's
-  `main` reads back as its `TokenUsage`). Not written: `sampler_path` (rlpure saves no sampler
-  weights with a checkpoint). The row's `name` is
-  the cookbook's; the state itself is saved under a unique name (`step_000020_<hex>`, visible in
-  `state_path`) so that saving a step twice never collides.
-- Reading accepts three kinds of row, told apart per line: rlpure's rows (with `step` and
-  `rng_key_data`; older ones without `batch` resume as before), and rows the cookbook's
-  `rl.train.main` / `save_checkpoint_async` wrote (`name`, `batch`, `state_path`, no `step` nor
-  `rng_key_data`). Such a row resumes at `batch`, and what it lacks is re-derived or lost: the
-  loop's PRNG key is re-derived from the run's seed by replaying one `jax.random.split` per
-  completed step (`rederived_key_data`, the key an uninterrupted rlpure run with that seed holds
-  there; the record says `rng_key_rederived`, and `last_checkpoint` logs it), there is no KL
-  reference to carry over (a run with a KL penalty makes a new one from the resumed weights),
-  and its epoch and `rolling` flag are not read. The token totals of every kind of row are read
-  (a row without them, as older rlpure rows, resumes its totals from zero, as the cookbook's
-  `main` does). A cookbook row may name a state
-  outside the log dir (the cookbook records absolute paths), which is its own semantics; it
-  is still refused if the state is missing (`check_states_exist`). A cookbook row with no
-  `state_path` (a sampler-only save) is skipped, as the cookbook's `get_last_checkpoint` skips
-  it. Any other row is refused with a `CheckpointError` naming the file, the line and the
-  missing key.
-- The cookbook reading an rlpure log dir gets `state_path` as written: a service URI
-  (`tinker://...`, `fake://...`) as it is, a state inside the log dir relative to it (which the
-  cookbook would resolve against its working directory).
+  `main` reads back as its `TokenUsage`; the final row holds the run's end totals), so the
+  cookbook's `get_last_checkpoint` / `load_checkpoints_file` / `main` read an rlpure log dir;
+  plus rlpure's own as extra keys: `step` (= `batch`, kept for readers of older rows),
+  `rng_key_data`, `final`, `wall_time`, `kl_reference_path` (relative to the log dir when
+  inside it: only rlpure reads it) and the `relative_*` paths. The state itself is saved under
+  a unique name (`step_000020_<hex>`, visible in `state_path`) so that saving a step twice never
+  collides.
+- Reading accepts, told apart per line: rlpure's rows of every version of this project —
+  (a) the first ones, `step`/`name`/`state_path`/`rng_key_data`/`final`/`wall_time`/
+  `kl_reference_path` with absolute paths, which resume while they point inside the log dir
+  they are read from (else the error gives the `sed` line that converts them); (b) the same
+  with paths relative to the log dir; (c) (b) plus the cookbook's `batch` and token totals;
+  (d) today's, (c) plus `sampler_path`, `rolling` and the `relative_*` paths — and rows the
+  cookbook's `rl.train.main` / `save_checkpoint_async` wrote (`name`, `batch`, `state_path`, no
+  `step` nor `rng_key_data`). Such a row resumes at `batch`, and what it lacks is re-derived or
+  lost: the loop's PRNG key is re-derived from the run's seed by replaying one
+  `jax.random.split` per completed step (`rederived_key_data`, the key an uninterrupted rlpure
+  run with that seed holds there; the record says `rng_key_rederived`, and `last_checkpoint`
+  logs it), there is no KL reference to carry over (a run with a KL penalty makes a new one
+  from the resumed weights), and its epoch is not read. The token totals of every kind of row
+  are read (a row without them, as older rlpure rows, resumes its totals from zero, as the
+  cookbook's `main` does). A cookbook row may name a state outside the log dir (the cookbook
+  records absolute paths), which is its own semantics; it is still refused if the state is
+  missing (`check_states_exist`). A row with no `state_path` (a cookbook sampler-only save) is
+  skipped, as the cookbook's `get_last_checkpoint` skips it. Any other row is refused with a
+  `CheckpointError` naming the file, the line and the missing key. The last row is the latest
+  save, periodic, rolling or final alike, which is what both `last_checkpoint` and the
+  cookbook's `get_last_checkpoint` resume.
 """
 
 from __future__ import annotations
@@ -63,20 +88,23 @@ import re
 import time
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import msgspec
 import numpy as np
+import tinker
 
 from rlpure.usage import TokenUsage
 from shell.clients import ServiceClient, TrainingClient
+from shell.config import TrainConfig
 from shell.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINTS_FILE",
     "CheckpointRecord",
+    "Checkpointer",
     "append_checkpoint",
     "check_states_exist",
     "checkpoint_name",
@@ -100,9 +128,9 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 
     Attributes:
         step: completed training steps (the next step index to run), >= 0.
-        name: the `save_state` name.
-        state_path: the path the backend returned (e.g. `tinker://...` or a directory); in the
-            file, relative to the log dir when inside it (see the module docstring).
+        name: the cookbook's name of the row (`"000020"`, `"final"`; see `checkpoint_name`).
+        state_path: the path the backend returned (e.g. `tinker://...` or a directory); read
+            back resolved against the log dir (see the module docstring).
         rng_key_data: uint32 words of the loop's jax PRNG key after `step` steps.
         final: whether the run ended here.
         wall_time: unix time of the save.
@@ -114,6 +142,9 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
             sampling included (`rlpure.usage`; zero when the row has none).
         discarded_tokens: the part of `cumulative_tokens` sampled for groups dropped before
             training.
+        sampler_path: the sampler weights saved with the state (periodic and final saves), or
+            None (a rolling save, or a row written before rlpure saved them).
+        rolling: a rolling save (state only, deleted once a newer one is saved).
     """
 
     step: int
@@ -126,6 +157,8 @@ class CheckpointRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     rng_key_rederived: bool = False
     cumulative_tokens: TokenUsage = msgspec.field(default_factory=TokenUsage)
     discarded_tokens: TokenUsage = msgspec.field(default_factory=TokenUsage)
+    sampler_path: str | None = None
+    rolling: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -148,21 +181,30 @@ class _Row(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Fals
     kl_reference_path: str | None = None
     cumulative_tokens: dict[str, int] | None = None
     discarded_tokens: dict[str, int] | None = None
+    rolling: bool | None = None
+    relative_state_path: str | None = None
+    relative_sampler_path: str | None = None
 
 
-class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True):
-    """The line rlpure writes: the cookbook's keys first, then rlpure's."""
+class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The line rlpure writes: the cookbook's keys first, then rlpure's; an optional key whose
+    value is None (or `rolling` false) is left out, as the cookbook's `CheckpointRecord.to_dict`
+    does."""
 
     name: str
     batch: int
     state_path: str
+    sampler_path: str | None = None
+    rolling: bool | None = None
     cumulative_tokens: dict[str, int]
     discarded_tokens: dict[str, int]
     step: int
     rng_key_data: tuple[int, ...]
     final: bool
     wall_time: float
-    kl_reference_path: str | None
+    kl_reference_path: str | None  # always written (null: none), as in every earlier row
+    relative_state_path: str | None = None
+    relative_sampler_path: str | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Row)
@@ -373,10 +415,25 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
         raise CheckpointError(f"{where}: 'state_path' is empty")
     if step < 0:
         raise CheckpointError(f"{where}: expected a step >= 0, got {step}")
-    if rederived and Path(row.state_path).is_absolute():
-        state_path = row.state_path  # the cookbook's semantics: an absolute path, anywhere
+    if rederived:
+        # the cookbook's semantics: an absolute path, anywhere (a relative one is resolved
+        # against the log dir, where rlpure's older rows kept theirs)
+        def read(path: str | None) -> str | None:
+            if path is None or Path(path).is_absolute():
+                return path
+            return resolved_path(path, log_dir, where=where)
+
+        state_path, sampler_path = read(row.state_path), read(row.sampler_path)
     else:
-        state_path = resolved_path(row.state_path, log_dir, where=where)
+        # a row with relative keys names its states by them (its absolute `state_path` is
+        # where the log dir was written, for the cookbook); older rows by `state_path` itself
+        def ours_read(relative: str | None, path: str | None) -> str | None:
+            stored = relative if relative is not None else path
+            return None if stored is None else resolved_path(stored, log_dir, where=where)
+
+        state_path = ours_read(row.relative_state_path, row.state_path)
+        sampler_path = ours_read(row.relative_sampler_path, row.sampler_path)
+    assert state_path is not None  # for mypy
     return CheckpointRecord(
         step=step,
         name=row.name,
@@ -394,6 +451,8 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
             row.cumulative_tokens, where=f"{where}: 'cumulative_tokens'"
         ),
         discarded_tokens=_token_totals(row.discarded_tokens, where=f"{where}: 'discarded_tokens'"),
+        sampler_path=sampler_path,
+        rolling=bool(row.rolling),
     )
 
 
@@ -447,8 +506,49 @@ def last_checkpoint(log_dir: str | os.PathLike[str], *, seed: int = 0) -> Checkp
     return last
 
 
+def _as_written(path: str) -> str:
+    """A backend's path as the cookbook's keys hold it: a URI as it is, a path made absolute."""
+    return path if _is_uri(path) else os.path.abspath(path)
+
+
+def _relative(path: str | None, log_dir: str | os.PathLike[str]) -> str | None:
+    """`path` relative to `log_dir` when inside it, else None (URIs, outside: warned once)."""
+    if path is None:
+        return None
+    stored = recorded_path(path, log_dir)
+    return None if _is_uri(stored) or Path(stored).is_absolute() else stored
+
+
+def _written_row(record: CheckpointRecord, log_dir: str | os.PathLike[str]) -> _WrittenRow:
+    return _WrittenRow(
+        name=record.name,
+        batch=record.step,
+        state_path=_as_written(record.state_path),
+        sampler_path=None if record.sampler_path is None else _as_written(record.sampler_path),
+        rolling=True if record.rolling else None,
+        cumulative_tokens=record.cumulative_tokens.as_dict(),
+        discarded_tokens=record.discarded_tokens.as_dict(),
+        step=record.step,
+        rng_key_data=record.rng_key_data,
+        final=record.final,
+        wall_time=record.wall_time,
+        kl_reference_path=(
+            None
+            if record.kl_reference_path is None
+            else recorded_path(record.kl_reference_path, log_dir)
+        ),
+        relative_state_path=_relative(record.state_path, log_dir),
+        relative_sampler_path=_relative(record.sampler_path, log_dir),
+    )
+
+
 def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord) -> None:
-    """Appends `record` to `<log_dir>/checkpoints.jsonl` and fsyncs it."""
+    """Appends `record` to `<log_dir>/checkpoints.jsonl` and fsyncs it.
+
+    The row holds `record`'s paths as the module docstring says: the cookbook's keys the
+    backend's paths (absolute), the `relative_*` keys and `kl_reference_path` relative to
+    `log_dir` when inside it.
+    """
     path = Path(log_dir) / CHECKPOINTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
@@ -462,19 +562,7 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
                 keep = data.rfind(b"\n") + 1
                 logger.warning("%s: dropping a torn last line before appending", path)
                 f.truncate(keep)
-        row = _WrittenRow(
-            name=record.name,
-            batch=record.step,
-            state_path=record.state_path,
-            cumulative_tokens=record.cumulative_tokens.as_dict(),
-            discarded_tokens=record.discarded_tokens.as_dict(),
-            step=record.step,
-            rng_key_data=record.rng_key_data,
-            final=record.final,
-            wall_time=record.wall_time,
-            kl_reference_path=record.kl_reference_path,
-        )
-        f.write(_ENCODER.encode(row) + b"\n")
+        f.write(_ENCODER.encode(_written_row(record, log_dir)) + b"\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -489,49 +577,213 @@ async def save_checkpoint(
     kl_reference_path: str | None = None,
     cumulative_tokens: TokenUsage | None = None,
     discarded_tokens: TokenUsage | None = None,
+    kind: Literal["state", "both"] = "state",
+    ttl_seconds: int | None = None,
+    rolling: bool = False,
 ) -> CheckpointRecord:
-    """Saves the training state (weights and optimizer) and records it.
+    """Saves the training state (weights and optimizer), and with `kind="both"` the sampler
+    weights too, then records them (the cookbook's `save_checkpoint_async`).
 
     Args:
         training_client: the run's training client.
         log_dir: the run's log directory.
         step: completed training steps.
         rng_key_data: the loop's PRNG key data after `step` steps.
-        final: mark the record as the end of the run.
+        final: mark the record as the end of the run (its name is `"final"`).
         kl_reference_path: where the run's KL reference weights are, carried over on resume.
         cumulative_tokens: the run's running token totals after `step` steps (default zero).
         discarded_tokens: the part of them sampled for groups dropped before training.
+        kind: `"state"` (`save_state` only) or `"both"` (and `save_weights_for_sampler`, the
+            two submitted before either is awaited).
+        ttl_seconds: the backend's retention of what is saved (None: indefinitely).
+        rolling: mark the record as a rolling save.
 
     Returns:
-        The record appended to `checkpoints.jsonl`, with the paths as given (what
-        `load_checkpoints` reads back; the file holds them relative to `log_dir`).
+        The record appended to `checkpoints.jsonl`, with the paths as the backend returned
+        them (what `load_checkpoints` reads back; see the module docstring for the file).
     """
     # A unique suffix: a run killed between `save_state` and the record below, or resumed from
     # an earlier checkpoint, saves the same step again and must not collide with that state.
     name = f"step_{step:06d}" + ("_final" if final else "") + f"_{time.time_ns():x}"
-    response = await training_client.save_state(name)
+    state_future = training_client.save_state(name, ttl_seconds=ttl_seconds)
+    sampler_future = (
+        training_client.save_weights_for_sampler(name, ttl_seconds=ttl_seconds)
+        if kind == "both"
+        else None
+    )
+    state = await state_future
+    sampler_path = None if sampler_future is None else str((await sampler_future).path)
     record = CheckpointRecord(
         step=step,
         name=checkpoint_name(step, final=final),
-        state_path=str(response.path),
+        state_path=str(state.path),
         rng_key_data=tuple(int(x) for x in rng_key_data),
         final=final,
         wall_time=time.time(),
         kl_reference_path=kl_reference_path,
         cumulative_tokens=TokenUsage() if cumulative_tokens is None else cumulative_tokens,
         discarded_tokens=TokenUsage() if discarded_tokens is None else discarded_tokens,
+        sampler_path=sampler_path,
+        rolling=rolling,
     )
-    append_checkpoint(
-        log_dir,
-        msgspec.structs.replace(
-            record,
-            state_path=recorded_path(record.state_path, log_dir),
-            kl_reference_path=(
-                None if kl_reference_path is None else recorded_path(kl_reference_path, log_dir)
-            ),
-        ),
-    )
+    append_checkpoint(log_dir, record)
     return record
+
+
+@runtime_checkable
+class _DeletingRestClient(Protocol):
+    def delete_checkpoint_from_tinker_path(self, tinker_path: str) -> Any: ...
+
+
+_DELETE_ERRORS = (tinker.TinkerError, CheckpointError, ValueError, OSError)
+"""What a failed deletion of a rolling state raises (the SDK's errors, the local backend's)."""
+
+
+class Checkpointer:
+    """The periodic, rolling and final saves of one `train` call (the cookbook's
+    `CheckpointManager`; see the module docstring for what is saved when).
+
+    Args:
+        training_client: the run's training client.
+        service_client: its service; its `create_rest_client()` deletes superseded rolling
+            states (a service without one, as the fake SDK, leaves them, with a warning).
+        log_dir: the run's log directory.
+        config: the run's config (`save_every`, `ttl_seconds`, `rolling_save_every`,
+            `rolling_ttl_seconds`).
+        num_steps: the step count of the run (no periodic or rolling save at it: the final
+            save follows).
+        resumed_from: the checkpoint the run resumed from; a rolling one is deleted once a
+            newer rolling or the final save is recorded.
+
+    Examples:
+        >>> import asyncio
+        >>> from shell.fakes import FakeServiceClient
+        >>> def rows(log_dir):
+        ...     return [(r.name, r.rolling, r.sampler_path is not None)
+        ...             for r in load_checkpoints(log_dir)]
+        >>> async def run(log_dir):
+        ...     service = FakeServiceClient()
+        ...     client = await service.create_lora_training_client(base_model="m")
+        ...     config = TrainConfig(log_dir=log_dir, save_every=2, rolling_save_every=1)
+        ...     saves = Checkpointer(client, service_client=service, log_dir=log_dir,
+        ...                          config=config, num_steps=3, resumed_from=None)
+        ...     for step in (1, 2, 3):
+        ...         await saves.save(step, rng_key_data=(0, step), kl_reference_path=None,
+        ...                          cumulative_tokens=TokenUsage(),
+        ...                          discarded_tokens=TokenUsage(), final=step == 3)
+        >>> import tempfile, logging
+        >>> logging.disable(logging.WARNING)
+        >>> with tempfile.TemporaryDirectory() as log_dir:
+        ...     asyncio.run(run(log_dir))
+        ...     rows(log_dir)
+        [('000001', True, False), ('000002', False, True), ('final', False, True)]
+        >>> logging.disable(logging.NOTSET)
+    """
+
+    def __init__(
+        self,
+        training_client: TrainingClient,
+        *,
+        service_client: ServiceClient,
+        log_dir: str | os.PathLike[str],
+        config: TrainConfig,
+        num_steps: int,
+        resumed_from: CheckpointRecord | None,
+    ) -> None:
+        self._training_client = training_client
+        self._service_client = service_client
+        self._log_dir = log_dir
+        self._config = config
+        self._num_steps = num_steps
+        self._previous_rolling = (
+            resumed_from.state_path if resumed_from is not None and resumed_from.rolling else None
+        )
+
+    def due(self, step: int) -> Literal["periodic", "rolling"] | None:
+        """Which save, if any, falls after `step` completed steps (before the last)."""
+        if step <= 0 or step >= self._num_steps:
+            return None
+        config = self._config
+        if config.save_every and step % config.save_every == 0:
+            return "periodic"
+        if config.rolling_save_every and step % config.rolling_save_every == 0:
+            return "rolling"
+        return None
+
+    async def save(
+        self,
+        step: int,
+        *,
+        final: bool = False,
+        rng_key_data: tuple[int, ...],
+        kl_reference_path: str | None,
+        cumulative_tokens: TokenUsage,
+        discarded_tokens: TokenUsage,
+    ) -> CheckpointRecord | None:
+        """The save due after `step` completed steps (`final`: the end of the run, always
+        saved), recorded; None when none is due.
+
+        Args:
+            step: completed training steps.
+            final: the run ends here: state and sampler weights, no TTL, then the last
+                rolling state is deleted.
+            rng_key_data: the loop's PRNG key data after `step` steps.
+            kl_reference_path: where the run's KL reference weights are (or None).
+            cumulative_tokens: the run's running token totals after `step` steps.
+            discarded_tokens: the part of them sampled for groups dropped before training.
+        """
+        kind = "final" if final else self.due(step)
+        if kind is None:
+            return None
+        config = self._config
+        record = await save_checkpoint(
+            self._training_client,
+            log_dir=self._log_dir,
+            step=step,
+            rng_key_data=rng_key_data,
+            final=final,
+            kl_reference_path=kl_reference_path,
+            cumulative_tokens=cumulative_tokens,
+            discarded_tokens=discarded_tokens,
+            kind="state" if kind == "rolling" else "both",
+            ttl_seconds={
+                "final": None,
+                "periodic": config.ttl_seconds,
+                "rolling": config.rolling_ttl_seconds,
+            }[kind],
+            rolling=kind == "rolling",
+        )
+        if kind != "periodic":
+            await self._delete_previous_rolling()
+        if kind == "rolling":
+            self._previous_rolling = record.state_path
+        return record
+
+    async def _delete_previous_rolling(self) -> None:
+        path, self._previous_rolling = self._previous_rolling, None
+        if path is None:
+            return
+        make_rest_client = getattr(self._service_client, "create_rest_client", None)
+        rest_client = None if make_rest_client is None else make_rest_client()
+        if not isinstance(rest_client, _DeletingRestClient):
+            logger.warning(
+                "cannot delete the superseded rolling checkpoint %s: %s has no REST client "
+                "that deletes checkpoints",
+                path,
+                type(self._service_client).__name__,
+            )
+            return
+        try:
+            await rest_client.delete_checkpoint_from_tinker_path(path)
+        except _DELETE_ERRORS as error:
+            logger.warning(
+                "failed to delete the superseded rolling checkpoint %s (%s); its TTL cleans it "
+                "up on Tinker",
+                path,
+                error,
+            )
+        else:
+            logger.info("deleted the superseded rolling checkpoint %s", path)
 
 
 async def restore_training_client(

@@ -16,8 +16,9 @@ Conventions:
     `state_path`), and a row the cookbook's `rl.train.main` wrote resumes too, at its `batch`,
     with the PRNG key re-derived from `config.seed` (logged; see `shell.training._checkpoints`).
 - What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
-  long it runs, how often and how it evaluates, how often it saves, which diagnostics it logs,
-  how rollouts are scheduled and retried), and
+  long it runs, how often and how it evaluates, how often it saves and how long the backend
+  keeps its checkpoints, which diagnostics it logs, how rollouts are scheduled and retried,
+  the price table and the W&B run), and
   the options a recipe leaves out of `recipe_options` (e.g. the evaluation set's size). Any
   other difference is refused with a `ConfigError` naming each changed field or option with its
   recorded and new values (`check_resumable_config`, or `checked_last_checkpoint` for a
@@ -81,6 +82,9 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
         "max_steps",
         "eval_every",
         "save_every",
+        "ttl_seconds",
+        "rolling_save_every",
+        "rolling_ttl_seconds",
         "num_groups_to_log",
         "progress",
         "max_concurrent_groups",
@@ -91,6 +95,9 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
         "num_epochs",
         "eval_temperature",
         "compute_post_kl",
+        "price_table",
+        "wandb_project",
+        "wandb_name",
     }
 )
 """Config fields a resumed run may change; any other difference would silently mix two runs."""

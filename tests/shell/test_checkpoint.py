@@ -1,5 +1,6 @@
 """checkpoints.jsonl survives a torn last line; checkpoint names never collide; records name
-states relative to their log dir and never outside it."""
+states relative to their log dir and never outside it; every row format this project wrote
+still resumes."""
 
 from __future__ import annotations
 
@@ -174,3 +175,79 @@ def test_a_row_whose_batch_and_step_disagree_is_refused(tmp_path: Path) -> None:
     (tmp_path / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(row) + b"\n")
     with pytest.raises(CheckpointError, match="line 1: 'batch' 3 and 'step' 2 disagree"):
         load_checkpoints(tmp_path)
+
+
+_KEY = [1, 2]
+_TOKENS = {"sampled": 3, "prefill_cached": 0, "prefill_uncached": 1, "trained": 2}
+
+
+def _formats(old: Path) -> dict[str, dict[str, object]]:
+    """One step-4 row of each format rlpure wrote, its log dir having been at `old`."""
+    first = {"step": 4, "name": "step_000004_17f",
+             "state_path": f"{old}/local_states/r/state/step_000004_17f", "rng_key_data": _KEY,
+             "final": False, "wall_time": 1.0, "kl_reference_path": None}  # fmt: skip
+    relative = {**first, "state_path": "local_states/r/state/step_000004_17f"}
+    cookbook_keys = {**relative, "name": "000004", "batch": 4, "cumulative_tokens": _TOKENS,
+                     "discarded_tokens": _TOKENS}  # fmt: skip
+    today = {**cookbook_keys, "state_path": first["state_path"],
+             "sampler_path": f"{old}/local_states/r/sampler/step_000004_17f",
+             "relative_state_path": "local_states/r/state/step_000004_17f",
+             "relative_sampler_path": "local_states/r/sampler/step_000004_17f"}  # fmt: skip
+    return {"absolute": first, "relative": relative, "cookbook_keys": cookbook_keys,
+            "today": today}  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["absolute", "relative", "cookbook_keys", "today"])
+def test_every_row_format_of_this_project_resumes(tmp_path: Path, version: str) -> None:
+    log_dir = tmp_path / "D"
+    log_dir.mkdir()
+    row = _formats(log_dir)[version]
+    (log_dir / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(row) + b"\n")
+    (record,) = load_checkpoints(log_dir)
+    assert (record.step, record.rng_key_data, record.rng_key_rederived) == (4, (1, 2), False)
+    assert record.state_path == str(log_dir / "local_states/r/state/step_000004_17f")
+    totals = _TOKENS if "batch" in row else dict.fromkeys(_TOKENS, 0)  # older: from zero
+    assert record.cumulative_tokens.as_dict() == totals
+
+
+@pytest.mark.parametrize("version", ["relative", "cookbook_keys", "today"])
+def test_a_moved_log_dir_resumes_its_own_states_whatever_the_format(
+    tmp_path: Path, version: str
+) -> None:
+    moved = tmp_path / "D2"
+    moved.mkdir()
+    row = _formats(tmp_path / "D")[version]  # written at D, then moved to D2
+    (moved / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(row) + b"\n")
+    (record,) = load_checkpoints(moved)
+    assert record.state_path == str(moved / "local_states/r/state/step_000004_17f")
+    if version == "today":
+        assert record.sampler_path == str(moved / "local_states/r/sampler/step_000004_17f")
+
+
+def test_the_first_format_moved_is_refused_saying_how_to_convert(tmp_path: Path) -> None:
+    moved = tmp_path / "D2"
+    moved.mkdir()
+    row = _formats(tmp_path / "D")["absolute"]
+    (moved / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(row) + b"\n")
+    with pytest.raises(CheckpointError, match=r"line 1: .*outside the log dir.*sed -i") as err:
+        load_checkpoints(moved)
+    assert f"{tmp_path / 'D'}/" in str(err.value)
+
+
+def test_rows_name_the_backends_absolute_path_and_the_log_dir_relative_one(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "local_states" / "r" / "state" / "s"
+    record = msgspec.structs.replace(
+        _record(3), state_path=str(state), sampler_path=str(state.parent.parent / "sampler" / "s")
+    )
+    append_checkpoint(tmp_path, record)
+    (row,) = _rows(tmp_path)
+    assert row["state_path"] == str(state)  # what the cookbook's main passes to the backend
+    assert row["relative_state_path"] == "local_states/r/state/s"
+    assert row["relative_sampler_path"] == "local_states/r/sampler/s"
+    uri = msgspec.structs.replace(_record(4), sampler_path="fake://m/sampler/s4")
+    append_checkpoint(tmp_path, uri)
+    row = _rows(tmp_path)[1]
+    assert row["state_path"] == "fake://s4" and "relative_state_path" not in row
+    assert row["sampler_path"] == "fake://m/sampler/s4" and "relative_sampler_path" not in row

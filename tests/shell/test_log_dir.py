@@ -216,8 +216,12 @@ def _local_run(log_dir: Path, *, max_steps: int) -> TrainResult:
 
 
 def _recorded_state_paths(log_dir: Path) -> list[str]:
+    """The paths rlpure resumes from (`relative_state_path`; the cookbook's `state_path` holds
+    the backend's absolute path, for the cookbook's `main`)."""
     lines = (log_dir / CHECKPOINTS_FILE).read_text().splitlines()
-    return [json.loads(line)["state_path"] for line in lines]
+    rows = [json.loads(line) for line in lines]
+    assert all(Path(row["state_path"]).is_absolute() for row in rows), rows
+    return [row["relative_state_path"] for row in rows]
 
 
 def test_a_moved_log_dir_resumes_where_it_was(tmp_path: Path) -> None:

@@ -1,0 +1,203 @@
+"""What `Checkpointer` saves when (the cookbook's `CheckpointManager`): periodic saves of state
+and sampler weights with `ttl_seconds`, rolling state saves with `rolling_ttl_seconds` that
+delete the previous rolling state, a final save kept indefinitely; and the rows they write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tinker import types
+
+from rlpure.usage import TokenUsage
+from shell.config import TrainConfig
+from shell.fakes import FakeCheckpointStore, FakeFuture, FakeServiceClient, FakeTrainingClient
+from shell.training._checkpoints import (
+    CHECKPOINTS_FILE,
+    Checkpointer,
+    CheckpointRecord,
+    last_checkpoint,
+    load_checkpoints,
+)
+
+
+class _TtlRecordingClient(FakeTrainingClient):
+    """The fake training client, recording the `ttl_seconds` each save was given."""
+
+    def __init__(self, service: FakeServiceClient) -> None:
+        super().__init__(base_model="m", rank=1, store=service.store, events=service.events)
+        self.ttls: list[tuple[str, str, int | None]] = []
+
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> FakeFuture[types.SaveWeightsResponse]:
+        self.ttls.append(("state", name, ttl_seconds))
+        return super().save_state(name, ttl_seconds, overwrite, user_metadata)
+
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> FakeFuture[types.SaveWeightsForSamplerResponse]:
+        self.ttls.append(("sampler", name, ttl_seconds))
+        return super().save_weights_for_sampler(name, ttl_seconds, user_metadata)
+
+
+class _FakeRestClient:
+    """A scripted REST client deleting states from the fake store (the fake SDK has none)."""
+
+    def __init__(self, store: FakeCheckpointStore, deleted: list[str]) -> None:
+        self.store = store
+        self.deleted = deleted
+
+    def delete_checkpoint_from_tinker_path(self, tinker_path: str) -> FakeFuture[None]:
+        if tinker_path not in self.store.states:
+            raise ValueError(f"no checkpoint {tinker_path}")
+        del self.store.states[tinker_path]
+        self.deleted.append(tinker_path)
+        return FakeFuture(None, events=[], label="delete")
+
+
+class _ServiceWithRest(FakeServiceClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: list[str] = []
+
+    def create_rest_client(self) -> _FakeRestClient:
+        return _FakeRestClient(self.store, self.deleted)
+
+
+def _run(
+    service: FakeServiceClient,
+    client: FakeTrainingClient,
+    log_dir: Path,
+    *,
+    steps: range,
+    num_steps: int,
+    resumed_from: CheckpointRecord | None = None,
+    **options: Any,
+) -> list[CheckpointRecord | None]:
+    config = TrainConfig(log_dir=str(log_dir), **options)
+    saves = Checkpointer(
+        client,
+        service_client=service,
+        log_dir=log_dir,
+        config=config,
+        num_steps=num_steps,
+        resumed_from=resumed_from,
+    )
+
+    async def go() -> list[CheckpointRecord | None]:
+        return [
+            await saves.save(
+                step,
+                final=step == num_steps,
+                rng_key_data=(0, step),
+                kl_reference_path=None,
+                cumulative_tokens=TokenUsage(sampled=10 * step),
+                discarded_tokens=TokenUsage(sampled=step),
+            )
+            for step in steps
+        ]
+
+    return asyncio.run(go())
+
+
+def _rows(log_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (log_dir / CHECKPOINTS_FILE).read_text().splitlines()]
+
+
+def test_periodic_saves_hold_sampler_weights_with_the_ttl_and_the_final_one_none(
+    tmp_path: Path,
+) -> None:
+    service = FakeServiceClient()
+    client = _TtlRecordingClient(service)
+    saved = _run(service, client, tmp_path, steps=range(1, 5), num_steps=4, save_every=2,
+                 ttl_seconds=60)  # fmt: skip
+    assert [r is not None for r in saved] == [False, True, False, True]
+    assert [(kind, ttl) for kind, _, ttl in client.ttls] == [
+        ("state", 60), ("sampler", 60), ("state", None), ("sampler", None)
+    ]  # fmt: skip
+    # submitted together, then awaited (as the cookbook's save_checkpoint_async)
+    saves = [e[0] for e in service.events if e[0] != "await" or e[1].startswith("save")]
+    assert saves[:2] == ["save_state", "save_weights_for_sampler"]
+    rows = _rows(tmp_path)
+    assert [r["name"] for r in rows] == ["000002", "final"]
+    assert all(r["sampler_path"].startswith("fake://m/sampler/step_") for r in rows)
+    assert all("rolling" not in r for r in rows)
+    assert rows[-1]["cumulative_tokens"]["sampled"] == 40  # the end totals
+    assert rows[-1]["discarded_tokens"]["sampled"] == 4
+    assert load_checkpoints(tmp_path)[0].sampler_path == rows[0]["sampler_path"]
+
+
+def test_rolling_saves_are_state_only_and_delete_the_previous_one(tmp_path: Path) -> None:
+    service = _ServiceWithRest()
+    client = _TtlRecordingClient(service)
+    _run(service, client, tmp_path, steps=range(1, 6), num_steps=5, save_every=3,
+         rolling_save_every=1, rolling_ttl_seconds=99, ttl_seconds=None)  # fmt: skip
+    rows = _rows(tmp_path)
+    assert [(r["name"], r.get("rolling", False), "sampler_path" in r) for r in rows] == [
+        ("000001", True, False),
+        ("000002", True, False),
+        ("000003", False, True),  # periodic falls here: no rolling save
+        ("000004", True, False),
+        ("final", False, True),
+    ]
+    assert [ttl for kind, _, ttl in client.ttls if kind == "state"] == [99, 99, None, 99, None]
+    # each rolling state deleted once a newer rolling one (or the final) is saved
+    assert service.deleted == [rows[0]["state_path"], rows[1]["state_path"], rows[3]["state_path"]]
+    assert rows[2]["state_path"] in service.store.states  # periodic ones stay
+    # the last row is what resumes; a rolling one reads back as rolling
+    last = last_checkpoint(tmp_path)
+    assert last is not None and last.final
+    rolling = load_checkpoints(tmp_path)[3]
+    assert rolling.rolling and rolling.sampler_path is None and rolling.step == 4
+
+
+def test_a_run_resumed_from_a_rolling_save_deletes_it_once_superseded(tmp_path: Path) -> None:
+    service = _ServiceWithRest()
+    client = _TtlRecordingClient(service)
+    _run(service, client, tmp_path, steps=range(1, 3), num_steps=9, rolling_save_every=1)
+    resumed_from = last_checkpoint(tmp_path)
+    assert resumed_from is not None and resumed_from.rolling and resumed_from.step == 2
+    service.deleted.clear()
+    _run(service, client, tmp_path, steps=range(3, 5), num_steps=4, rolling_save_every=1,
+         resumed_from=resumed_from)  # fmt: skip
+    rows = _rows(tmp_path)
+    assert service.deleted == [resumed_from.state_path, rows[2]["state_path"]]
+    assert rows[-1]["name"] == "final"
+
+
+def test_a_service_without_a_rest_client_keeps_its_rolling_states_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = FakeServiceClient()
+    with caplog.at_level("WARNING"):
+        _run(service, _TtlRecordingClient(service), tmp_path, steps=range(1, 4), num_steps=3,
+             rolling_save_every=1)  # fmt: skip
+    assert "cannot delete the superseded rolling checkpoint" in caplog.text
+    assert [r["name"] for r in _rows(tmp_path)] == ["000001", "000002", "final"]
+
+
+def test_nothing_is_due_without_cadences_nor_at_the_last_step(tmp_path: Path) -> None:
+    service = FakeServiceClient()
+    saved = _run(service, _TtlRecordingClient(service), tmp_path, steps=range(1, 4),
+                 num_steps=3)  # fmt: skip
+    assert [r is None for r in saved] == [True, True, False]
+    saves = Checkpointer(
+        _TtlRecordingClient(service),
+        service_client=service,
+        log_dir=tmp_path,
+        config=TrainConfig(save_every=1, rolling_save_every=1),
+        num_steps=3,
+        resumed_from=None,
+    )
+    assert [saves.due(step) for step in range(5)] == [None, "periodic", "periodic", None, None]
