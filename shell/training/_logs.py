@@ -1,4 +1,5 @@
-"""Run logs: `metrics.jsonl`, decoded rollout samples, the progress line and the reward curve.
+"""Run logs: `metrics.jsonl`, decoded rollout samples, `logs.log`, the progress line and the
+reward curve.
 
 Conventions:
 - `metrics.jsonl` holds one JSON object per training step, `{"step": i, ...metrics}`, appended
@@ -12,6 +13,16 @@ Conventions:
   error the CLI reports in one line, not a traceback).
 - `samples.jsonl` holds decoded rollouts (`decode_rollout_samples`), a few groups per step, with
   the same `step` key and the same truncation on resume.
+- `logs.log` (`LOGS_FILE`) holds the run's log lines in the cookbook's file format
+  (`name:lineno [LEVEL] message`), appended across calls and resumes: `run_log_file` attaches a
+  `FileHandler` at INFO to the root logger for the duration of a `train` call and removes it
+  after (one handler per file: a handler already on the root logger for the same file is
+  reused, not doubled). The call's first line is the command line, as the cookbook's. Each
+  step's progress line goes to the file too, through `STEPS_LOGGER`, which does not propagate
+  (the console already prints it). Unlike the cookbook's `configure_logging_module`, nothing
+  else of the process's logging is replaced: when the root logger is above INFO, it is lowered
+  to INFO for the call while each of its handlers is raised to the old level, so the console
+  shows what it showed before (and warnings still reach stderr when no handler was configured).
 - The reward curve is drawn with matplotlib's object API on an Agg canvas (no `pyplot`, no
   global backend switch), so it works headless and from any thread.
 - Nothing here reads the environment: secrets such as `TINKER_API_KEY` never reach a log.
@@ -23,7 +34,10 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,9 +55,12 @@ from rlpure.records import TrajectoryGroup
 from shell.errors import CheckpointError
 
 __all__ = [
+    "LOGS_FILE",
+    "LOG_LINE_FORMAT",
     "METRICS_FILE",
     "REWARD_CURVE_FILE",
     "SAMPLES_FILE",
+    "STEPS_LOGGER",
     "JsonlWriter",
     "LogFileError",
     "RunProgress",
@@ -52,6 +69,7 @@ __all__ = [
     "headline_eval_metrics",
     "plot_reward_curve",
     "read_jsonl",
+    "run_log_file",
     "truncate_jsonl_by_step",
 ]
 
@@ -63,6 +81,68 @@ SAMPLES_FILE = "samples.jsonl"
 """Decoded rollout samples per step, in the log dir."""
 REWARD_CURVE_FILE = "reward_curve.png"
 """The train/test reward curve, drawn at the end of a run."""
+LOGS_FILE = "logs.log"
+"""The run's log lines, appended by every `train` call on the log dir."""
+LOG_LINE_FORMAT = "%(name)s:%(lineno)d [%(levelname)s] %(message)s"
+"""The cookbook's `logs.log` line format."""
+STEPS_LOGGER = "shell.training.steps"
+"""The logger of the per-step progress lines (file only: it does not propagate)."""
+
+
+def _same_file(handler: logging.Handler, path: Path) -> bool:
+    return isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == path
+
+
+@contextmanager
+def run_log_file(path: str | os.PathLike[str], *, level: int = logging.INFO) -> Iterator[Path]:
+    """Appends the process's log records at `level` and above to `path` for the block (see the
+    module docstring); everything it changed is restored when the block ends.
+
+    Yields:
+        The absolute path of the log file.
+    """
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    steps = logging.getLogger(STEPS_LOGGER)
+    saved = (root.level, steps.level, steps.propagate)
+    handler = next((h for h in root.handlers if _same_file(h, path)), None)
+    ours = handler is None
+    if handler is None:
+        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+        handler.setLevel(level)
+        handler.setFormatter(logging.Formatter(LOG_LINE_FORMAT))
+    raised: list[tuple[logging.Handler, int]] = []
+    fallback = None
+    if root.getEffectiveLevel() > level:  # open the root to `level` for the file alone
+        for other in root.handlers:
+            if other.level < root.level:
+                raised.append((other, other.level))
+                other.setLevel(root.level)
+        if not root.handlers and logging.lastResort is not None:
+            fallback = logging.lastResort  # what logging used: warnings stay on stderr
+            root.addHandler(fallback)
+        root.setLevel(level)
+    if ours:
+        root.addHandler(handler)
+    steps.setLevel(level)
+    steps.propagate = False
+    steps.addHandler(handler)
+    try:
+        logging.getLogger(__name__).info("Command line invocation: %s", shlex.join(sys.argv))
+        yield path
+    finally:
+        steps.removeHandler(handler)
+        steps.setLevel(saved[1])
+        steps.propagate = saved[2]
+        if ours:
+            root.removeHandler(handler)
+            handler.close()
+        if fallback is not None:
+            root.removeHandler(fallback)
+        for other, other_level in raised:
+            other.setLevel(other_level)
+        root.setLevel(saved[0])
 
 
 def _json_default(value: Any) -> Any:

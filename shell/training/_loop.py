@@ -27,10 +27,27 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
    loop around SDK calls (the SDK retries). Steps 3–4 are `train_on_groups`
    (`shell.training._policy_update`, which states their conventions), whose `PolicyUpdate`
    brings back the new sampling client and the metrics merged into the step's;
-5. metrics (`rlpure.metrics` names) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
+5. metrics (see Records below) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
    progress line; a new sampling client from the trained weights; a checkpoint when
    `save_every` divides `i + 1`; after the last step the evaluators once more (a `final_eval`
    line) and a final checkpoint; the reward-curve PNG last.
+
+Records (the cookbook's names, so a Tinker user reads them as the cookbook's): a step's
+`metrics.jsonl` row holds `progress/batch`, `progress/done_frac`, `optim/lr`, the evaluators'
+metrics on eval steps, `env/*` (`rlpure.metrics`), `rollout_errors/*`, the update's metrics
+(`shell.training._policy_update`: the optimizer's own keys verbatim, `optim/kl_sample_train_*`,
+`optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run`), our
+`batch/*` and `train/*` keys, and the `time/*` metrics of the step's spans
+(`shell.training._timing`; `time/total` is the whole step). Spans are named as the cookbook's
+(`run_evals`, `sampling`, `do_train_step_and_get_sampling_client`, `train_step`, ...) and
+written to `timing_spans.jsonl`, one line per step, after the step's checkpoint when one is
+due (its `save_checkpoint_async` span is in that line, not in the metrics row, which is
+written first so that a run killed while saving keeps the step's row); the final evaluation
+and checkpoint are the line of step `num_steps`. `logs.log` holds the run's log lines and
+per-step progress lines (`shell.training._logs.run_log_file`). Modes: with
+`config.stream_minibatch_config` each step is `shell.training._stream.run_stream_step`; with
+`config.async_config`, `shell.training._async.run_async` drives the steps and calls back the
+loop's per-step bookkeeping (samples, metrics row, progress, checkpoint, spans).
 
 Clients are the `shell.clients` protocols: `tinker.ServiceClient`,
 `shell.local.LocalServiceClient` and `shell.fakes.FakeServiceClient` all satisfy them.
@@ -53,18 +70,14 @@ test-set evaluation at step `i` samples with a seed derived from `config.seed` a
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import msgspec
-import tinker
-from returns.result import Success
 from rich.console import Console
 
 from rlpure import metrics as metrics_lib
@@ -75,28 +88,26 @@ from shell.clients import SamplingClient, ServiceClient, TrainingClient
 from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.datasets import EpochCycledRLDataset
-from shell.env import EnvGroupBuilder, RLDataset
+from shell.env import RLDataset
 from shell.errors import ConfigError
-from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator, SamplingClientEvaluatorBuilder
-from shell.limits import TerminationRewardPolicy
-from shell.rollouts import (
-    GroupOutcome,
-    RolloutErrorCounter,
-    RolloutStrategy,
-    do_batch_rollouts,
-)
-from shell.training._checkpoints import CheckpointRecord, save_checkpoint
+from shell.eval import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
+from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
+from shell.training._checkpoints import CheckpointRecord
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
+    LOGS_FILE,
     METRICS_FILE,
     REWARD_CURVE_FILE,
     SAMPLES_FILE,
+    STEPS_LOGGER,
     JsonlWriter,
     RunProgress,
     decode_rollout_samples,
+    format_progress_line,
     headline_eval_metrics,
     plot_reward_curve,
     read_jsonl,
+    run_log_file,
     truncate_jsonl_by_step,
 )
 from shell.training._policy_update import (
@@ -110,9 +121,25 @@ from shell.training._resume import (
     callers_training_client,
     checked_last_checkpoint,
     open_training_client,
-    prng_key_data,
     prng_key_from_data,
     record_run_options,
+)
+from shell.training._run import (
+    _checkpoint,
+    _count_tokens,
+    _decoder,
+    _evaluates,
+    _Run,
+    _run_evaluators,
+    _successful,
+)
+from shell.training._timing import (
+    TIMING_SPANS_FILE,
+    StepTimer,
+    recording,
+    span,
+    span_dicts,
+    step_timer,
 )
 
 __all__ = [
@@ -123,6 +150,15 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+step_logger = logging.getLogger(STEPS_LOGGER)
+
+
+class _StepFn(Protocol):
+    """One step of a mode (`_run_step`, the streaming mode's `run_stream_step`)."""
+
+    def __call__(
+        self, run: _Run, step: int, *, dataset: RLDataset
+    ) -> Awaitable[tuple[dict[str, Any], list[TrajectoryGroup]]]: ...
 
 
 class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,17 +181,6 @@ class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
     last_metrics: dict[str, Any]
     checkpoint: CheckpointRecord | None
     reward_curve: str | None
-
-
-def _successful(
-    builders_P: Sequence[EnvGroupBuilder], outcomes_P: Sequence[GroupOutcome]
-) -> tuple[list[EnvGroupBuilder], list[TrajectoryGroup]]:
-    kept_builders, kept_groups = [], []
-    for builder, outcome in zip(builders_P, outcomes_P, strict=True):
-        if isinstance(outcome, Success):
-            kept_builders.append(builder)
-            kept_groups.append(outcome.unwrap())
-    return kept_builders, kept_groups
 
 
 async def evaluate(
@@ -194,17 +219,6 @@ def _test_set_evaluator(
     )
 
 
-_EVAL_STREAM = 0x6576616C
-"""Folded into the run's seed to derive evaluation seeds (so evaluating draws nothing from the
-loop's key: the training seeds of a run are the same with or without evaluation)."""
-
-
-def _eval_seed(seed: int, step: int) -> int:
-    """The sampling seed of the evaluation at `step` (deterministic, as the training seeds)."""
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _EVAL_STREAM), step)
-    return int(jax.random.randint(key, (), 0, 2**31 - 1))
-
-
 def resolve_num_steps(max_steps: int | None, num_batches: int, num_epochs: int = 1) -> int:
     """Total steps of a run: `num_epochs` passes over `num_batches`, capped by `max_steps`
     (the cookbook's `_resolve_end_batch`, with the same warning when the cap is unreachable).
@@ -234,49 +248,6 @@ def resolve_num_steps(max_steps: int | None, num_batches: int, num_epochs: int =
     return min(max_steps, total)
 
 
-def _decoder(tokenizer: TokenizerLike | None) -> Callable[[Sequence[int]], str]:
-    if tokenizer is None:
-        return lambda ids: " ".join(str(i) for i in ids)
-    return lambda ids: str(tokenizer.decode(list(ids)))
-
-
-@dataclass
-class _Run:
-    """What the loop carries from step to step (shell-side, mutable by design)."""
-
-    config: TrainConfig
-    log_dir: Path
-    num_steps: int
-    training_client: TrainingClient
-    sampling_client: SamplingClient
-    kl_reference_client: SamplingClient | None
-    kl_reference_path: str | None
-    key: jax.Array
-    strategy: RolloutStrategy
-    adam_params: tinker.AdamParams
-    evaluators: list[SamplingClientEvaluator]
-    test_evaluator: RLTestSetEvaluator | None
-    error_counter: RolloutErrorCounter | None
-    termination: TerminationRewardPolicy | None
-    decode: Callable[[Sequence[int]], str]
-    tokens: usage_lib.TokenUsage  # running totals (rlpure.usage), discarded sampling included
-    discarded_tokens: usage_lib.TokenUsage
-
-
-def _count_tokens(
-    run: _Run, groups: Sequence[TrajectoryGroup], trained: Sequence[TrajectoryGroup]
-) -> dict[str, int]:
-    """The step's `tokens/*` and `tokens/cumulative/*` metrics (the cookbook's sync loop: the
-    rollouts and datums of the `trained` groups are the step's; the other `groups` — constant
-    reward, dropped before training — count only in the running and discarded totals)."""
-    trained_ids = {id(group) for group in trained}
-    discarded = usage_lib.rollout_usage(g for g in groups if id(g) not in trained_ids)
-    step = usage_lib.rollout_usage(trained) + usage_lib.training_usage(trained)
-    run.discarded_tokens += discarded
-    run.tokens += discarded + step
-    return {**step.metrics("tokens"), **run.tokens.metrics("tokens/cumulative")}
-
-
 async def _kl_reference(
     config: TrainConfig,
     service_client: ServiceClient,
@@ -302,52 +273,22 @@ async def _kl_reference(
     return await service_client.create_sampling_client(model_path=saved_path), saved_path
 
 
-async def _run_evaluators(run: _Run, step: int) -> dict[str, float]:
-    """Every evaluator on the current sampler, concurrently; metrics merged in order (a later
-    evaluator's key wins; the test-set evaluator is last), as the cookbook's
-    `run_evaluations_parallel`."""
-    calls: list[Awaitable[Mapping[str, float]]] = [
-        evaluator(run.sampling_client) for evaluator in run.evaluators
-    ]
-    if run.test_evaluator is not None:
-        calls.append(
-            run.test_evaluator(run.sampling_client, seed=_eval_seed(run.config.seed, step))
-        )
-    merged: dict[str, float] = {}
-    for found in await asyncio.gather(*calls):
-        merged.update(found)
-    evaluated = getattr(run.test_evaluator, "last_groups", ())  # see shell.training._reports
-    if run.test_evaluator is not None and evaluated:
-        write_rollout_report(
-            run.log_dir,
-            step=step,
-            groups_P=[group for group, _ in evaluated],
-            tags_P=[tags for _, tags in evaluated],
-            decode=run.decode,
-            num_groups_to_log=run.config.num_groups_to_log,
-            base_name=f"eval_{run.test_evaluator.name}",
-            split=f"eval/{run.test_evaluator.name}",
-            title=f"Running evaluation {run.test_evaluator.name} {step}",
-        )
-    return merged
-
-
-def _evaluates(run: _Run) -> bool:
-    return bool(run.config.eval_every) and (bool(run.evaluators) or run.test_evaluator is not None)
-
-
 async def _run_step(
     run: _Run, step: int, *, dataset: RLDataset
 ) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
-    """Evaluation (when due), rollouts and training of one step; returns metrics and groups."""
+    """Evaluation (when due), rollouts and training of one step; returns metrics and groups.
+
+    Its phases are timed into the current step timer (`shell.training._timing.span`) under the
+    cookbook's span names: `run_evals` (see `_run_evaluators`), `sampling`,
+    `do_train_step_and_get_sampling_client` (and, inside `train_on_groups`, its parts).
+    """
     config = run.config
-    step_start = time.perf_counter()
     run.key, step_key = jax.random.split(run.key)
     seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
     metrics: dict[str, Any] = {
-        "progress/step": step,
-        "progress/done_frac": (step + 1) / run.num_steps,
+        "progress/batch": step,
         "optim/lr": config.learning_rate,
+        "progress/done_frac": (step + 1) / run.num_steps,
     }
     if _evaluates(run) and step % config.eval_every == 0:
         metrics.update(await _run_evaluators(run, step))
@@ -359,15 +300,14 @@ async def _run_step(
         temperature=config.temperature,
         seed=seed,
     )
-    rollout_start = time.perf_counter()
-    outcomes = await do_batch_rollouts(
-        builders,
-        policy,
-        strategy=run.strategy,
-        termination=run.termination,
-        max_concurrent_groups=config.max_concurrent_groups,
-    )
-    metrics["time/rollouts_s"] = time.perf_counter() - rollout_start
+    with span("sampling"):
+        outcomes = await do_batch_rollouts(
+            builders,
+            policy,
+            strategy=run.strategy,
+            termination=run.termination,
+            max_concurrent_groups=config.max_concurrent_groups,
+        )
     if run.error_counter is not None:
         for outcome in outcomes:
             run.error_counter.ingest(outcome)
@@ -395,33 +335,25 @@ async def _run_step(
         metrics["batch/num_groups"] = len(groups)
         # constant-reward groups carry no signal under group centring
         metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
-        train_start = time.perf_counter()
-        update = await train_on_groups(
-            groups,
-            training_client=run.training_client,
-            kl_reference_client=run.kl_reference_client,
-            config=config,
-            adam_params=run.adam_params,
-        )
+        with span("do_train_step_and_get_sampling_client"):
+            update = await train_on_groups(
+                groups,
+                training_client=run.training_client,
+                kl_reference_client=run.kl_reference_client,
+                config=config,
+                adam_params=run.adam_params,
+            )
         metrics.update(update.metrics)
-        metrics.update(_count_tokens(run, groups, update.trained_groups_P))
+        metrics.update(
+            _count_tokens(
+                run,
+                groups,
+                update.trained_groups_P,
+                num_datums=int(update.metrics["batch/num_datums"]),
+            )
+        )
         run.sampling_client = update.sampling_client
-        metrics["time/train_s"] = time.perf_counter() - train_start
-    metrics["time/step_s"] = time.perf_counter() - step_start
     return metrics, groups
-
-
-async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> CheckpointRecord:
-    return await save_checkpoint(
-        run.training_client,
-        log_dir=run.log_dir,
-        step=step,
-        rng_key_data=prng_key_data(run.key),
-        final=final,
-        kl_reference_path=run.kl_reference_path,
-        cumulative_tokens=run.tokens,
-        discarded_tokens=run.discarded_tokens,
-    )
 
 
 def _final_eval_line(metrics: Mapping[str, float]) -> str:
@@ -495,7 +427,7 @@ async def train(
         LogDirLockedError: another run holds `log_dir` (a `ConfigError` naming its pid; see
             `hold_log_dir`). Nothing in the log dir is touched then.
     """
-    with hold_log_dir(config.log_dir):
+    with hold_log_dir(config.log_dir), run_log_file(Path(config.log_dir) / LOGS_FILE):
         return await _locked_train(
             config,
             dataset=dataset,
@@ -528,8 +460,13 @@ async def _locked_train(
     """`train`'s body, run while this process holds the log dir's lock."""
     log_dir = Path(config.log_dir)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
-    for log in (METRICS_FILE, SAMPLES_FILE):
+    for log in (METRICS_FILE, SAMPLES_FILE, TIMING_SPANS_FILE):
         read_jsonl(log_dir / log)  # a damaged log stops the run before anything is rewritten
+    # issue 15's modes check the dataset against their batch shape before anything runs
+    if config.stream_minibatch_config is not None:
+        importlib.import_module("shell.training._stream").check_stream_dataset(config, dataset)
+    if config.async_config is not None:
+        importlib.import_module("shell.training._async").check_async_dataset(config, dataset)
     client = (
         None
         if training_client is None
@@ -553,6 +490,7 @@ async def _locked_train(
         )
     dropped = truncate_jsonl_by_step(log_dir / METRICS_FILE, keep_below=start)
     truncate_jsonl_by_step(log_dir / SAMPLES_FILE, keep_below=start)
+    truncate_jsonl_by_step(log_dir / TIMING_SPANS_FILE, keep_below=start)
     if resume is not None:
         logger.info(
             "%s: resuming at step %d from %s (dropped %d metrics lines logged after it)",
@@ -610,19 +548,25 @@ async def _locked_train(
     with (
         JsonlWriter(log_dir / METRICS_FILE) as metrics_writer,
         JsonlWriter(log_dir / SAMPLES_FILE) as samples_writer,
+        JsonlWriter(log_dir / TIMING_SPANS_FILE) as spans_writer,
         progress,
     ):
-        if resume is not None:
-            progress.note(f"Resuming from step {start} ({resume.state_path})")
-        what = "on the test set" if test_dataset is not None else "with the evaluators"
-        for step in range(start, num_steps):
-            if step == start:
-                progress.phase("compiling and running the first step…")
-            elif _evaluates(run) and step % config.eval_every == 0:
-                progress.phase(f"evaluating {what}, then step {step}…")
-            else:
-                progress.phase("training", line=False)
-            metrics, groups = await _run_step(run, step, dataset=dataset)
+
+        def write_spans(step: int, timer: StepTimer) -> None:
+            if timer.spans:
+                spans_writer.write({"step": step, "spans": span_dicts(timer.spans)})
+
+        async def finish_step(
+            step: int,
+            metrics: dict[str, Any],
+            groups: Sequence[TrajectoryGroup],
+            *,
+            timer: StepTimer | None = None,
+        ) -> None:
+            """What follows a step's work: its samples, metrics row and progress line, then
+            its checkpoint when due, then its `timing_spans.jsonl` row (with the checkpoint's
+            span, which the metrics row, written first, does not hold)."""
+            nonlocal last_metrics, checkpoint
             if not groups:
                 skipped.append(step)
             elif config.num_groups_to_log:
@@ -633,15 +577,49 @@ async def _locked_train(
                 )
             metrics_writer.write({"step": step, **metrics})
             progress.step_done(step, metrics)
+            step_logger.info("%s", format_progress_line(step, metrics))
             last_metrics = metrics
-            if config.save_every and (step + 1) % config.save_every == 0 and step + 1 < num_steps:
-                checkpoint = await _checkpoint(run, step + 1)
-        if _evaluates(run) and start < num_steps:  # as the cookbook: only after a step ran
-            progress.phase(f"final evaluation {what}…")
-            final_eval = await _run_evaluators(run, num_steps)
-            metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
-            progress.note(_final_eval_line(final_eval))
-        checkpoint = await _checkpoint(run, num_steps, final=True)
+            timer = StepTimer() if timer is None else timer
+            with recording(timer):
+                if (
+                    config.save_every
+                    and (step + 1) % config.save_every == 0
+                    and step + 1 < num_steps
+                ):
+                    checkpoint = await _checkpoint(run, step + 1)
+            write_spans(step, timer)
+
+        if resume is not None:
+            progress.note(f"Resuming from step {start} ({resume.state_path})")
+        what = "on the test set" if test_dataset is not None else "with the evaluators"
+        if config.async_config is not None:  # issue 15's modes: shell.training._async, _stream
+            run_async = importlib.import_module("shell.training._async").run_async
+            skipped.extend(
+                await run_async(run, start=start, dataset=dataset, finish_step=finish_step)
+            )
+        else:
+            step_fn: _StepFn = _run_step
+            if config.stream_minibatch_config is not None:
+                step_fn = importlib.import_module("shell.training._stream").run_stream_step
+            for step in range(start, num_steps):
+                if step == start:
+                    progress.phase("compiling and running the first step…")
+                elif _evaluates(run) and step % config.eval_every == 0:
+                    progress.phase(f"evaluating {what}, then step {step}…")
+                else:
+                    progress.phase("training", line=False)
+                with step_timer() as timer:
+                    metrics, groups = await step_fn(run, step, dataset=dataset)
+                metrics.update(timer.metrics())
+                await finish_step(step, metrics, groups, timer=timer)
+        with recording(StepTimer()) as final_timer:
+            if _evaluates(run) and start < num_steps:  # as the cookbook: only after a step ran
+                progress.phase(f"final evaluation {what}…")
+                final_eval = await _run_evaluators(run, num_steps)
+                metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
+                progress.note(_final_eval_line(final_eval))
+            checkpoint = await _checkpoint(run, num_steps, final=True)
+        write_spans(num_steps, final_timer)
     curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
     return TrainResult(
         log_dir=str(log_dir),

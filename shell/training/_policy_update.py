@@ -20,9 +20,18 @@ Conventions:
 - Metrics of a `PolicyUpdate` (new records; the caller merges them into its step's):
   `kl_policy_base` when KL-shaped, `batch/num_datums`, `batch/num_trained_groups`,
   `train/<key>` per `forward_backward` metric (summed over substeps for `:sum` keys, averaged
-  otherwise), `optim/<key>` from the last `optim_step`, `optim/kl_sample_train_v1|v2` and
+  otherwise), the last `optim_step`'s own metrics under their own keys (merged verbatim, as the
+  cookbook does: the local backend's `grad_norm`, the fake's `optim/step`),
+  `optim/kl_sample_train_v1|v2` and
   `optim/entropy` (`rlpure.metrics`), then `kl_pre_post_v1|v2` with `compute_post_kl`
   (`post_update_kl_metrics`), in that order.
+- Timing: the phases are timed into the current step timer (`shell.training._timing.span`, a
+  no-op outside one) under the cookbook's span names: `prepare_minibatch` (with
+  `assemble_training_data` and `kl_vs_base`), `train_step` (with, per substep `k`,
+  `train/fwd_bwd_substep_{k}_mb_0_enqueue|consume` and `train/optim_substep_{k}_enqueue|consume`,
+  the names of the cookbook's streaming step; its sync `train_step` times no call),
+  `compute_full_batch_metrics_and_get_sampling_client` (with `compute_kl_sample_train`,
+  `save_checkpoint_and_get_sampling_client` / `save_checkpoint` and `compute_post_kl`).
 - Clients are `shell.clients.TrainingClient` / `SamplingClient`: Tinker's, the local
   backend's (`shell.local`) or the fakes (`shell.fakes`).
 """
@@ -46,6 +55,7 @@ from rlpure.records import TrajectoryGroup
 from shell.clients import APIFuture, SamplingClient, TrainingClient
 from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
+from shell.training._timing import span
 
 __all__ = [
     "PolicyUpdate",
@@ -179,18 +189,23 @@ async def train_step(
             (`check_provenance`); nothing is sent then.
     """
     check_provenance(datums, loss_fn)
-    submitted: list[
-        tuple[APIFuture[tinker.ForwardBackwardOutput], APIFuture[tinker.OptimStepResponse]]
-    ] = []
-    for chunk in split_into_substeps(list(datums), num_substeps):
-        fb_future = training_client.forward_backward(chunk, loss_fn, loss_fn_config)
-        optim_future = training_client.optim_step(adam_params)
-        submitted.append((fb_future, optim_future))
-    forward_backward: list[tinker.ForwardBackwardOutput] = []
-    optim_step: list[tinker.OptimStepResponse] = []
-    for fb_future, optim_future in submitted:
-        forward_backward.append(await fb_future)
-        optim_step.append(await optim_future)
+    with span("train_step"):
+        submitted: list[
+            tuple[APIFuture[tinker.ForwardBackwardOutput], APIFuture[tinker.OptimStepResponse]]
+        ] = []
+        for k, chunk in enumerate(split_into_substeps(list(datums), num_substeps)):
+            with span(f"train/fwd_bwd_substep_{k}_mb_0_enqueue"):
+                fb_future = training_client.forward_backward(chunk, loss_fn, loss_fn_config)
+            with span(f"train/optim_substep_{k}_enqueue"):
+                optim_future = training_client.optim_step(adam_params)
+            submitted.append((fb_future, optim_future))
+        forward_backward: list[tinker.ForwardBackwardOutput] = []
+        optim_step: list[tinker.OptimStepResponse] = []
+        for k, (fb_future, optim_future) in enumerate(submitted):
+            with span(f"train/fwd_bwd_substep_{k}_mb_0_consume"):
+                forward_backward.append(await fb_future)
+            with span(f"train/optim_substep_{k}_consume"):
+                optim_step.append(await optim_future)
     return TrainStepOutput(forward_backward=tuple(forward_backward), optim_step=tuple(optim_step))
 
 
@@ -247,7 +262,7 @@ def _train_output_metrics(step: TrainStepOutput) -> dict[str, float]:
         out[f"train/{key}"] = sum(values) if key.endswith(":sum") else sum(values) / len(values)
     if step.optim_step and step.optim_step[-1].metrics:
         for key, value in step.optim_step[-1].metrics.items():
-            out[f"optim/{key}" if not key.startswith("optim/") else key] = float(value)
+            out[key] = float(value)
     return out
 
 
@@ -310,20 +325,24 @@ async def prepare_datums(
         A `PreparedDatums`.
     """
     metrics: dict[str, float] = {}
-    advantages_P_G = advantages_lib.compute_advantages(groups, estimator=config.advantage_estimator)
-    batch = assemble_batch(groups, advantages_P_G)
-    batch = advantages_lib.aggregate_advantages(
-        batch, mode=config.loss_aggregation, length=config.aggregation_length
-    )
-    if kl_reference_client is not None and config.kl_penalty_coef > 0:
-        ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
-        batch, kl_metrics = kl_penalty_advantages(
-            batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
-        )
-        metrics.update({k: float(v) for k, v in kl_metrics.items()})
-    return PreparedDatums(
-        batch=batch, datums=to_tinker_datums(batch, include_mask=False), metrics=metrics
-    )
+    with span("prepare_minibatch"):
+        with span("assemble_training_data"):
+            advantages_P_G = advantages_lib.compute_advantages(
+                groups, estimator=config.advantage_estimator
+            )
+            batch = assemble_batch(groups, advantages_P_G)
+            batch = advantages_lib.aggregate_advantages(
+                batch, mode=config.loss_aggregation, length=config.aggregation_length
+            )
+        if kl_reference_client is not None and config.kl_penalty_coef > 0:
+            with span("kl_vs_base"):
+                ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
+                batch, kl_metrics = kl_penalty_advantages(
+                    batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
+                )
+            metrics.update({k: float(v) for k, v in kl_metrics.items()})
+        datums = to_tinker_datums(batch, include_mask=False)
+    return PreparedDatums(batch=batch, datums=datums, metrics=metrics)
 
 
 async def train_on_groups(
@@ -381,16 +400,20 @@ async def train_on_groups(
         num_substeps=config.num_substeps,
     )
     metrics.update(_train_output_metrics(step_output))
-    metrics.update(
-        metrics_lib.kl_sample_train_metrics(
-            batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
-        )
-    )
-    sampling_client = await training_client.save_weights_and_get_sampling_client(
-        record_stability_info=records_stability_info(config)
-    )
-    if config.compute_post_kl:
-        metrics.update(await post_update_kl_metrics(sampling_client, batch))
+    with span("compute_full_batch_metrics_and_get_sampling_client"):
+        with span("compute_kl_sample_train"):
+            metrics.update(
+                metrics_lib.kl_sample_train_metrics(
+                    batch.logprobs_D_T, _training_logprobs_D_T(step_output, batch), batch.mask_D_T
+                )
+            )
+        with span("save_checkpoint_and_get_sampling_client"), span("save_checkpoint"):
+            sampling_client = await training_client.save_weights_and_get_sampling_client(
+                record_stability_info=records_stability_info(config)
+            )
+        if config.compute_post_kl:
+            with span("compute_post_kl"):
+                metrics.update(await post_update_kl_metrics(sampling_client, batch))
     return PolicyUpdate(
         sampling_client=sampling_client, metrics=metrics, trained_groups_P=tuple(groups)
     )
