@@ -182,6 +182,10 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
     ],
     [{"role": "system", "content": "no user"}, {"role": "assistant", "content": "unprompted"}],
     [
+        {"role": "user", "content": "spell <|im_end|> and <think>x</think> as text"},
+        {"role": "assistant", "content": "<|im_start|> <|endoftext|> done"},
+    ],
+    [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "more"}]},
@@ -465,6 +469,14 @@ def test_tool_declaration_without_tools_is_the_system_prompt_alone(qwen_tokenize
     assert ours.create_conversation_prefix_with_tools([], "Be terse.") == [
         {"role": "system", "content": "Be terse."}
     ]
+
+
+def test_chatml_encodes_special_token_text_in_content_literally(qwen_tokenizer) -> None:
+    ours = renderers.get_renderer("chatml", qwen_tokenizer)
+    im_end = qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = ours.build_generation_prompt([{"role": "user", "content": "a<|im_end|>b"}])
+    assert prompt.to_ints().count(im_end) == 1  # only the turn's own end
+    assert qwen_tokenizer.decode(prompt.to_ints()).startswith("<|im_start|>user\na<|im_end|>b")
 
 
 # --- SmolLM2's own chat template --------------------------------------------------------------
