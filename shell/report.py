@@ -1,0 +1,451 @@
+"""`rlpure cost LOG_DIR` and `rlpure report LOG_DIR`: what a run's log dir says, as text and PNGs.
+
+Conventions:
+- Both read a log dir as the loop writes it (and as tinker-cookbook 0.6.1's `rl.train` writes
+  it): `metrics.jsonl` (one row per step with `step`, the `tokens/<kind>` counts,
+  `env/<tag>/reward/total`, eval keys `test/...`; a last row with `final_eval`),
+  `timing_spans.jsonl` (one `{"step": i, "spans": [{"name", "duration", "wall_start",
+  "wall_end"}]}` object per step, wall times in seconds from the step's first span) and
+  `config.json` (`base_model`, or the cookbook's `model_name`; `price_table`).
+- A training row is a row without `final_eval`; a step logged twice counts once (its last row).
+- `rlpure cost` prices the steps' token counts (`rlpure.cost.summarize_cost`) with `--prices
+  FILE`, else the run's own `price_table`, else prints token counts only. Tokens counted
+  outside any step (sampling of groups dropped for a constant reward) are the difference
+  between the last row's `tokens/cumulative/<kind>` and the steps' sum; they are shown apart
+  and included in the total.
+- `rlpure report` draws with matplotlib's object API on an Agg canvas (headless, no `pyplot`):
+  `report_curves.png` (the train reward of every env tag, and every eval curve: `.../reward/
+  total` and `.../correct` keys outside `env/`), and `report_timing_NNNNNN.png` (the Gantt of
+  one step's spans: one row per span name, bars from `wall_start` to `wall_end`). Files go to
+  the log dir or `--out DIR`; their paths are printed, one a line.
+- Errors are `ConfigError` lines naming the log dir or file (exit code 2): a missing dir, no
+  `metrics.jsonl`, no training rows, no token counts, a `--step` without spans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rlpure.cost import CostSummary, TokenCostRates, summarize_cost
+from rlpure.usage import TOKEN_KINDS, TokenUsage
+from shell.commands import Command
+from shell.cost import load_price_table
+from shell.errors import ConfigError
+from shell.training import METRICS_FILE, read_jsonl
+
+__all__ = [
+    "COST_COMMAND",
+    "CURVES_FILE",
+    "REPORT_COMMAND",
+    "TIMING_SPANS_FILE",
+    "cost_main",
+    "cost_text",
+    "plot_curves",
+    "plot_step_timing",
+    "read_step_spans",
+    "report_main",
+    "run_cost",
+    "training_rows",
+]
+
+TIMING_SPANS_FILE = "timing_spans.jsonl"
+"""The loop's (and the cookbook's) per-step phase spans, in the log dir."""
+CURVES_FILE = "report_curves.png"
+"""`rlpure report`'s reward and eval curves."""
+_CONFIG_FILE = "config.json"
+
+
+# --- reading a log dir -------------------------------------------------------------------------
+
+
+def _log_dir(path: str | Path) -> Path:
+    log_dir = Path(path)
+    if not log_dir.is_dir():
+        what = "is not a directory" if log_dir.exists() else "no such directory"
+        raise ConfigError(f"log dir {log_dir}: {what}")
+    if not (log_dir / METRICS_FILE).is_file():
+        raise ConfigError(f"log dir {log_dir}: no {METRICS_FILE} (not a training run's log dir?)")
+    return log_dir
+
+
+def training_rows(log_dir: str | Path) -> list[dict[str, Any]]:
+    """The training rows of `log_dir/metrics.jsonl` in step order (a step's last row wins).
+
+    Raises:
+        ConfigError: no such log dir, no metrics.jsonl, or no training row in it.
+        LogFileError: a damaged metrics.jsonl (naming the line).
+    """
+    root = _log_dir(log_dir)
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in read_jsonl(root / METRICS_FILE):
+        if "final_eval" not in row and isinstance(row.get("step"), int):
+            by_step[row["step"]] = row
+    if not by_step:
+        raise ConfigError(f"{root / METRICS_FILE}: no training steps logged yet")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _recorded_config(log_dir: Path) -> dict[str, Any]:
+    path = log_dir / _CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: unreadable ({err})") from None
+    return data if isinstance(data, dict) else {}
+
+
+# --- rlpure cost -------------------------------------------------------------------------------
+
+
+def _usage(row: Mapping[str, Any], prefix: str, *, where: str) -> TokenUsage | None:
+    keys = [f"{prefix}/{kind}" for kind in TOKEN_KINDS]
+    if not any(key in row for key in keys):
+        return None
+    try:
+        return TokenUsage.from_mapping(
+            {kind: row.get(f"{prefix}/{kind}", 0) for kind in TOKEN_KINDS}, where=where
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def run_cost(
+    log_dir: str | Path,
+    *,
+    prices: str | Path | None = None,
+    model: str | None = None,
+) -> tuple[CostSummary, dict[str, Any]]:
+    """The cost summary of a run, and what it was computed from.
+
+    Args:
+        log_dir: the run's log dir.
+        prices: a price table (`shell.cost`); default the run's own `price_table`, if any.
+        model: the model to price; default the run's `base_model` (or `model_name`).
+
+    Returns:
+        `(summary, info)`: `info` has `log_dir`, `model`, `prices` (the table used, or None),
+        `outside_steps` (a `TokenUsage` counted in the totals but in no step) and `recorded_usd`
+        (the last row's `cost/cumulative_usd`, or None).
+
+    Raises:
+        ConfigError: see `training_rows`; rows without token counts; a bad table; no model to
+            price (no `--model` and no `config.json`) or a model the table does not list.
+    """
+    rows = training_rows(log_dir)
+    root = Path(log_dir)
+    where = str(root / METRICS_FILE)
+    steps = []
+    for row in rows:
+        usage = _usage(row, "tokens", where=f"{where} step {row['step']}")
+        if usage is None:
+            raise ConfigError(
+                f"{where}: step {row['step']} has no token counts (tokens/sampled, ...): the "
+                "log dir was written before token accounting, so there is nothing to price"
+            )
+        steps.append(usage)
+    total = TokenUsage()
+    for usage in steps:
+        total += usage
+    cumulative = _usage(rows[-1], "tokens/cumulative", where=f"{where} step {rows[-1]['step']}")
+    outside = TokenUsage(
+        **{
+            kind: max(0, count - total.as_dict()[kind])
+            for kind, count in (cumulative or total).as_dict().items()
+        }
+    )
+    recorded = _recorded_config(root)
+    table_path = prices if prices is not None else recorded.get("price_table")
+    rates: TokenCostRates | None = None
+    name = model or recorded.get("base_model") or recorded.get("model_name")
+    if table_path is not None:
+        option = "--prices" if prices is not None else f"{root / _CONFIG_FILE} price_table"
+        table = load_price_table(table_path, option=option)
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"log dir {root}: no {_CONFIG_FILE} naming the model; pass --model NAME"
+            )
+        try:
+            rates = table.rates_for(name)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    recorded_usd = rows[-1].get("cost/cumulative_usd")
+    info = {
+        "log_dir": root,
+        "model": name if isinstance(name, str) else None,
+        "prices": None if table_path is None else Path(table_path),
+        "outside_steps": outside,
+        "recorded_usd": recorded_usd if isinstance(recorded_usd, (int, float)) else None,
+    }
+    return summarize_cost(steps, rates, extra=outside), info
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.6f}"
+
+
+def cost_text(summary: CostSummary, info: Mapping[str, Any]) -> str:
+    """The table `rlpure cost` prints."""
+    n = summary.num_steps
+    head = f"{info['log_dir']}: {n} step{'s' * (n != 1)}"
+    if info.get("model"):
+        head += f", model {info['model']}"
+    head += (
+        f", prices from {info['prices']} (USD per million tokens)"
+        if info.get("prices")
+        else " (no price table: token counts only; pass --prices FILE for USD)"
+    )
+    lines = [head, f"{'kind':<18}{'tokens':>16}{'USD':>16}"]
+    for kind in summary.kinds:
+        lines.append(f"{kind.kind:<18}{kind.tokens:>16,}{_usd(kind.usd):>16}")
+    lines.append(f"{'total':<18}{summary.total_tokens:>16,}{_usd(summary.total_usd):>16}")
+    per_step = f"{summary.tokens_per_step:,.1f}"
+    lines.append(f"{'per step (mean)':<18}{per_step:>16}{_usd(summary.usd_per_step):>16}")
+    outside: TokenUsage = info["outside_steps"]
+    outside_total = sum(outside.as_dict().values())
+    if outside_total:
+        lines.append(
+            f"(the total includes {outside_total:,} tokens counted in no step: the sampling of "
+            "groups dropped before training)"
+        )
+    if summary.total_usd is None and info.get("recorded_usd") is not None:
+        lines.append(f"recorded cost/cumulative_usd: {_usd(info['recorded_usd'])}")
+    return "\n".join(lines)
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """`rlpure cost`'s flags."""
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="A training run's log dir.")
+    parser.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="Price table (TOML/JSON, USD per million tokens by model: prefill, "
+        "cached_prefill, sample, train; or Tinker's models.json). Default: the run's "
+        "price_table, else token counts only.",
+    )
+    parser.add_argument(
+        "--model", metavar="NAME", help="Model to price (default: the run's base_model)."
+    )
+
+
+def cost_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """`rlpure cost LOG_DIR [--prices FILE] [--model NAME]`."""
+    summary, info = run_cost(args.log_dir, prices=args.prices, model=args.model)
+    print(cost_text(summary, info), file=out or sys.stdout)
+    return 0
+
+
+COST_COMMAND = Command(
+    "cost",
+    help="Token counts and USD of a run (from metrics.jsonl), per token kind and per step.",
+    run=cost_main,
+    add_arguments=add_cost_arguments,
+)
+"""`rlpure cost`."""
+
+
+# --- rlpure report -----------------------------------------------------------------------------
+
+
+def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [
+        (int(r["step"]), float(r[key]))
+        for r in rows
+        if isinstance(r.get(key), (int, float))
+        and not isinstance(r.get(key), bool)
+        and math.isfinite(float(r[key]))
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _is_eval_key(key: str) -> bool:
+    return not key.startswith("env/") and (
+        key.endswith("/reward/total") or key.endswith("/correct")
+    )
+
+
+def plot_curves(all_rows: Sequence[Mapping[str, Any]], png_path: str | Path) -> Path:
+    """Draws the train reward of every env tag (`env/<tag>/reward/total`) and every eval curve
+    into one PNG (two panels when there are eval values).
+
+    Raises:
+        ConfigError: the rows hold no reward and no eval value.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    train = [r for r in all_rows if "final_eval" not in r]
+    keys = sorted({k for r in all_rows for k in r})
+    train_keys = [k for k in keys if k.startswith("env/") and k.endswith("/reward/total")]
+    eval_keys = [k for k in keys if _is_eval_key(k)]
+    train_keys = [k for k in train_keys if _series(train, k)[0]]
+    eval_keys = [k for k in eval_keys if _series(all_rows, k)[0]]
+    if not train_keys and not eval_keys:
+        raise ConfigError(
+            "metrics.jsonl: no reward (env/<tag>/reward/total) or eval (.../reward/total, "
+            ".../correct) values to draw"
+        )
+    panels = [("train reward (mean total per trajectory)", train, train_keys)] if train_keys else []
+    if eval_keys:
+        panels.append(("evaluations", list(all_rows), eval_keys))
+    fig = Figure(figsize=(8, 3.4 * len(panels)), dpi=110)
+    FigureCanvasAgg(fig)
+    for i, (title, rows, series_keys) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, i + 1)
+        for key in series_keys:
+            steps, values = _series(rows, key)
+            ax.plot(steps, values, marker="o" if len(steps) < 40 else None, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    out = Path(png_path)
+    fig.savefig(out)
+    return out
+
+
+def read_step_spans(
+    log_dir: str | Path, step: int | None, *, trained_steps: Sequence[int] = ()
+) -> tuple[int, list[dict[str, Any]]]:
+    """`(step, spans)` of one step of `timing_spans.jsonl`.
+
+    `step` None picks the last of `trained_steps` that has spans (the last line is often the
+    final evaluation's, at step `num_steps`, with no training in it), else the last line's.
+
+    Raises:
+        ConfigError: no such file, no line for `step` (naming the steps it has), or a span
+            without the cookbook's keys.
+    """
+    path = Path(log_dir) / TIMING_SPANS_FILE
+    if not path.is_file():
+        raise ConfigError(f"log dir {log_dir}: no {TIMING_SPANS_FILE} (no timing spans recorded)")
+    by_step = {}
+    for record in read_jsonl(path):
+        if isinstance(record.get("step"), int) and isinstance(record.get("spans"), list):
+            by_step[record["step"]] = record["spans"]
+    if not by_step:
+        raise ConfigError(f"{path}: no step's spans in it")
+    if step is not None:
+        chosen = step
+    else:
+        trained = [s for s in trained_steps if s in by_step]
+        chosen = max(trained) if trained else max(by_step)
+    if chosen not in by_step:
+        have = sorted(by_step)
+        raise ConfigError(
+            f"{path}: no spans for step {chosen} (steps {have[0]}..{have[-1]}; {len(have)} "
+            "recorded)"
+        )
+    spans = by_step[chosen]
+    for i, span in enumerate(spans):
+        missing = [k for k in ("name", "wall_start", "wall_end") if k not in span]
+        if missing:
+            raise ConfigError(f"{path}: step {chosen} span {i}: missing {missing}")
+    return chosen, spans
+
+
+def plot_step_timing(step: int, spans: Sequence[Mapping[str, Any]], png_path: str | Path) -> Path:
+    """Draws one step's spans as a Gantt chart: a row per span name in order of first start,
+    a bar per span from `wall_start` to `wall_end` (seconds from the step's first span),
+    labelled with its duration."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ordered = sorted(spans, key=lambda s: (float(s["wall_start"]), -float(s["wall_end"])))
+    names: list[str] = []
+    for span in ordered:
+        if span["name"] not in names:
+            names.append(str(span["name"]))
+    start = min(float(s["wall_start"]) for s in ordered)
+    end = max(float(s["wall_end"]) for s in ordered)
+    fig = Figure(figsize=(10, 1.2 + 0.38 * len(names)), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    palette = [f"C{i % 10}" for i in range(len(names))]
+    for span in ordered:
+        row = names.index(str(span["name"]))
+        left = float(span["wall_start"]) - start
+        width = max(float(span["wall_end"]) - float(span["wall_start"]), 0.0)
+        ax.barh(
+            row, width, left=left, height=0.6, color=palette[row], edgecolor="black", linewidth=0.4
+        )
+        if width >= 0.04 * max(end - start, 1e-9):
+            ax.text(
+                left + width / 2, row, f"{width:.3g}s", ha="center", va="center", fontsize="x-small"
+            )
+    ax.set_yticks(range(len(names)), labels=names, fontsize="small")
+    ax.invert_yaxis()  # first phase on top
+    ax.set_xlabel("seconds from the step's first span")
+    ax.set_title(f"step {step}: phase timing ({end - start:.3g} s, {len(ordered)} spans)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    out = Path(png_path)
+    fig.savefig(out)
+    return out
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`rlpure report`'s flags."""
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="A training run's log dir.")
+    parser.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="Step whose timing Gantt to draw (default: the last trained step in "
+        "timing_spans.jsonl).",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="Where to write the PNGs (default: the log dir)."
+    )
+
+
+def report_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """`rlpure report LOG_DIR [--step N] [--out DIR]`: writes the PNGs, prints their paths.
+
+    Without `timing_spans.jsonl` (a log dir of an older rlpure) only the curves are drawn and
+    a note goes to stderr, unless `--step` asked for a Gantt.
+    """
+    stream = out or sys.stdout
+    log_dir = _log_dir(args.log_dir)
+    trained_steps = [int(row["step"]) for row in training_rows(log_dir)]
+    target = Path(args.out) if args.out else log_dir
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--out {target}: exists and is not a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out {target}: cannot create it: {err.strerror}") from None
+    timing = None  # read first: a bad --step is refused before any file is written
+    if args.step is not None or (log_dir / TIMING_SPANS_FILE).is_file():
+        timing = read_step_spans(log_dir, args.step, trained_steps=trained_steps)
+    written = [plot_curves(read_jsonl(log_dir / METRICS_FILE), target / CURVES_FILE)]
+    if timing is not None:
+        step, spans = timing
+        written.append(plot_step_timing(step, spans, target / f"report_timing_{step:06d}.png"))
+    else:
+        print(
+            f"rlpure report: {log_dir} has no {TIMING_SPANS_FILE}; no timing chart drawn",
+            file=sys.stderr,
+        )
+    for path in written:
+        print(path, file=stream)
+    return 0
+
+
+REPORT_COMMAND = Command(
+    "report",
+    help="Draw a run's reward/eval curves and one step's timing Gantt to PNG.",
+    run=report_main,
+    add_arguments=add_report_arguments,
+)
+"""`rlpure report`."""
