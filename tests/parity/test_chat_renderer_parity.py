@@ -553,3 +553,18 @@ def test_smollm2_tool_calls_round_trip_on_the_real_tokenizer(smollm2_tokenizer) 
         "content": [{"type": "text", "text": "Let me compute."}],
         "tool_calls": [call],
     }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_disable_thinking"])
+def test_qwen3_on_a_real_vocabulary_is_the_cookbooks(smollm2_tokenizer, name) -> None:
+    # SmolLM2's BPE has the ChatML control tokens (not `<think>`, which it spells in pieces):
+    # real merges across every piece boundary the renderers encode separately.
+    ours, theirs = _pair(name, smollm2_tokenizer)
+    for messages in CONVERSATIONS:
+        _check_conversation(ours, theirs, messages)
+    for text in RESPONSES:
+        tokens = smollm2_tokenizer.encode(text, add_special_tokens=False)
+        our_message, our_end = ours.parse_response(tokens)
+        their_message, their_end = theirs.parse_response(tokens)
+        assert (_normal(our_message), our_end.value) == (_normal(their_message), their_end.value)
