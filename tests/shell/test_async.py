@@ -7,14 +7,28 @@ first, staleness metrics, a clean shutdown, and a resume that trains no group tw
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from shell.config import AsyncConfig, StreamMinibatchConfig, TrainConfig
-from shell.errors import ConfigError
+from shell.errors import ConfigError, EnvFailure
+from shell.fakes import (
+    FakeCheckpointStore,
+    FakeServiceClient,
+    ScriptedDataset,
+    ScriptedEnv,
+    ScriptedGroupBuilder,
+)
+from shell.training import train
+from shell.training._async import ASYNC_STATE_FILE, check_async_dataset, group_seed
 from shell.training._policy_update import records_stability_info
 
 
-def _async(max_steps_off_policy: int = 1, groups_per_batch: int = 2, **kw: str) -> AsyncConfig:
+def _async(max_steps_off_policy: int = 1, groups_per_batch: int = 2, **kw: Any) -> AsyncConfig:
     return AsyncConfig(
         max_steps_off_policy=max_steps_off_policy, groups_per_batch=groups_per_batch, **kw
     )
@@ -73,3 +87,234 @@ def test_the_cookbooks_default_loss_may_stay_beside_an_async_loss() -> None:
         backend="local", loss_fn="importance_sampling", async_config=_async(loss_fn="ppo")
     )
     assert config.training_loss_fn() == "ppo"
+
+
+# --- runs on the fake SDK ------------------------------------------------------------------------
+
+
+class Stop(BaseException):
+    """A scripted kill: not an `Exception`, so no strategy catches it."""
+
+
+class _Group(ScriptedGroupBuilder):
+    """Group `(batch, problem)`: prompt `[1, 100 + batch, 200 + problem]`, rewards `index % 2`,
+    env latency `latency`; logs `("start", where)` / `("done", where)` in `log`."""
+
+    def __init__(
+        self,
+        batch: int,
+        problem: int,
+        *,
+        log: list[tuple[Any, ...]],
+        latency: float = 0.0,
+        error: BaseException | None = None,
+    ) -> None:
+        self.where = (batch, problem)
+        self.log = log
+
+        def make(index: int) -> ScriptedEnv:
+            return ScriptedEnv(
+                prompt=[1, 100 + batch, 200 + problem],
+                rewards=(float(index % 2),),
+                latency=latency,
+                stop=(),
+                fail_at_step=None if error is None else 0,
+                error=error,
+            )
+
+        super().__init__(make, group_size=2, tags=("async",))
+
+    async def make_envs(self) -> Any:
+        self.log.append(("start", self.where))
+        return await super().make_envs()
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        self.log.append(("done", self.where))
+
+
+def _config(tmp_path: Path, **fields: Any) -> TrainConfig:
+    return TrainConfig(
+        backend="fake", log_dir=str(tmp_path / "run"), max_tokens=4, progress=False, **fields
+    )
+
+
+def _trained(service: FakeServiceClient) -> list[list[tuple[int, int]]]:
+    """Per forward_backward call, the groups its datums came from (one call per step)."""
+    out = []
+    for client in service.training_clients:
+        for chunk in client.sent_data:
+            where = {
+                (d.model_input.to_ints()[1] - 100, d.model_input.to_ints()[2] - 200) for d in chunk
+            }
+            out.append(sorted(where))
+    return out
+
+
+def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    dataset = ScriptedDataset(
+        lambda b, p: _Group(b, p, log=log, latency=0.002 * p), num_batches=4, groups_per_batch=3
+    )
+    service = FakeServiceClient()
+    config = _config(tmp_path, async_config=_async(max_steps_off_policy=1, groups_per_batch=3))
+    result = asyncio.run(train(config, dataset=dataset, service_client=service))
+    assert (result.start_step, result.end_step) == (0, 4)
+    trained = _trained(service)
+    assert len(trained) == 4 and all(len(step) == 3 for step in trained)
+    flat = [g for step in trained for g in step]
+    assert sorted(flat) == [(b, p) for b in range(4) for p in range(3)]  # each once
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [row for row in rows if "training_client/step" in row]
+    assert [row["training_client/step"] for row in steps] == [0, 1, 2, 3]
+    for row in steps:
+        for key in (
+            "async/staleness_max",
+            "async/staleness_min",
+            "async/staleness_mean",
+            "sampling_client/step_mean",
+            "time/sampling_time_max",
+            "optim/lr",
+            "progress/done_frac",
+            "env/all/reward/total",
+        ):
+            assert key in row, key
+        assert 0 <= row["async/staleness_min"] <= row["async/staleness_max"] <= 1
+    # stable_reinforce (the default) sent with provenance on every datum
+    fb = [e for e in service.events if e[0] == "forward_backward"]
+    assert {e[2] for e in fb} == {"stable_reinforce"}
+    assert all(
+        d.loss_fn_input_spans is not None for c in service.training_clients[0].sent_data for d in c
+    )
+
+
+def test_at_most_groups_per_batch_times_lag_plus_one_groups_are_in_flight(tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=log), num_batches=6, groups_per_batch=2)
+    service = FakeServiceClient()
+    service.events = log
+    for lag in (0, 2):
+        log.clear()
+        service.training_clients.clear()
+        config = _config(
+            tmp_path / str(lag),
+            async_config=_async(max_steps_off_policy=lag, groups_per_batch=2, loss_fn="ppo"),
+        )
+        asyncio.run(train(config, dataset=dataset, service_client=service))
+        started, trained, most = 0, 0, 0
+        for event in log:
+            if event[0] == "start":
+                started += 1
+                most = max(most, started - trained)
+            elif event[0] == "optim_step":
+                trained += 2
+        assert most <= 2 * (lag + 1)
+        assert most == 2 * (lag + 1)  # sampling does run ahead when training lags
+        assert started == 12
+
+
+def test_a_slow_group_is_trained_late_not_discarded(tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    # group (0, 0) takes 0.3 s while the others finish at once: it is trained last, stale
+    dataset = ScriptedDataset(
+        lambda b, p: _Group(b, p, log=log, latency=0.3 if (b, p) == (0, 0) else 0.0),
+        num_batches=4,
+        groups_per_batch=2,
+    )
+    service = FakeServiceClient()
+    config = _config(tmp_path, async_config=_async(max_steps_off_policy=1, groups_per_batch=2))
+    asyncio.run(train(config, dataset=dataset, service_client=service))
+    trained = _trained(service)
+    assert sorted(g for step in trained for g in step) == [
+        (b, p) for b in range(4) for p in range(2)
+    ]
+    late = next(i for i, step in enumerate(trained) if (0, 0) in step)
+    assert late >= 2  # more than max_steps_off_policy steps after its sampler
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows[late]["async/staleness_max"] == late  # sampled at step 0
+    # oldest sampler first: within each step, no group waited behind a newer one
+    assert all(row["async/staleness_min"] >= 0 for row in rows if "async/staleness_min" in row)
+
+
+def test_an_error_stops_every_loop_and_each_started_group_cleans_up_once(tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    builders: list[_Group] = []
+
+    def make(b: int, p: int) -> _Group:
+        error = EnvFailure("boom") if (b, p) == (1, 1) else None
+        builders.append(_Group(b, p, log=log, latency=0.01, error=error))
+        return builders[-1]
+
+    dataset = ScriptedDataset(make, num_batches=4, groups_per_batch=2)
+    config = _config(tmp_path, async_config=_async(max_steps_off_policy=1, groups_per_batch=2))
+
+    async def main() -> set[asyncio.Task[Any]]:
+        with pytest.raises(EnvFailure, match="boom"):
+            await train(config, dataset=dataset, service_client=FakeServiceClient())
+        return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    assert asyncio.run(main()) == set()  # no leaked task
+    for builder in builders:
+        assert builder.cleanup_calls == builder.make_envs_calls <= 1
+
+
+def test_a_killed_async_run_resumes_without_training_a_group_twice(tmp_path: Path) -> None:
+    log: list[tuple[Any, ...]] = []
+    kill = [True]
+
+    def make(b: int, p: int) -> _Group:
+        error = Stop() if kill[0] and (b, p) == (4, 0) else None
+        return _Group(b, p, log=log, latency=0.003 * p, error=error)
+
+    dataset = ScriptedDataset(make, num_batches=6, groups_per_batch=2)
+    store = FakeCheckpointStore()
+    config = _config(
+        tmp_path, save_every=2, async_config=_async(max_steps_off_policy=2, groups_per_batch=2)
+    )
+    first = FakeServiceClient(store=store)
+    with pytest.raises(Stop):
+        asyncio.run(train(config, dataset=dataset, service_client=first))
+    records = [
+        json.loads(x) for x in (tmp_path / "run" / "checkpoints.jsonl").read_text().splitlines()
+    ]
+    resumed_at = records[-1]["batch"]
+    assert resumed_at >= 2
+    before = _trained(first)[:resumed_at]  # what the checkpoint's weights hold
+    state = [json.loads(x) for x in (tmp_path / "run" / ASYNC_STATE_FILE).read_text().splitlines()]
+    assert any(row["step"] == resumed_at and row["pending"] for row in state)  # lost in flight
+
+    kill[0] = False
+    second = FakeServiceClient(store=store)
+    result = asyncio.run(train(config, dataset=dataset, service_client=second))
+    assert (result.start_step, result.end_step) == (resumed_at, 6)
+    after = _trained(second)
+    everything = sorted(g for step in before + after for g in step)
+    assert everything == [(b, p) for b in range(6) for p in range(2)]  # each exactly once
+
+
+def test_group_seeds_do_not_depend_on_the_schedule() -> None:
+    seeds = {group_seed(3, (b, j)) for b in range(20) for j in range(8)}
+    assert len(seeds) == 160 and all(0 <= s < 2**31 for s in seeds)
+
+
+def test_groups_per_batch_larger_than_the_batches_is_refused(tmp_path: Path) -> None:
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=[]), num_batches=2, groups_per_batch=2)
+    config = _config(tmp_path, async_config=_async(groups_per_batch=3))
+    with pytest.raises(
+        ConfigError, match="groups_per_batch: 3 is larger than the dataset's batches"
+    ):
+        check_async_dataset(config, dataset)
+    check_async_dataset(_config(tmp_path, async_config=_async(groups_per_batch=1)), dataset)
+
+
+def test_train_refuses_a_bad_async_batch_size_before_anything_runs(tmp_path: Path) -> None:
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=[]), num_batches=2, groups_per_batch=2)
+    service = FakeServiceClient()
+    config = _config(tmp_path, async_config=_async(groups_per_batch=3))
+    with pytest.raises(ConfigError, match="groups_per_batch: 3 is larger"):
+        asyncio.run(train(config, dataset=dataset, service_client=service))
+    assert service.events == [] and not (tmp_path / "run" / "config.json").exists()
