@@ -176,10 +176,23 @@ def set_rollout_executor(executor: Executor | None) -> None:
 
     The cookbook's `set_rollout_executor`: `do_group_rollout_and_filter_constant_reward` and
     `do_batch_rollouts` then run each group as `asyncio.run(...)` in a worker via
-    `loop.run_in_executor`, so the group's inputs (builder, policy or sampling client,
-    strategy, termination) must pickle for a process pool. A seeded policy is copied per group,
-    so in a process pool groups dispatched together reuse its seed sequence. The setting is a
-    `ContextVar`: it holds for tasks started after the call in the same context.
+    `loop.run_in_executor`; the streaming and async loops send each group the same way
+    (`do_group_rollout_outcome`). Any `concurrent.futures.Executor` works: a thread pool, a
+    spawn-started `ProcessPoolExecutor`, Dask `distributed` (`Client.get_executor()`), Ray's.
+
+    The pickling contract (for process pools and remote workers): each group travels as one
+    pickled task — its `EnvGroupBuilder`, the policy (a `TinkerTokenCompleter` holding the
+    sampling client; Tinker's and the fake SDK's pickle, the local backend's does not), the
+    strategy and the termination policy — and runs as `asyncio.run(...)` on a fresh event loop
+    in the worker; the `TrajectoryGroup` (or the skipped group's `GroupFailure`) comes back
+    pickled. So builders must be importable module-level classes whose state pickles (no
+    lambdas or closures, open files, locks, or objects bound to the parent's event loop); envs
+    are made in the worker by `make_envs`, and `cleanup()` runs there, once per group, while
+    the parent's copy of the builder never sees the worker's changes. A seeded policy is
+    copied per group, so in a process pool groups dispatched together reuse its seed sequence.
+    A rollout the loop cancels (an error elsewhere, the end of an async run) keeps running in
+    the executor until it finishes; its result is dropped. The setting is a `ContextVar`: it
+    holds for tasks started after the call in the same context.
 
     Raises:
         ValueError: a `ProcessPoolExecutor` whose workers start by `fork` (the SDK's background
