@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) as Hugging Face-named float32 tensors and an HF-style config.
 
-`read_gguf` opens a file with the `gguf` package's reader, builds the `config.json`-style dict
-its metadata describes (`gguf_hf_config`) and, on demand, dequantises every tensor with
+`read_gguf` opens a file (with `shell.local._gguf_file`, a fast reader of the container),
+builds the `config.json`-style dict its metadata describes (`gguf_hf_config`) and, on demand, dequantises every tensor with
 `gguf.quants.dequantize` and renames it to the Hugging Face state-dict name
 (`gguf_hf_tensors`), so a GGUF and a Hugging Face directory load through the same
 `rlpure.model.config_from_hf` / `params_from_hf`.
@@ -14,8 +14,8 @@ Conventions:
   `output` map to `model.embed_tokens`, `model.layers.{i}.self_attn.{q,k,v,o}_proj`, ...,
   `model.norm`, `lm_head` (`.weight` / `.bias` kept). No `output` tensor means tied
   embeddings.
-- Layout: GGUF lists a tensor's dimensions fastest-first (`ne0` = columns); the `gguf` reader's
-  arrays are already row-major `[rows, ...]`, so a dequantised matrix is Hugging Face's
+- Layout: GGUF lists a tensor's dimensions fastest-first (`ne0` = columns); the reader's
+  arrays are row-major `[rows, ...]`, so a dequantised matrix is Hugging Face's
   `[out, in]` as is.
 - RoPE row permutation: llama.cpp rotates interleaved channel pairs `(2j, 2j+1)` of a Llama
   head, Hugging Face rotates the halves `(j, j + C/2)` (`rotate_half`), so llama.cpp's
@@ -39,9 +39,10 @@ from typing import Any
 import gguf
 import msgspec
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 
 from shell.errors import ConfigError
+from shell.local._gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf_file
 from shell.local._hf import SUPPORTED_MODEL_TYPES, check_hf_config, check_hf_tensors
 
 __all__ = [
@@ -81,18 +82,18 @@ _PERMUTED_ARCHITECTURES = frozenset({"llama"})
 
 
 class GGUFCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """An opened GGUF file: its path, reader and the Hugging Face config its metadata describes.
+    """An opened GGUF file: its path, contents and the Hugging Face config its metadata states.
 
     Attributes:
         path: the file.
         hf_config: the `config.json`-style dict (`gguf_hf_config`).
-        reader: the open `gguf.GGUFReader` (memory-mapped), kept because opening parses every
-            metadata array (the vocabulary and merges: seconds for a real model).
+        file: the parsed metadata and memory-mapped tensors (kept: the tokenizer is built
+            from the same metadata).
     """
 
     path: Path
     hf_config: Mapping[str, Any]
-    reader: GGUFReader
+    file: GGUFFile
 
 
 def permute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -175,8 +176,8 @@ def hf_to_gguf_name(name: str) -> str:
     raise ValueError(f"hf_to_gguf_name: no llama.cpp name for {name!r}")
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    """Open a GGUF file with `gguf.GGUFReader` (memory-mapped; tensors are read lazily).
+def open_gguf(path: Path) -> GGUFFile:
+    """Open a GGUF file (metadata parsed; tensors memory-mapped, read lazily).
 
     Raises:
         ConfigError: the file is missing or is not a readable GGUF file.
@@ -184,27 +185,23 @@ def open_gguf(path: Path) -> GGUFReader:
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
     try:
-        return GGUFReader(path)
-    except (ValueError, OSError, KeyError, IndexError) as error:
+        return read_gguf_file(path)
+    except (GGUFFormatError, OSError) as error:
         raise ConfigError(f"{path}: not a readable GGUF file ({error})") from None
 
 
 def _field(
-    reader: GGUFReader, key: str, path: Path, *, default: Any = None, required: bool = True
+    file: GGUFFile, key: str, path: Path, *, default: Any = None, required: bool = True
 ) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
+    if key not in file.fields:
         if required and default is None:
             raise ConfigError(f"{path}: GGUF metadata field {key!r} is missing")
         return default
-    try:
-        return field.contents()
-    except (ValueError, IndexError) as error:
-        raise ConfigError(f"{path}: GGUF metadata field {key!r} is unreadable ({error})") from None
+    return file.fields[key]
 
 
-def _int_field(reader: GGUFReader, key: str, path: Path, *, default: int | None = None) -> int:
-    value = _field(reader, key, path, default=default)
+def _int_field(file: GGUFFile, key: str, path: Path, *, default: int | None = None) -> int:
+    value = _field(file, key, path, default=default)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ConfigError(
             f"{path}: GGUF metadata field {key!r} must be a positive integer, got {value!r}"
@@ -212,10 +209,8 @@ def _int_field(reader: GGUFReader, key: str, path: Path, *, default: int | None 
     return int(value)
 
 
-def _float_field(
-    reader: GGUFReader, key: str, path: Path, *, default: float | None = None
-) -> float:
-    value = _field(reader, key, path, default=default)
+def _float_field(file: GGUFFile, key: str, path: Path, *, default: float | None = None) -> float:
+    value = _field(file, key, path, default=default)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise ConfigError(f"{path}: GGUF metadata field {key!r} must be a number, got {value!r}")
     # Metadata floats are float32: 1e-5 is stored as 9.99999974e-06. The shortest float32
@@ -223,7 +218,7 @@ def _float_field(
     return float(str(np.float32(value)))
 
 
-def gguf_hf_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
+def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
     """The Hugging Face `config.json` dict a GGUF file's metadata describes.
 
     Reads `general.architecture` and, under its prefix (`llama.` below): `block_count`,
@@ -235,7 +230,7 @@ def gguf_hf_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
     `tokenizer.ggml.*`.
 
     Args:
-        reader: the opened file (`open_gguf`).
+        file: the opened file (`open_gguf`).
         path: the file, named in errors.
 
     Returns:
@@ -246,31 +241,31 @@ def gguf_hf_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
         ConfigError: unsupported architecture, a missing or malformed field, partial rotary
             embeddings or RoPE scaling (not read from GGUF here), each naming the file and field.
     """
-    arch = _field(reader, "general.architecture", path)
+    arch = _field(file, "general.architecture", path)
     if arch not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(
             f"{path}: GGUF metadata field 'general.architecture' is {arch!r}; supported: "
             f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
         )
-    names = {tensor.name: tensor for tensor in reader.tensors}
+    names = {tensor.name: tensor for tensor in file.tensors}
     if "token_embd.weight" not in names:
         raise ConfigError(f"{path}: no tensor 'token_embd.weight'")
-    width = _int_field(reader, f"{arch}.embedding_length", path)
-    heads = _int_field(reader, f"{arch}.attention.head_count", path)
-    kv_heads = _int_field(reader, f"{arch}.attention.head_count_kv", path, default=heads)
+    width = _int_field(file, f"{arch}.embedding_length", path)
+    heads = _int_field(file, f"{arch}.attention.head_count", path)
+    kv_heads = _int_field(file, f"{arch}.attention.head_count_kv", path, default=heads)
     head_dim = _int_field(
-        reader,
+        file,
         f"{arch}.attention.key_length",
         path,
         default=width // heads if width >= heads else None,
     )
-    rope_dims = _int_field(reader, f"{arch}.rope.dimension_count", path, default=head_dim)
+    rope_dims = _int_field(file, f"{arch}.rope.dimension_count", path, default=head_dim)
     if rope_dims != head_dim:
         raise ConfigError(
             f"{path}: GGUF metadata field '{arch}.rope.dimension_count' is {rope_dims}, not the "
             f"head width {head_dim}; partial rotary embeddings are not supported"
         )
-    scaling = _field(reader, f"{arch}.rope.scaling.type", path, required=False)
+    scaling = _field(file, f"{arch}.rope.scaling.type", path, required=False)
     if (scaling not in (None, "none")) or "rope_freqs.weight" in names:
         raise ConfigError(
             f"{path}: GGUF RoPE scaling ('{arch}.rope.scaling.type' = {scaling!r} or a "
@@ -278,27 +273,27 @@ def gguf_hf_config(reader: GGUFReader, path: Path) -> dict[str, Any]:
             "directory instead"
         )
     embed_rows = int(names["token_embd.weight"].shape[-1])
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    default_vocab = len(tokens.data) if tokens is not None else embed_rows
+    tokens = file.fields.get("tokenizer.ggml.tokens")
+    default_vocab = len(tokens) if isinstance(tokens, list) else embed_rows
     config: dict[str, Any] = {
         "architectures": [SUPPORTED_MODEL_TYPES[arch]],
         "model_type": arch,
-        "vocab_size": _int_field(reader, f"{arch}.vocab_size", path, default=default_vocab),
+        "vocab_size": _int_field(file, f"{arch}.vocab_size", path, default=default_vocab),
         "hidden_size": width,
-        "intermediate_size": _int_field(reader, f"{arch}.feed_forward_length", path),
-        "num_hidden_layers": _int_field(reader, f"{arch}.block_count", path),
+        "intermediate_size": _int_field(file, f"{arch}.feed_forward_length", path),
+        "num_hidden_layers": _int_field(file, f"{arch}.block_count", path),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": _float_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path),
-        "rope_theta": _float_field(reader, f"{arch}.rope.freq_base", path, default=10000.0),
-        "max_position_embeddings": _int_field(reader, f"{arch}.context_length", path),
+        "rms_norm_eps": _float_field(file, f"{arch}.attention.layer_norm_rms_epsilon", path),
+        "rope_theta": _float_field(file, f"{arch}.rope.freq_base", path, default=10000.0),
+        "max_position_embeddings": _int_field(file, f"{arch}.context_length", path),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": arch == "qwen2",
         "torch_dtype": "float32",
     }
     for name in ("bos_token_id", "eos_token_id"):
-        value = _field(reader, f"tokenizer.ggml.{name}", path, required=False)
+        value = _field(file, f"tokenizer.ggml.{name}", path, required=False)
         if value is not None:
             config[name] = int(value)
     check_hf_config(config, source=str(path))
@@ -330,11 +325,11 @@ def read_gguf(path: Path) -> GGUFCheckpoint:
         ConfigError: see `open_gguf` and `gguf_hf_config`.
     """
     path = Path(path)
-    reader = open_gguf(path)
-    return GGUFCheckpoint(path=path, hf_config=gguf_hf_config(reader, path), reader=reader)
+    file = open_gguf(path)
+    return GGUFCheckpoint(path=path, hf_config=gguf_hf_config(file, path), file=file)
 
 
-def _dequantize(tensor: Any, path: Path) -> np.ndarray:
+def _dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
     qtype = GGMLQuantizationType(tensor.tensor_type)
     try:
         values = gguf.quants.dequantize(np.asarray(tensor.data), qtype)
@@ -369,14 +364,14 @@ def gguf_hf_tensors(checkpoint: GGUFCheckpoint) -> dict[str, np.ndarray]:
         ConfigError: a tensor with no Hugging Face name, a GGML type `gguf` cannot
             dequantise, or a shape that does not fit the metadata (naming file and tensor).
     """
-    path, config, reader = checkpoint.path, checkpoint.hf_config, checkpoint.reader
+    path, config, file = checkpoint.path, checkpoint.hf_config, checkpoint.file
     permuted = config["model_type"] in _PERMUTED_ARCHITECTURES
     heads_of = {
         "self_attn.q_proj": int(config["num_attention_heads"]),
         "self_attn.k_proj": int(config["num_key_value_heads"]),
     }
     tensors: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
+    for tensor in file.tensors:
         name = gguf_to_hf_name(tensor.name)
         if name is None:
             raise ConfigError(

@@ -27,11 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader, TokenType
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from shell.errors import ConfigError
+from shell.local._gguf_file import GGUFFile
 
 __all__ = [
     "byte_level_alphabet",
@@ -133,13 +134,12 @@ def tokenizer_from_directory(directory: Path) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _contents(reader: GGUFReader, key: str, path: Path, *, required: bool = True) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
+def _contents(file: GGUFFile, key: str, path: Path, *, required: bool = True) -> Any:
+    if key not in file.fields:
         if required:
             raise ConfigError(f"{path}: GGUF metadata field {key!r} is missing")
         return None
-    return field.contents()
+    return file.fields[key]
 
 
 def _token_name(tokens: Sequence[str], key: str, value: Any, path: Path) -> str | None:
@@ -152,12 +152,12 @@ def _token_name(tokens: Sequence[str], key: str, value: Any, path: Path) -> str 
     return tokens[int(value)]
 
 
-def tokenizer_from_gguf(path: Path, *, reader: GGUFReader | None = None) -> PreTrainedTokenizerFast:
+def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrainedTokenizerFast:
     """Build the fast tokenizer a GGUF file's metadata describes (byte-level BPE only).
 
     Args:
         path: the `.gguf` file.
-        reader: the file already opened (`shell.local._gguf.open_gguf`), to skip re-parsing.
+        file: the file already opened (`shell.local._gguf.open_gguf`), to skip re-parsing.
 
     Returns:
         A `PreTrainedTokenizerFast` with the file's vocabulary, merges, special tokens (BOS,
@@ -168,26 +168,27 @@ def tokenizer_from_gguf(path: Path, *, reader: GGUFReader | None = None) -> PreT
         ConfigError: a tokenizer model other than `gpt2`, an unknown `tokenizer.ggml.pre`,
             or a missing or malformed field (naming the file and the field).
     """
-    if reader is None:
+    if file is None:
         from shell.local._gguf import open_gguf
 
-        reader = open_gguf(path)
-    model = _contents(reader, "tokenizer.ggml.model", path)
+        file = open_gguf(path)
+
+    model = _contents(file, "tokenizer.ggml.model", path)
     if model != "gpt2":
         raise ConfigError(
             f"{path}: GGUF metadata field 'tokenizer.ggml.model' is {model!r}; only byte-level "
             "BPE ('gpt2') tokenizers are built from GGUF; load the Hugging Face checkpoint "
             "directory (its tokenizer.json) instead"
         )
-    pre = _contents(reader, "tokenizer.ggml.pre", path, required=False) or "default"
+    pre = _contents(file, "tokenizer.ggml.pre", path, required=False) or "default"
     if pre not in _PRE_TOKENIZERS:
         raise ConfigError(
             f"{path}: GGUF metadata field 'tokenizer.ggml.pre' is {pre!r}; known: "
             f"{', '.join(sorted(_PRE_TOKENIZERS))}"
         )
-    tokens = list(_contents(reader, "tokenizer.ggml.tokens", path))
-    merges_field = _contents(reader, "tokenizer.ggml.merges", path)
-    types = _contents(reader, "tokenizer.ggml.token_type", path, required=False)
+    tokens = list(_contents(file, "tokenizer.ggml.tokens", path))
+    merges_field = _contents(file, "tokenizer.ggml.merges", path)
+    types = _contents(file, "tokenizer.ggml.token_type", path, required=False)
     types = list(types) if types is not None else [int(TokenType.NORMAL)] * len(tokens)
     if len(types) != len(tokens):
         raise ConfigError(
@@ -239,7 +240,7 @@ def tokenizer_from_gguf(path: Path, *, reader: GGUFReader | None = None) -> PreT
         name: _token_name(
             tokens,
             f"tokenizer.ggml.{key}",
-            _contents(reader, f"tokenizer.ggml.{key}", path, required=False),
+            _contents(file, f"tokenizer.ggml.{key}", path, required=False),
             path,
         )
         for name, key in (
@@ -249,15 +250,15 @@ def tokenizer_from_gguf(path: Path, *, reader: GGUFReader | None = None) -> PreT
             ("pad_token", "padding_token_id"),
         )
     }
-    add_bos = bool(_contents(reader, "tokenizer.ggml.add_bos_token", path, required=False))
-    add_eos = bool(_contents(reader, "tokenizer.ggml.add_eos_token", path, required=False))
+    add_bos = bool(_contents(file, "tokenizer.ggml.add_bos_token", path, required=False))
+    add_eos = bool(_contents(file, "tokenizer.ggml.add_eos_token", path, required=False))
     backend.post_processor = _post_processor(
         bos=special["bos_token"] if add_bos else None,
         eos=special["eos_token"] if add_eos else None,
         vocab=vocab,
         path=path,
     )
-    chat_template = _contents(reader, "tokenizer.chat_template", path, required=False)
+    chat_template = _contents(file, "tokenizer.chat_template", path, required=False)
     tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         chat_template=chat_template,

@@ -135,7 +135,7 @@ class BaseModel(msgspec.Struct, frozen=True, kw_only=True):
             return tokenizer_from_directory(self.path)
         if self.kind == "gguf":
             assert self.gguf is not None
-            return tokenizer_from_gguf(self.gguf.path, reader=self.gguf.reader)
+            return tokenizer_from_gguf(self.gguf.path, file=self.gguf.file)
         return ByteTokenizer()
 
 

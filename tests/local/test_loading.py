@@ -555,6 +555,73 @@ def test_gguf_not_a_file_or_not_gguf(tmp_path: Path) -> None:
         open_checkpoint(other)
 
 
+def test_fast_reader_agrees_with_gguf_reader(
+    tmp_path: Path,
+    small: tuple[dict[str, Any], dict[str, np.ndarray]],
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    from shell.local._gguf_file import read_gguf_file
+
+    config, tensors = small
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        config,
+        tensors,
+        tokenizer,
+        quantize={"blk.0.attn_q.weight": Q.Q4_1, "blk.1.ffn_up.weight": Q.F16},
+    )
+    ours, theirs = read_gguf_file(path), gguf.GGUFReader(path)
+    header = {
+        key: theirs.fields.pop(key).contents()
+        for key in list(theirs.fields)
+        if key.startswith("GGUF.")
+    }
+    assert header == {
+        "GGUF.version": ours.version,
+        "GGUF.tensor_count": len(ours.tensors),
+        "GGUF.kv_count": len(ours.fields),
+    }
+    assert sorted(ours.fields) == sorted(theirs.fields)
+    for key, field in theirs.fields.items():
+        want = field.contents()
+        assert ours.fields[key] == (want.tolist() if isinstance(want, np.ndarray) else want), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, ref in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (mine.tensor_type, mine.shape) == (ref.tensor_type, tuple(int(n) for n in ref.shape))
+        np.testing.assert_array_equal(
+            mine.data.reshape(-1), np.asarray(ref.data).view(np.uint8).reshape(-1)
+        )
+
+
+def test_gguf_malformed_container(
+    tmp_path: Path, small: tuple[dict[str, Any], dict[str, np.ndarray]]
+) -> None:
+    config, tensors = small
+    good = write_gguf(tmp_path / "good.gguf", config, tensors, None).read_bytes()
+    cases = {
+        "truncated.gguf": (
+            good[: len(good) // 2],
+            r"tensor '[\w.]+' runs past the end of the file",
+        ),
+        "header.gguf": (good[:40], r"a string of \d+ bytes at byte 32 runs past the end"),
+        "counts.gguf": (good[:12], r"truncated or malformed"),
+        "magic.gguf": (b"GGML" + good[4:], r"magic is b'GGML', not b'GGUF'"),
+        "version.gguf": (good[:4] + (1).to_bytes(4, "little") + good[8:], r"GGUF version 1"),
+        "empty.gguf": (b"", r"empty file"),
+    }
+    name = b"token_embd.weight"
+    at = good.index(name) + len(name) + 4 + 2 * 8  # past n_dims and two dims: the type id
+    cases["type.gguf"] = (
+        good[:at] + (99).to_bytes(4, "little") + good[at + 4 :],
+        r"tensor 'token_embd.weight' has GGML type 99, unknown to gguf \(an unknown quantisation\)",
+    )
+    for filename, (data, message) in cases.items():
+        path = tmp_path / filename
+        path.write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"{path}: not a readable GGUF file \(.*{message}"):
+            read_gguf(path)
+
+
 def test_gguf_tokenizer_errors(
     tmp_path: Path,
     small: tuple[dict[str, Any], dict[str, np.ndarray]],
