@@ -1,11 +1,23 @@
-"""checkpoints.jsonl across rlpure and tinker-cookbook 0.6.1's `checkpoint_utils`: each reads the
-other's rows and resumes at the right batch (on the fake SDK)."""
+"""checkpoints.jsonl across rlpure and tinker-cookbook 0.6.1: each reads the other's rows and
+resumes at the right batch — `checkpoint_utils` on the fake SDK, then the cookbook's own
+`rl.train.main` (with `tinker.ServiceClient` swapped for `shell.local.LocalServiceClient`) and
+rlpure's `shell.rl.train.main` taking turns on one local log dir, periodic, rolling and final
+rows included, and the cookbook's `main` resuming an rlpure run killed after a rolling save.
+
+The local cases train a micro model (`MICRO`) on the cookbook's arithmetic env (the cookbook's
+module for its `main`, the ported one for rlpure's); each `main` call compiles the model's
+stages, so they take about a minute on 2 shared cores."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.parity.porting import require_cookbook
 
@@ -81,3 +93,181 @@ def test_rlpure_resumes_a_checkpoint_the_cookbook_saved_as_an_uninterrupted_run(
     expected = [_without_times(json.loads(x)) for x in (reference / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
     assert [r["step"] for r in resumed] == [0, 1, 2, 3]
     assert resumed[2:] == expected[2:]
+
+
+# --- the cookbook's `main` and rlpure's on one log dir, on the local backend --------------------
+
+MICRO = "test/cross-resume-micro"
+
+
+def _micro_config() -> Any:
+    from rlpure.model import VOCAB_SIZE, ModelConfig
+
+    return ModelConfig(
+        vocab_size=VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=512
+    )
+
+
+def _local_service(states: Path) -> Callable[..., Any]:
+    """What a user binds as `tinker.ServiceClient` for the cookbook's `main`: the local options
+    fixed, the SDK's keywords passed on."""
+    from shell.local import LocalServiceClient
+
+    return functools.partial(
+        LocalServiceClient, seed=0, checkpoint_dir=states, model_configs={MICRO: _micro_config()}
+    )
+
+
+@pytest.fixture
+def on_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, list[str]]]:
+    """The cookbook's `main` on the local backend (`tinker.ServiceClient` swapped, the byte
+    tokenizer registered for `MICRO`, its pricing fetch offline); records its resumes."""
+    import tinker
+    import tinker_cookbook.rl.train as cookbook_train
+    from tinker_cookbook import tokenizer_utils
+
+    from rlpure.model import ByteTokenizer
+    from shell.local import LocalServiceClient
+
+    tokenizer_utils.register_tokenizer(MICRO, ByteTokenizer)
+    monkeypatch.setattr(cookbook_train, "fetch_model_pricing", lambda model_name: None)
+    monkeypatch.setattr(tinker, "ServiceClient", _local_service(tmp_path / "run" / "local_states"))
+    resumes: dict[str, list[str]] = {"resume": []}
+    resume = LocalServiceClient.create_training_client_from_state_with_optimizer
+
+    def record(self: LocalServiceClient, path: str, *args: Any, **kwargs: Any) -> Any:
+        resumes["resume"].append(path)
+        return resume(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(
+        LocalServiceClient, "create_training_client_from_state_with_optimizer", record
+    )
+    try:
+        yield resumes
+    finally:
+        tokenizer_utils.unregister_tokenizer(MICRO)
+
+
+def _options(log_path: Path, max_steps: int, **overrides: Any) -> dict[str, Any]:
+    return {
+        "learning_rate": 1e-3,
+        "model_name": MICRO,
+        "recipe_name": "cross_resume",
+        "max_tokens": 4,
+        "log_path": str(log_path),
+        "renderer_name": "role_colon",
+        "eval_every": 0,
+        "max_steps": max_steps,
+        **overrides,
+    }
+
+
+def _builder(module: Any) -> Any:
+    return module.ArithmeticDatasetBuilder(
+        batch_size=1,
+        model_name_for_tokenizer=MICRO,
+        renderer_name="role_colon",
+        n_batches=6,
+        group_size=2,
+    )
+
+
+def _cookbook_main(log_path: Path, max_steps: int, **overrides: Any) -> None:
+    import tinker_cookbook.rl.train as cookbook_train
+    from tinker_cookbook.recipes.math_rl import arithmetic_env
+
+    config = cookbook_train.Config(
+        dataset_builder=_builder(arithmetic_env), **_options(log_path, max_steps, **overrides)
+    )
+    asyncio.run(cookbook_train.main(config))
+
+
+def _rlpure_main(log_path: Path, max_steps: int, *, module: Any = None, **overrides: Any) -> Any:
+    from shell.rl import train
+    from tests.parity.porting import ported_module
+
+    module = module or ported_module("recipes/math_rl/arithmetic_env.py")
+    config = train.Config(
+        dataset_builder=_builder(module), **_options(log_path, max_steps, **overrides)
+    )
+    service = _local_service(log_path / "local_states")()
+    return asyncio.run(train.main(config, service_client=service))
+
+
+def _trained_steps(log_path: Path) -> list[int]:
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    return [row["step"] for row in rows if "progress/batch" in row or "progress/step" in row]
+
+
+def _checkpoint_rows(log_path: Path) -> list[dict[str, Any]]:
+    lines = (log_path / "checkpoints.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_rlpure_and_the_cookbooks_main_resume_each_others_local_log_dir(
+    tmp_path: Path, on_local: dict[str, list[str]]
+) -> None:
+    log_path = tmp_path / "run"
+    cadence = {"save_every": 2, "rolling_save_every": 1}
+    # rlpure writes steps 0-2: a rolling row, a periodic one with sampler weights, the final
+    first = _rlpure_main(log_path, 3, **cadence)
+    assert (first.start_step, first.end_step) == (0, 3)
+    ours = _checkpoint_rows(log_path)
+    assert [(r["name"], r.get("rolling", False)) for r in ours] == [
+        ("000001", True), ("000002", False), ("final", False)
+    ]  # fmt: skip
+    assert Path(ours[-1]["state_path"]).is_absolute() and Path(ours[-1]["state_path"]).is_dir()
+    assert not Path(ours[0]["state_path"]).exists()  # the rolling state, deleted
+
+    # the cookbook's checkpoint_utils read the rows; its main resumes the final one
+    assert checkpoint_utils.get_last_checkpoint(str(log_path)).state_path == ours[-1]["state_path"]
+    assert checkpoint_utils.get_last_checkpoint(str(log_path), "sampler_path").name == "final"
+    _cookbook_main(log_path, 5, **cadence)
+    assert on_local["resume"] == [ours[-1]["state_path"]]
+    assert _trained_steps(log_path) == [0, 1, 2, 3, 4]
+    theirs = _checkpoint_rows(log_path)[len(ours) :]
+    assert [(r["name"], r["batch"], r.get("rolling", False)) for r in theirs] == [
+        ("000004", 4, False), ("000005", 5, True), ("final", 5, False)
+    ]  # fmt: skip
+    # the totals continue across the handover
+    assert theirs[-1]["cumulative_tokens"]["sampled"] > ours[-1]["cumulative_tokens"]["sampled"]
+
+    # and rlpure resumes the cookbook's final row in turn
+    last = _rlpure_main(log_path, 6, **cadence)
+    assert (last.start_step, last.end_step) == (5, 6)
+    assert on_local["resume"][-1] == theirs[-1]["state_path"]
+    assert _trained_steps(log_path) == [0, 1, 2, 3, 4, 5]
+    assert _checkpoint_rows(log_path)[-1]["name"] == "final"
+
+
+class _Killed(Exception):
+    """Stands for the process being killed."""
+
+
+def test_the_cookbooks_main_resumes_an_rlpure_run_killed_after_a_rolling_save(
+    tmp_path: Path, on_local: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.parity.porting import ported_module
+
+    module = ported_module("recipes/math_rl/arithmetic_env.py")
+    get_batch = module.ArithmeticDataset.get_batch
+
+    def killed_at_batch_2(self: Any, index: int) -> Any:
+        if index == 2:
+            raise _Killed
+        return get_batch(self, index)
+
+    monkeypatch.setattr(module.ArithmeticDataset, "get_batch", killed_at_batch_2)
+    log_path = tmp_path / "run"
+    with pytest.raises(_Killed):
+        _rlpure_main(log_path, 4, module=module, save_every=0, rolling_save_every=1)
+    rows = _checkpoint_rows(log_path)
+    assert [(r["name"], r.get("rolling")) for r in rows] == [("000001", True), ("000002", True)]
+    last = checkpoint_utils.get_last_checkpoint(str(log_path))
+    assert (last.name, last.batch, last.get("rolling")) == ("000002", 2, True)
+    assert Path(last.state_path).is_dir() and not Path(rows[0]["state_path"]).exists()
+
+    _cookbook_main(log_path, 3, save_every=0, rolling_save_every=1)
+    assert on_local["resume"] == [last.state_path]
+    assert _trained_steps(log_path) == [0, 1, 2]
+    assert _checkpoint_rows(log_path)[-1]["name"] == "final"

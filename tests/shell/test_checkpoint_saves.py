@@ -14,6 +14,7 @@ from tinker import types
 
 from rlpure.usage import TokenUsage
 from shell.config import TrainConfig
+from shell.errors import EnvFailure
 from shell.fakes import FakeCheckpointStore, FakeFuture, FakeServiceClient, FakeTrainingClient
 from shell.training._checkpoints import (
     CHECKPOINTS_FILE,
@@ -201,3 +202,69 @@ def test_nothing_is_due_without_cadences_nor_at_the_last_step(tmp_path: Path) ->
         resumed_from=None,
     )
     assert [saves.due(step) for step in range(5)] == [None, "periodic", "periodic", None, None]
+
+
+# --- through the loop --------------------------------------------------------------------------
+
+
+def _train_rows(log_dir: Path, service: FakeServiceClient, **options: Any) -> Any:
+    from tests.shell.test_train import _config, _dataset, _train
+
+    failing = options.pop("failing_batches", ())
+    return _train(_config(log_dir, **options), service, _dataset(5, failing_batches=failing))
+
+
+def test_train_saves_periodic_rolling_and_final_rows_as_the_cookbook(tmp_path: Path) -> None:
+    service = _ServiceWithRest()
+    result = _train_rows(tmp_path, service, save_every=2, rolling_save_every=1)
+    rows = _rows(tmp_path)
+    assert [(r["name"], r["batch"], r.get("rolling", False)) for r in rows] == [
+        ("000001", 1, True), ("000002", 2, False), ("000003", 3, True), ("000004", 4, False),
+        ("final", 5, False),
+    ]  # fmt: skip
+    assert ["sampler_path" in r for r in rows] == [False, True, False, True, True]
+    assert service.deleted == [rows[0]["state_path"], rows[2]["state_path"]]
+    # the final row holds the run's end totals, the last step's cumulative counts
+    last = result.last_metrics
+    assert rows[-1]["cumulative_tokens"] == {
+        kind: last[f"tokens/cumulative/{kind}"] for kind in rows[-1]["cumulative_tokens"]
+    }
+    assert rows[-1]["cumulative_tokens"]["sampled"] > 0
+
+
+def test_a_run_killed_after_a_rolling_save_resumes_from_it_as_if_never_stopped(
+    tmp_path: Path,
+) -> None:
+    from tests.shell.test_train import _without_times
+
+    store = FakeCheckpointStore()
+    whole = tmp_path / "whole"
+    _train_rows(whole, FakeServiceClient(store=store), rolling_save_every=1)
+    killed = tmp_path / "killed"
+    with pytest.raises(EnvFailure, match="scripted failure"):
+        _train_rows(killed, FakeServiceClient(store=store), rolling_save_every=1,
+                    failing_batches=(3,))  # fmt: skip
+    resumed_from = last_checkpoint(killed)
+    assert resumed_from is not None and resumed_from.rolling and resumed_from.step == 3
+    service = _ServiceWithRest()
+    service.store = store
+    result = _train_rows(killed, service, rolling_save_every=1)
+    assert (result.start_step, result.end_step) == (3, 5)
+    assert service.deleted[0] == resumed_from.state_path  # superseded by the step-4 save
+    metrics = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    expected = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert [_without_times(r) for r in metrics] == [_without_times(r) for r in expected]
+
+
+def test_the_cookbooks_config_maps_its_checkpoint_options(tmp_path: Path) -> None:
+    from shell.rl import train
+    from tests.shell.test_rl_facade import _config as cookbook_config
+
+    config = cookbook_config(
+        tmp_path, save_every=3, ttl_seconds=None, rolling_save_every=2, rolling_ttl_seconds=60
+    )
+    mapped = train.to_train_config(config, backend="fake")
+    assert (mapped.save_every, mapped.ttl_seconds) == (3, None)
+    assert (mapped.rolling_save_every, mapped.rolling_ttl_seconds) == (2, 60)
+    defaults = train.to_train_config(cookbook_config(tmp_path), backend="fake")
+    assert (defaults.ttl_seconds, defaults.rolling_ttl_seconds) == (604800, 7200)
