@@ -13,8 +13,10 @@ Conventions:
     uint32 words of `jax.random.key_data(key)`, flattened (`prng_key_data`), restored with
     `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same per-step
     seeds as an uninterrupted one. The rows are also the cookbook's (`name`, `batch`,
-    `state_path`), and a row the cookbook's `rl.train.main` wrote resumes too, at its `batch`,
-    with the PRNG key re-derived from `config.seed` (logged; see `shell.training._checkpoints`).
+    `state_path`, `sampler_path`, `rolling`, the token totals), and a row the cookbook's
+    `rl.train.main` wrote resumes too, at its `batch`, with the PRNG key re-derived from
+    `config.seed` (logged). The last row resumes, whether a periodic, rolling or final save
+    wrote it (see `shell.training._checkpoints`).
 - What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
   long it runs, how often and how it evaluates, how often it saves and how long the backend
   keeps its checkpoints, which diagnostics it logs, how rollouts are scheduled and retried,
