@@ -715,6 +715,7 @@ class Checkpointer:
         step: int,
         *,
         final: bool = False,
+        periodic: bool = False,
         rng_key_data: tuple[int, ...],
         kl_reference_path: str | None,
         cumulative_tokens: TokenUsage,
@@ -727,12 +728,15 @@ class Checkpointer:
             step: completed training steps.
             final: the run ends here: state and sampler weights, no TTL, then the last
                 rolling state is deleted.
+            periodic: save a periodic checkpoint whatever the cadence, e.g. the one the
+                cookbook's async loop saves at the run's first batch (`do_async_training`
+                saves `"000000"` and samples from its `sampler_path`).
             rng_key_data: the loop's PRNG key data after `step` steps.
             kl_reference_path: where the run's KL reference weights are (or None).
             cumulative_tokens: the run's running token totals after `step` steps.
             discarded_tokens: the part of them sampled for groups dropped before training.
         """
-        kind = "final" if final else self.due(step)
+        kind = "final" if final else "periodic" if periodic else self.due(step)
         if kind is None:
             return None
         config = self._config

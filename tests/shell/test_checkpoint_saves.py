@@ -268,3 +268,21 @@ def test_the_cookbooks_config_maps_its_checkpoint_options(tmp_path: Path) -> Non
     assert (mapped.rolling_save_every, mapped.rolling_ttl_seconds) == (2, 60)
     defaults = train.to_train_config(cookbook_config(tmp_path), backend="fake")
     assert (defaults.ttl_seconds, defaults.rolling_ttl_seconds) == (604800, 7200)
+
+
+def test_a_periodic_save_can_be_asked_for_at_the_first_batch(tmp_path: Path) -> None:
+    service = FakeServiceClient()
+    saves = Checkpointer(
+        _TtlRecordingClient(service),
+        service_client=service,
+        log_dir=tmp_path,
+        config=TrainConfig(ttl_seconds=5),
+        num_steps=3,
+        resumed_from=None,
+    )
+    record = asyncio.run(
+        saves.save(0, periodic=True, rng_key_data=(0, 0), kl_reference_path=None,
+                   cumulative_tokens=TokenUsage(), discarded_tokens=TokenUsage())
+    )  # fmt: skip
+    assert record is not None and record.sampler_path is not None
+    assert [(r["name"], r["batch"]) for r in _rows(tmp_path)] == [("000000", 0)]
