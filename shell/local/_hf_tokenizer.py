@@ -17,7 +17,8 @@ Conventions: only byte-level BPE vocabularies (`tokenizer.ggml.model` `gpt2`: Ll
 SmolLM) are built from GGUF; the text is split before BPE the way the vocabulary was trained
 (`tokenizer.ggml.pre`, see `_PRE_TOKENIZERS`); tokens marked CONTROL become special tokens and
 USER_DEFINED ones plain added tokens, so both are matched whole. Every failure the caller can
-fix is a `ConfigError` naming the file and the field.
+fix is a `ConfigError` naming the file and the field. `transformers` is imported when a tokenizer
+is first built (importing it costs about a second), not when this module is.
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from shell.errors import ConfigError
+from shell.local._gguf import open_gguf
 from shell.local._gguf_file import GGUFFile
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "byte_level_alphabet",
@@ -118,6 +122,8 @@ def tokenizer_from_directory(directory: Path) -> PreTrainedTokenizerFast:
     Raises:
         ConfigError: no `tokenizer.json`, or transformers cannot read the files.
     """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     if not (directory / "tokenizer.json").is_file():
         raise ConfigError(
             f"{directory}: no tokenizer.json (a fast tokenizer file is required; slow "
@@ -168,9 +174,9 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
         ConfigError: a tokenizer model other than `gpt2`, an unknown `tokenizer.ggml.pre`,
             or a missing or malformed field (naming the file and the field).
     """
-    if file is None:
-        from shell.local._gguf import open_gguf
+    from transformers import PreTrainedTokenizerFast
 
+    if file is None:
         file = open_gguf(path)
 
     model = _contents(file, "tokenizer.ggml.model", path)
