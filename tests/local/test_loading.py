@@ -763,3 +763,43 @@ def test_resolve_packaged_smollm2() -> None:
         35,
     ]
     assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+
+
+@pytest.mark.slow
+def test_hf_directory_and_gguf_give_the_same_model(
+    tmp_path: Path,
+    llama_dir: Path,
+    llama: tuple[dict[str, Any], dict[str, np.ndarray]],
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    import jax.numpy as jnp
+
+    from rlpure import model as model_lib
+
+    config, tensors = llama
+    gguf_path = write_gguf(tmp_path / "m.gguf", config, tensors, tokenizer)
+    from_dir, from_gguf = open_checkpoint(llama_dir), open_checkpoint(gguf_path)
+    model_config = from_dir.model_config(max_seq_len=64)
+    assert from_gguf.model_config(max_seq_len=64) == model_config
+    assert (model_config.family, model_config.kv_heads, model_config.head_dim) == ("llama", 2, 16)
+    assert model_config.tie_embeddings
+    ids = tokenizer.encode(SAMPLE_TEXTS[1], add_special_tokens=False)
+    tokens = jnp.asarray([ids], dtype=jnp.int32)
+    logprobs = [
+        np.asarray(
+            model_lib.target_logprobs(
+                model.load_params(model_config), tokens[:, :-1], tokens[:, 1:], config=model_config
+            )
+        )
+        for model in (from_dir, from_gguf)
+    ]
+    assert logprobs[0].shape == (1, len(ids) - 1) and np.isfinite(logprobs[0]).all()
+    np.testing.assert_array_equal(logprobs[0], logprobs[1])
+
+
+def test_config_refused_by_the_model_names_the_file(tmp_path: Path, llama_dir: Path) -> None:
+    directory = _copy(llama_dir, tmp_path / "ckpt")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {"hidden_act": "gelu"}))
+    with pytest.raises(ConfigError, match=rf"{directory / 'config.json'}: .*'hidden_act'"):
+        open_checkpoint(directory).model_config()
