@@ -439,7 +439,8 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
         name=row.name,
         state_path=state_path,
         rng_key_data=key_data,
-        final=bool(row.final),
+        # the cookbook marks its final row by its name only
+        final=bool(row.final) or (rederived and row.name == "final"),
         wall_time=0.0 if row.wall_time is None else row.wall_time,
         kl_reference_path=(
             None

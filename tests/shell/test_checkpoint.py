@@ -143,6 +143,11 @@ def test_a_cookbook_row_resumes_at_its_batch_with_a_rederived_key(
     assert record.rng_key_rederived and record.rng_key_data == _checkpoints.rederived_key_data(7, 2)
     assert record.rng_key_data != _checkpoints.rederived_key_data(0, 2)
     assert "written by tinker-cookbook" in caplog.text and "seed 7" in caplog.text
+    assert not record.final
+    final = {"name": "final", "batch": 5, "state_path": "/elsewhere/state/final"}
+    (tmp_path / CHECKPOINTS_FILE).write_bytes(msgspec.json.encode(final) + b"\n")
+    (record,) = load_checkpoints(tmp_path)
+    assert record.final  # the cookbook's final row has no 'final' key: its name says it
 
 
 @pytest.mark.parametrize(
