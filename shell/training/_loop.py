@@ -73,6 +73,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -92,7 +93,7 @@ from shell.env import RLDataset
 from shell.errors import ConfigError
 from shell.eval import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
-from shell.training._checkpoints import CheckpointRecord
+from shell.training._checkpoints import Checkpointer, CheckpointRecord
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
     LOGS_FILE,
@@ -427,7 +428,7 @@ async def train(
         LogDirLockedError: another run holds `log_dir` (a `ConfigError` naming its pid; see
             `hold_log_dir`). Nothing in the log dir is touched then.
     """
-    with hold_log_dir(config.log_dir), run_log_file(Path(config.log_dir) / LOGS_FILE):
+    with hold_log_dir(config.log_dir), ExitStack() as log_file:
         return await _locked_train(
             config,
             dataset=dataset,
@@ -440,6 +441,7 @@ async def train(
             console=console,
             evaluator_builders=evaluator_builders,
             strategy=strategy,
+            log_file=log_file,
         )
 
 
@@ -456,8 +458,10 @@ async def _locked_train(
     console: Console | None,
     evaluator_builders: Sequence[SamplingClientEvaluatorBuilder],
     strategy: RolloutStrategy | None,
+    log_file: ExitStack,
 ) -> TrainResult:
-    """`train`'s body, run while this process holds the log dir's lock."""
+    """`train`'s body, run while this process holds the log dir's lock; `logs.log` is attached
+    to `log_file` once the log dir and options are checked (a refused run writes nothing)."""
     log_dir = Path(config.log_dir)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     for log in (METRICS_FILE, SAMPLES_FILE, TIMING_SPANS_FILE):
@@ -473,6 +477,7 @@ async def _locked_train(
         else callers_training_client(training_client, resume=resume, log_dir=log_dir)
     )
     record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
+    log_file.enter_context(run_log_file(log_dir / LOGS_FILE))
     num_steps = resolve_num_steps(config.max_steps, len(dataset), config.num_epochs)
     dataset = EpochCycledRLDataset(dataset, config.num_epochs)  # step i: batch i % len
     start = 0 if resume is None else resume.step
@@ -532,6 +537,14 @@ async def _locked_train(
         decode=_decoder(tokenizer),
         tokens=usage_lib.TokenUsage() if resume is None else resume.cumulative_tokens,
         discarded_tokens=usage_lib.TokenUsage() if resume is None else resume.discarded_tokens,
+        checkpointer=Checkpointer(
+            client,
+            service_client=service_client,
+            log_dir=log_dir,
+            config=config,
+            num_steps=num_steps,
+            resumed_from=resume,
+        ),
         test_evaluator=(
             None
             if test_dataset is None
@@ -581,12 +594,7 @@ async def _locked_train(
             last_metrics = metrics
             timer = StepTimer() if timer is None else timer
             with recording(timer):
-                if (
-                    config.save_every
-                    and (step + 1) % config.save_every == 0
-                    and step + 1 < num_steps
-                ):
-                    checkpoint = await _checkpoint(run, step + 1)
+                checkpoint = await _checkpoint(run, step + 1) or checkpoint
             write_spans(step, timer)
 
         if resume is not None:
@@ -619,6 +627,7 @@ async def _locked_train(
                 metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
                 progress.note(_final_eval_line(final_eval))
             checkpoint = await _checkpoint(run, num_steps, final=True)
+            assert checkpoint is not None  # a final save is always made
         write_spans(num_steps, final_timer)
     curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
     return TrainResult(

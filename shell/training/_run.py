@@ -39,7 +39,7 @@ from shell.env import EnvGroupBuilder
 from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator
 from shell.limits import TerminationRewardPolicy
 from shell.rollouts import GroupOutcome, RolloutErrorCounter, RolloutStrategy
-from shell.training._checkpoints import CheckpointRecord, save_checkpoint
+from shell.training._checkpoints import Checkpointer, CheckpointRecord
 from shell.training._reports import write_rollout_report
 from shell.training._resume import prng_key_data
 from shell.training._timing import span
@@ -68,6 +68,7 @@ class _Run:
     decode: Callable[[Sequence[int]], str]
     tokens: usage_lib.TokenUsage  # running totals (rlpure.usage), discarded sampling included
     discarded_tokens: usage_lib.TokenUsage
+    checkpointer: Checkpointer  # periodic, rolling and final saves (shell.training._checkpoints)
 
 
 def _successful(
@@ -161,15 +162,17 @@ def _evaluates(run: _Run) -> bool:
     return bool(run.config.eval_every) and (bool(run.evaluators) or run.test_evaluator is not None)
 
 
-async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> CheckpointRecord:
-    """A checkpoint record at `step` (span `save_checkpoint_async`, the cookbook's name)."""
+async def _checkpoint(run: _Run, step: int, *, final: bool = False) -> CheckpointRecord | None:
+    """The save due after `step` completed steps (`final`: the run's last, always saved), as
+    `Checkpointer.save` decides; None when none is due. A save is timed as the span
+    `save_checkpoint_async` (the cookbook's name)."""
+    if not final and run.checkpointer.due(step) is None:
+        return None
     with span("save_checkpoint_async"):
-        return await save_checkpoint(
-            run.training_client,
-            log_dir=run.log_dir,
-            step=step,
-            rng_key_data=prng_key_data(run.key),
+        return await run.checkpointer.save(
+            step,
             final=final,
+            rng_key_data=prng_key_data(run.key),
             kl_reference_path=run.kl_reference_path,
             cumulative_tokens=run.tokens,
             discarded_tokens=run.discarded_tokens,

@@ -151,7 +151,11 @@ def test_the_kl_reference_is_opened_as_the_cookbooks_kl_reference_config(tmp_pat
                      kl_reference_checkpoint=saved)  # fmt: skip
     _train(config, service, _dataset(1))
     assert ("create_sampling_client", "base/m", saved) in service.events
-    assert not any(e[0] == "save_weights_for_sampler" for e in service.events)
+    # no KL reference saved from the policy: the one sampler save is the final checkpoint's
+    # (its sampler weights, as the cookbook's final save)
+    sampler_saves = [e for e in service.events if e[0] == "save_weights_for_sampler"]
+    assert ("save_weights_for_sampler", "kl_reference") not in sampler_saves
+    assert len(sampler_saves) == 1
     (record,) = load_checkpoints(tmp_path / "run")
     assert record.kl_reference_path is None
     assert "kl_policy_base" in read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]

@@ -450,7 +450,10 @@ def test_a_run_killed_after_a_checkpoint_resumes_at_the_right_step(tmp_path: Pat
     (reference_path,) = {r.kl_reference_path for r in records}
     assert reference_path is not None and reference_path.endswith("/sampler/kl_reference")
     assert ("create_sampling_client", None, reference_path) in service.events
-    assert not any(e[0] == "save_weights_for_sampler" for e in service.events)
+    # (periodic checkpoints save sampler weights too, as the cookbook's kind="both")
+    assert ("save_weights_for_sampler", "kl_reference") not in service.events
+    sampler_saves = [e[1] for e in service.events if e[0] == "save_weights_for_sampler"]
+    assert len(sampler_saves) == 2  # the checkpoints at steps 4 and 6 (final)
     samples = read_jsonl(log_dir / "samples.jsonl")
     assert sorted({s["step"] for s in samples}) == [0, 1, 2, 3, 4, 5]
     assert len(samples) == 6 * GROUP_SIZE
