@@ -5,7 +5,8 @@ Pure functions of (tokenizer, messages); no IO. One module per format:
 - `_role_colon` — `RoleColonRenderer`, `Role: content` turns (DeepSeek R1-Zero; base models).
 - `_chatml` — `ChatMLRenderer`, `<|im_start|>role\\n...<|im_end|>` (SmolLM2-Instruct's
   template; Hermes `<tool_call>` tool use).
-- `_qwen3` — `Qwen3Renderer` (thinking on) and `Qwen3DisableThinkingRenderer`.
+- `_qwen3` — `Qwen3Renderer` (thinking on), `Qwen3DisableThinkingRenderer` and
+  `Qwen3InstructRenderer` (2507 Instruct, no `<think>`).
 - `_llama3` — `Llama3Renderer` (Llama 3 Instruct headers, no tool-call syntax).
 - `_tools` — the `<tool_call>` format, response block parsing, tool declarations.
 - `_chat` — the prompt / supervised-example assembly the chat formats share (conventions:
@@ -23,7 +24,11 @@ from __future__ import annotations
 from rlpure.render._chat import RenderContext
 from rlpure.render._chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, ChatMLRenderer
 from rlpure.render._llama3 import Llama3Renderer
-from rlpure.render._qwen3 import Qwen3DisableThinkingRenderer, Qwen3Renderer
+from rlpure.render._qwen3 import (
+    Qwen3DisableThinkingRenderer,
+    Qwen3InstructRenderer,
+    Qwen3Renderer,
+)
 from rlpure.render._role_colon import RoleColonRenderer
 from rlpure.render._tools import (
     format_tool_calls,
@@ -57,6 +62,7 @@ __all__ = [
     "Message",
     "ParsedResponse",
     "Qwen3DisableThinkingRenderer",
+    "Qwen3InstructRenderer",
     "Qwen3Renderer",
     "RenderContext",
     "Renderer",
@@ -82,6 +88,7 @@ RENDERER_NAMES: tuple[str, ...] = (
     "smollm2",
     "qwen3",
     "qwen3_disable_thinking",
+    "qwen3_instruct",
     "llama3",
 )
 """The names `get_renderer` knows (`smollm2` is ChatML with SmolLM2's default system prompt)."""
@@ -108,6 +115,8 @@ def get_renderer(name: str, tokenizer: TokenizerLike) -> Renderer:
         return Qwen3Renderer(tokenizer)
     if name == "qwen3_disable_thinking":
         return Qwen3DisableThinkingRenderer(tokenizer)
+    if name == "qwen3_instruct":
+        return Qwen3InstructRenderer(tokenizer)
     if name == "llama3":
         return Llama3Renderer(tokenizer)
     raise ValueError(f"get_renderer: unknown renderer {name!r}; known: {RENDERER_NAMES}")

@@ -24,6 +24,11 @@ template with `enable_thinking=True`):
   the empty block `<think>\\n\\n</think>\\n\\n`, so sampling starts after it and supervised
   examples do not train it; a trained turn that reasons is refused, and so is a produced turn in
   a conversation with no user message (the template and the prompt disagree there).
+- `Qwen3InstructRenderer` (the 2507 Instruct models, which never write `<think>`): no framing
+  and no empty block; thinking parts, if a conversation has them, render `<think>{t}</think>`
+  and are still stripped from history. It claims the prefix property, as the cookbook's does
+  — true unless earlier assistant messages carry thinking parts (which such a model never
+  writes; then stripping breaks it, as the cookbook's note says).
 - Parsing: the text before `<|im_end|>` is split into thinking, text and tool calls
   (`parse_content_blocks`), thinking framing removed (`<think>\\n\\n</think>` is no part, the
   newlines after it are framing). Tool-call failures are `unparsed_tool_calls` on a clean
@@ -54,7 +59,7 @@ from rlpure.render._types import (
     text_of_parts,
 )
 
-__all__ = ["Qwen3DisableThinkingRenderer", "Qwen3Renderer"]
+__all__ = ["Qwen3DisableThinkingRenderer", "Qwen3InstructRenderer", "Qwen3Renderer"]
 
 _ROLES = ("system", "user", "assistant", "tool")
 _EMPTY_BLOCK = "<think>\n\n</think>\n\n"
@@ -254,3 +259,24 @@ class Qwen3DisableThinkingRenderer(Qwen3Renderer):
     def _generation_suffix(self, role: str, ctx: RenderContext) -> list[int]:
         newline = "\n" if ctx.idx > 0 else ""
         return self._encode(f"{newline}<|im_start|>{role}\n{_EMPTY_BLOCK}")
+
+
+class Qwen3InstructRenderer(Qwen3Renderer):
+    """Qwen3 Instruct 2507 (cookbook `qwen3_instruct`): the Qwen3 layout without `<think>` framing.
+
+    Examples:
+        >>> from rlpure.render._testing import SpecialWordTokenizer
+        >>> tok = SpecialWordTokenizer()
+        >>> r = Qwen3InstructRenderer(tok)
+        >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+        >>> tok.decode(r.build_supervised_example(chat).model_input.to_ints())[-34:]
+        '<|im_start|>assistant\\nyo<|im_end|>'
+    """
+
+    name = "qwen3_instruct"
+    frames_thinking = False
+
+    @property
+    def has_extension_property(self) -> bool:
+        """True (see the module docstring for the exception the cookbook also has)."""
+        return True

@@ -11,7 +11,7 @@ cookbook are in `shell.renderers.base` and `shell.renderers.role_colon`.
   `get_renderer` and the custom-renderer registry.
 - `role_colon` — `RoleColonRenderer` (`"role_colon"`).
 - `qwen3` — `Qwen3Renderer` (`"qwen3"`), `Qwen3DisableThinkingRenderer`
-  (`"qwen3_disable_thinking"`).
+  (`"qwen3_disable_thinking"`), `Qwen3InstructRenderer` (`"qwen3_instruct"`).
 - `llama3` — `Llama3Renderer` (`"llama3"`).
 - `chatml` — `ChatMLRenderer` (`"chatml"`; `"smollm2"` adds SmolLM2's default system prompt),
   not a cookbook module.
@@ -51,7 +51,11 @@ from shell.renderers.base import (
 )
 from shell.renderers.chatml import ChatMLRenderer
 from shell.renderers.llama3 import Llama3Renderer
-from shell.renderers.qwen3 import Qwen3DisableThinkingRenderer, Qwen3Renderer
+from shell.renderers.qwen3 import (
+    Qwen3DisableThinkingRenderer,
+    Qwen3InstructRenderer,
+    Qwen3Renderer,
+)
 from shell.renderers.role_colon import RoleColonRenderer
 
 __all__ = [
@@ -67,6 +71,7 @@ __all__ = [
     "ParseResult",
     "ParseTermination",
     "Qwen3DisableThinkingRenderer",
+    "Qwen3InstructRenderer",
     "Qwen3Renderer",
     "Renderer",
     "Role",

@@ -1,7 +1,8 @@
 """The cookbook's Qwen3 renderers (`tinker_cookbook.renderers.qwen3`), over `rlpure.render`.
 
-`Qwen3Renderer` (`get_renderer("qwen3", ...)`, thinking on) and
-`Qwen3DisableThinkingRenderer` (`"qwen3_disable_thinking"`). Tokens are
+`Qwen3Renderer` (`get_renderer("qwen3", ...)`, thinking on),
+`Qwen3DisableThinkingRenderer` (`"qwen3_disable_thinking"`) and `Qwen3InstructRenderer`
+(`"qwen3_instruct"`, the 2507 Instruct models: no `<think>` framing). Tokens are
 `rlpure.render.Qwen3Renderer`'s (layout, thinking framing, tool calls and where the prefix
 property breaks: its module docstring); `shell.renderers._adapter` converts types.
 
@@ -22,7 +23,7 @@ from rlpure import render
 from shell.renderers._adapter import CoreChatRenderer, as_renderer_error, content_encoder
 from shell.renderers.base import Renderer, _register_builtin_renderer
 
-__all__ = ["Qwen3DisableThinkingRenderer", "Qwen3Renderer"]
+__all__ = ["Qwen3DisableThinkingRenderer", "Qwen3InstructRenderer", "Qwen3Renderer"]
 
 
 class Qwen3Renderer(CoreChatRenderer):
@@ -59,6 +60,17 @@ class Qwen3DisableThinkingRenderer(Qwen3Renderer):
         )
 
 
+class Qwen3InstructRenderer(Qwen3Renderer):
+    """Qwen3 Instruct 2507: the Qwen3 layout without `<think>` framing or an empty block."""
+
+    frames_thinking = False
+
+    def _make_core(self, tokenizer: Any, strip: bool) -> render.Qwen3Renderer:
+        return render.Qwen3InstructRenderer(
+            tokenizer, strip_thinking_from_history=strip, encode_content=content_encoder(tokenizer)
+        )
+
+
 def _qwen3(tokenizer: Any, image_processor: Any) -> Renderer:
     return Qwen3Renderer(tokenizer)
 
@@ -67,5 +79,10 @@ def _qwen3_disable_thinking(tokenizer: Any, image_processor: Any) -> Renderer:
     return Qwen3DisableThinkingRenderer(tokenizer)
 
 
+def _qwen3_instruct(tokenizer: Any, image_processor: Any) -> Renderer:
+    return Qwen3InstructRenderer(tokenizer)
+
+
 _register_builtin_renderer("qwen3", _qwen3)
+_register_builtin_renderer("qwen3_instruct", _qwen3_instruct)
 _register_builtin_renderer("qwen3_disable_thinking", _qwen3_disable_thinking)

@@ -467,6 +467,7 @@ def test_get_renderer_knows_the_chat_formats() -> None:
         "smollm2",
         "qwen3",
         "qwen3_disable_thinking",
+        "qwen3_instruct",
         "llama3",
     }
     smol = render.get_renderer("smollm2", TOK)

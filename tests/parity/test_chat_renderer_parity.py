@@ -254,7 +254,7 @@ def _check_conversation(ours: Any, theirs: Any, messages: list[dict[str, Any]]) 
 # --- qwen3 -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_disable_thinking"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_disable_thinking", "qwen3_instruct"])
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=range(len(CONVERSATIONS)))
 def test_qwen3_conversations_are_the_cookbooks(qwen_tokenizer, name, messages) -> None:
     _check_conversation(*_pair(name, qwen_tokenizer), messages)
@@ -271,10 +271,11 @@ def test_qwen3_with_and_without_history_stripping_is_the_cookbooks(qwen_tokenize
 
 
 def test_qwen3_stop_sequences_and_tool_declaration_are_the_cookbooks(qwen_tokenizer) -> None:
-    for name in ("qwen3", "qwen3_disable_thinking"):
+    for name in ("qwen3", "qwen3_disable_thinking", "qwen3_instruct"):
         ours, theirs = _pair(name, qwen_tokenizer)
         assert ours.get_stop_sequences() == theirs.get_stop_sequences()
-        assert ours.has_extension_property is theirs.has_extension_property is False
+        assert ours.has_extension_property is theirs.has_extension_property
+        assert ours.has_extension_property is (name == "qwen3_instruct")
         assert ours.disables_thinking is theirs.disables_thinking
         for system in ("", "Be terse."):
             assert ours.create_conversation_prefix_with_tools(
@@ -303,7 +304,7 @@ RESPONSES = [
 ]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_disable_thinking"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_disable_thinking", "qwen3_instruct"])
 @pytest.mark.parametrize("text", RESPONSES)
 def test_qwen3_parse_response_is_the_cookbooks(qwen_tokenizer, name, text) -> None:
     ours, theirs = _pair(name, qwen_tokenizer)
@@ -390,6 +391,12 @@ def test_qwen3_disable_thinking_random_conversations_are_the_cookbooks(
     qwen_tokenizer, messages
 ) -> None:
     _check_conversation(*_pair("qwen3_disable_thinking", qwen_tokenizer), messages)
+
+
+@_RANDOM
+@given(messages=conversations())
+def test_qwen3_instruct_random_conversations_are_the_cookbooks(qwen_tokenizer, messages) -> None:
+    _check_conversation(*_pair("qwen3_instruct", qwen_tokenizer), messages)
 
 
 @_RANDOM
