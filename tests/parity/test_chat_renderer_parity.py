@@ -224,6 +224,20 @@ def _check_conversation(ours: Any, theirs: Any, messages: list[dict[str, Any]]) 
             (our_input, our_weights), (their_input, their_weights) = outcome
             assert our_input.to_ints() == their_input.to_ints(), mode
             assert [float(w) for w in our_weights] == [float(w) for w in their_weights], mode
+    for mode in ("last_assistant_message", "last_assistant_turn", "all_assistant_messages"):
+        outcome = _same_outcome(
+            lambda mode=mode: [
+                (t.to_ints(), w.tolist()) for t, w in ours.build_supervised_examples(mine, mode)
+            ],
+            lambda mode=mode: [
+                (t.to_ints(), [float(x) for x in w.tolist()])
+                for t, w in theirs.build_supervised_examples(
+                    cookbook, cb_renderers.TrainOnWhat(mode)
+                )
+            ],
+        )
+        if isinstance(outcome, tuple):
+            assert outcome[0] == outcome[1], mode
     flags = [i % 2 == 1 for i in range(len(messages))]
     outcome = _same_outcome(
         lambda: ours.build_supervised_example(
