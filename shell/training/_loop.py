@@ -88,6 +88,7 @@ from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
 from shell.completers import TinkerTokenCompleter
 from shell.config import TrainConfig
+from shell.cost import rates_for_run
 from shell.datasets import EpochCycledRLDataset
 from shell.env import RLDataset
 from shell.errors import ConfigError
@@ -142,6 +143,7 @@ from shell.training._timing import (
     span_dicts,
     step_timer,
 )
+from shell.training._trackers import check_trackers, open_trackers
 
 __all__ = [
     "TrainResult",
@@ -466,6 +468,9 @@ async def _locked_train(
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     for log in (METRICS_FILE, SAMPLES_FILE, TIMING_SPANS_FILE):
         read_jsonl(log_dir / log)  # a damaged log stops the run before anything is rewritten
+    # a bad price table or a missing tracker extra stops the run before anything is written
+    rates = rates_for_run(config.price_table, config.base_model)
+    check_trackers(config)
     # issue 15's modes check the dataset against their batch shape before anything runs
     if config.stream_minibatch_config is not None:
         importlib.import_module("shell.training._stream").check_stream_dataset(config, dataset)
@@ -545,6 +550,7 @@ async def _locked_train(
             num_steps=num_steps,
             resumed_from=resume,
         ),
+        rates=rates,
         test_evaluator=(
             None
             if test_dataset is None
@@ -562,6 +568,7 @@ async def _locked_train(
         JsonlWriter(log_dir / METRICS_FILE) as metrics_writer,
         JsonlWriter(log_dir / SAMPLES_FILE) as samples_writer,
         JsonlWriter(log_dir / TIMING_SPANS_FILE) as spans_writer,
+        open_trackers(config, recipe_options=recipe_options, log_dir=log_dir) as trackers,
         progress,
     ):
 
@@ -588,7 +595,9 @@ async def _locked_train(
                         groups, step=step, decode=decode, max_groups=config.num_groups_to_log
                     )
                 )
-            metrics_writer.write({"step": step, **metrics})
+            row = {"step": step, **metrics}
+            metrics_writer.write(row)
+            trackers.log_metrics(row, step=step)
             progress.step_done(step, metrics)
             step_logger.info("%s", format_progress_line(step, metrics))
             last_metrics = metrics
@@ -624,7 +633,9 @@ async def _locked_train(
             if _evaluates(run) and start < num_steps:  # as the cookbook: only after a step ran
                 progress.phase(f"final evaluation {what}…")
                 final_eval = await _run_evaluators(run, num_steps)
-                metrics_writer.write({"step": num_steps, "final_eval": 1, **final_eval})
+                final_row = {"step": num_steps, "final_eval": 1, **final_eval}
+                metrics_writer.write(final_row)
+                trackers.log_metrics(final_row, step=num_steps)
                 progress.note(_final_eval_line(final_eval))
             checkpoint = await _checkpoint(run, num_steps, final=True)
             assert checkpoint is not None  # a final save is always made

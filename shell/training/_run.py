@@ -31,6 +31,7 @@ import tinker
 from returns.result import Success
 
 from rlpure import usage as usage_lib
+from rlpure.cost import TokenCostRates, cost_metrics
 from rlpure.records import TrajectoryGroup
 from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, TrainingClient
@@ -69,6 +70,7 @@ class _Run:
     tokens: usage_lib.TokenUsage  # running totals (rlpure.usage), discarded sampling included
     discarded_tokens: usage_lib.TokenUsage
     checkpointer: Checkpointer  # periodic, rolling and final saves (shell.training._checkpoints)
+    rates: TokenCostRates | None = None  # the model's prices (`TrainConfig.price_table`)
 
 
 def _successful(
@@ -95,8 +97,9 @@ def _count_tokens(
     trained: Sequence[TrajectoryGroup],
     *,
     num_datums: int = 0,
-) -> dict[str, int]:
-    """The step's `tokens/*` and `tokens/cumulative/*` metrics (see the module docstring;
+) -> dict[str, float]:
+    """The step's `tokens/*` and `tokens/cumulative/*` metrics, and with `run.rates` its
+    `cost/step_usd` and `cost/cumulative_usd` (`rlpure.cost`; see the module docstring;
     `num_datums` is the number of datums built from `trained`, for the scoring passes)."""
     trained_ids = {id(group) for group in trained}
     discarded = usage_lib.rollout_usage(g for g in groups if id(g) not in trained_ids)
@@ -107,7 +110,13 @@ def _count_tokens(
     step = usage_lib.rollout_usage(trained) + training + scoring
     run.discarded_tokens += discarded
     run.tokens += discarded + step
-    return {**step.metrics("tokens"), **run.tokens.metrics("tokens/cumulative")}
+    metrics: dict[str, float] = {
+        **step.metrics("tokens"),
+        **run.tokens.metrics("tokens/cumulative"),
+    }
+    if run.rates is not None:
+        metrics.update(cost_metrics(step, run.tokens, run.rates))
+    return metrics
 
 
 _EVAL_STREAM = 0x6576616C
