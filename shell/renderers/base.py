@@ -59,6 +59,7 @@ __all__ = [
     "TrainOnWhat",
     "UnparsedToolCall",
     "classify_parse_failure",
+    "content_to_jsonable",
     "ensure_list",
     "ensure_text",
     "format_content_as_string",
@@ -66,6 +67,7 @@ __all__ = [
     "get_renderer",
     "get_text_content",
     "is_renderer_registered",
+    "message_to_jsonable",
     "register_renderer",
     "unregister_renderer",
 ]
@@ -239,6 +241,67 @@ def format_content_as_string(content: Content, separator: str = "\n") -> str:
         else:
             raise RendererError(f"format_content_as_string: unknown content part type {kind!r}")
     return separator.join(pieces)
+
+
+def content_to_jsonable(content: Content) -> str | list[dict[str, Any]]:
+    """Content as JSON-ready data: a string as it is, parts as plain dicts.
+
+    An image part keeps its URL string; a `PIL.Image` is left out (the part keeps only its type).
+
+    Raises:
+        RendererError: for a part type other than text, thinking and image.
+
+    Examples:
+        >>> content_to_jsonable([{"type": "thinking", "thinking": "hm"}])
+        [{'type': 'thinking', 'thinking': 'hm'}]
+    """
+    if isinstance(content, str):
+        return content
+    out: list[dict[str, Any]] = []
+    for part in content:
+        kind = part["type"]
+        if kind == "text":
+            out.append({"type": "text", "text": part["text"]})  # type: ignore[typeddict-item]
+        elif kind == "thinking":
+            out.append({"type": "thinking", "thinking": part["thinking"]})  # type: ignore[typeddict-item]
+        elif kind == "image":
+            image = part["image"]  # type: ignore[typeddict-item]
+            out.append(
+                {"type": "image", "image": image} if isinstance(image, str) else {"type": "image"}
+            )
+        else:
+            raise RendererError(f"content_to_jsonable: unknown content part type {kind!r}")
+    return out
+
+
+def message_to_jsonable(message: Message) -> dict[str, Any]:
+    """A message as JSON-ready data, keeping its optional fields (the cookbook's shape).
+
+    Tool calls become `{"type", "id", "function": {"name", "arguments"}}`, unparsed ones
+    `{"raw_text", "error"}`; `trainable`, `tool_call_id` and `name` are kept when present.
+    """
+    result: dict[str, Any] = {
+        "role": message["role"],
+        "content": content_to_jsonable(message["content"]),
+    }
+    if "tool_calls" in message:
+        result["tool_calls"] = [
+            {
+                "type": call.type,
+                "id": call.id,
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in message["tool_calls"]
+        ]
+    if "unparsed_tool_calls" in message:
+        result["unparsed_tool_calls"] = [
+            {"raw_text": call.raw_text, "error": call.error}
+            for call in message["unparsed_tool_calls"]
+        ]
+    for key in ("trainable", "tool_call_id", "name"):
+        if key in message:
+            result[key] = message[key]
+    return result
 
 
 # --- parse results -----------------------------------------------------------------------------

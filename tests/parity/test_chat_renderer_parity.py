@@ -589,3 +589,29 @@ def test_qwen3_on_a_real_vocabulary_is_the_cookbooks(smollm2_tokenizer, name) ->
         our_message, our_end = ours.parse_response(tokens)
         their_message, their_end = theirs.parse_response(tokens)
         assert (_normal(our_message), our_end.value) == (_normal(their_message), their_end.value)
+
+
+def test_message_to_jsonable_is_the_cookbooks() -> None:
+    from shell.renderers import base
+
+    for messages in CONVERSATIONS:
+        for ours, theirs in zip(_for("ours", messages), _for("cookbook", messages), strict=True):
+            assert json.dumps(base.message_to_jsonable(ours)) == json.dumps(
+                cb_renderers.base.message_to_jsonable(theirs)
+            )
+    parsed = {
+        "role": "assistant",
+        "content": [{"type": "image", "image": "http://x/y.png"}],
+        "trainable": True,
+    }
+    assert base.message_to_jsonable(parsed) == cb_renderers.base.message_to_jsonable(parsed)
+    bad = {"raw_text": "<tool_call>{", "error": "Invalid JSON"}
+    assert base.message_to_jsonable(
+        {"role": "assistant", "content": "", "unparsed_tool_calls": [base.UnparsedToolCall(**bad)]}
+    ) == cb_renderers.base.message_to_jsonable(
+        {
+            "role": "assistant",
+            "content": "",
+            "unparsed_tool_calls": [cb_renderers.UnparsedToolCall(**bad)],
+        }
+    )
