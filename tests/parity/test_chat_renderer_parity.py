@@ -615,3 +615,31 @@ def test_message_to_jsonable_is_the_cookbooks() -> None:
             "unparsed_tool_calls": [cb_renderers.UnparsedToolCall(**bad)],
         }
     )
+
+
+def test_every_renderer_name_cookbook_code_imports_ports() -> None:
+    """`from tinker_cookbook.renderers[.module] import X` anywhere in the cookbook (outside the
+    renderers package) resolves after the prefix rewrite, except the renderers not offered."""
+    import ast
+    import importlib
+
+    root = Path(cb_renderers.__file__).parents[1]
+    not_offered = {"shell.renderers.tml_v0"}
+    missing = []
+    for path in root.rglob("*.py"):
+        if "renderers" in path.parts or "tests" in path.parts or path.name.startswith("test_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "tinker_cookbook.renderers"
+            ):
+                module_name = "shell" + (node.module or "")[len("tinker_cookbook") :]
+                if module_name in not_offered:
+                    continue
+                module = importlib.import_module(module_name)
+                missing += [
+                    f"{path.relative_to(root)}: {module_name}.{alias.name}"
+                    for alias in node.names
+                    if not hasattr(module, alias.name)
+                ]
+    assert missing == []
