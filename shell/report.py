@@ -7,12 +7,14 @@ Conventions:
   `timing_spans.jsonl` (one `{"step": i, "spans": [{"name", "duration", "wall_start",
   "wall_end"}]}` object per step, wall times in seconds from the step's first span) and
   `config.json` (`base_model`, or the cookbook's `model_name`; `price_table`).
-- A training row is a row without `final_eval`; a step logged twice counts once (its last row).
+- A training row is a row without `final_eval` that is not the final totals row (the
+  cookbook's `tokens/cumulative/*`, `tokens/discarded/*` and `cost/*_usd` at `step=end_batch`);
+  a step logged twice counts once (its last row).
 - `rlpure cost` prices the steps' token counts (`rlpure.cost.summarize_cost`) with `--prices
   FILE`, else the run's own `price_table`, else prints token counts only. Tokens counted
   outside any step (sampling of groups dropped for a constant reward) are the difference
-  between the last row's `tokens/cumulative/<kind>` and the steps' sum; they are shown apart
-  and included in the total.
+  between the last `tokens/cumulative/<kind>` logged (the totals row's, when there is one) and
+  the steps' sum; they are shown apart and included in the total.
 - `rlpure report` draws with matplotlib's object API on an Agg canvas (headless, no `pyplot`):
   `report_curves.png` (the train reward of every env tag, and every eval curve: `.../reward/
   total` and `.../correct` keys outside `env/`), and `report_timing_NNNNNN.png` (the Gantt of
@@ -46,6 +48,7 @@ __all__ = [
     "TIMING_SPANS_FILE",
     "cost_main",
     "cost_text",
+    "is_totals_row",
     "plot_curves",
     "plot_step_timing",
     "read_step_spans",
@@ -74,8 +77,27 @@ def _log_dir(path: str | Path) -> Path:
     return log_dir
 
 
+_TOTALS_PREFIXES = ("tokens/cumulative/", "tokens/discarded/")
+_TOTALS_KEYS = frozenset({"step", "final_totals", "cost/cumulative_usd", "cost/discarded_usd"})
+
+
+def is_totals_row(row: Mapping[str, Any]) -> bool:
+    """Whether `row` is the final totals row: the cookbook's `CostTracker.cumulative_metrics()`
+    logged at `step=end_batch` (only running totals, no step's own values), which rlpure's loop
+    writes too, marked `final_totals`.
+
+    Examples:
+        >>> is_totals_row({"step": 3, "tokens/cumulative/sampled": 9, "cost/cumulative_usd": 1})
+        True
+        >>> is_totals_row({"step": 2, "tokens/sampled": 3, "tokens/cumulative/sampled": 9})
+        False
+    """
+    return all(k in _TOTALS_KEYS or k.startswith(_TOTALS_PREFIXES) for k in row)
+
+
 def training_rows(log_dir: str | Path) -> list[dict[str, Any]]:
-    """The training rows of `log_dir/metrics.jsonl` in step order (a step's last row wins).
+    """The training rows of `log_dir/metrics.jsonl` in step order (a step's last row wins):
+    rows without `final_eval` that are not the final totals row (`is_totals_row`).
 
     Raises:
         ConfigError: no such log dir, no metrics.jsonl, or no training row in it.
@@ -84,7 +106,9 @@ def training_rows(log_dir: str | Path) -> list[dict[str, Any]]:
     root = _log_dir(log_dir)
     by_step: dict[int, dict[str, Any]] = {}
     for row in read_jsonl(root / METRICS_FILE):
-        if "final_eval" not in row and isinstance(row.get("step"), int):
+        if "final_eval" in row or is_totals_row(row):
+            continue
+        if isinstance(row.get("step"), int):
             by_step[row["step"]] = row
     if not by_step:
         raise ConfigError(f"{root / METRICS_FILE}: no training steps logged yet")
@@ -154,7 +178,13 @@ def run_cost(
     total = TokenUsage()
     for usage in steps:
         total += usage
-    cumulative = _usage(rows[-1], "tokens/cumulative", where=f"{where} step {rows[-1]['step']}")
+    # the running totals after the run: the last row holding them (the final totals row when
+    # there is one, which also counts sampling after the last step)
+    with_totals = [
+        row for row in read_jsonl(root / METRICS_FILE) if "tokens/cumulative/sampled" in row
+    ]
+    last = with_totals[-1] if with_totals else rows[-1]
+    cumulative = _usage(last, "tokens/cumulative", where=f"{where} step {last.get('step')}")
     outside = TokenUsage(
         **{
             kind: max(0, count - total.as_dict()[kind])
@@ -176,7 +206,7 @@ def run_cost(
             rates = table.rates_for(name)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-    recorded_usd = rows[-1].get("cost/cumulative_usd")
+    recorded_usd = last.get("cost/cumulative_usd")
     info = {
         "log_dir": root,
         "model": name if isinstance(name, str) else None,

@@ -44,6 +44,7 @@ def _log_dir(
     root: Path,
     *,
     discarded: int = 0,
+    totals_discarded: int | None = None,
     timing: bool = True,
     config: dict[str, Any] | None = None,
 ) -> Path:
@@ -68,6 +69,16 @@ def _log_dir(
     rows.append(
         {"step": 3, "final_eval": 1, "test/env/all/reward/total": 0.4, "test/env/all/correct": 0.5}
     )
+    if totals_discarded is not None:  # the cookbook's final totals row (cumulative_metrics())
+        cumulative["sampled"] += totals_discarded
+        rows.append(
+            {
+                "step": 3,
+                **{f"tokens/cumulative/{k}": v for k, v in cumulative.items()},
+                **{f"tokens/discarded/{k}": 0 for k in cumulative},
+                "tokens/discarded/sampled": discarded + totals_discarded,
+            }
+        )
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if timing:
         lines = [_spans(s) for s in range(3)] + [_spans(3, with_training=False)]
@@ -121,6 +132,18 @@ def test_cost_counts_tokens_outside_steps_in_the_total(tmp_path: Path, capsys) -
     assert "includes 1,000 tokens counted in no step" in out
     sampled = next(line for line in out.splitlines() if line.startswith("sampled"))
     assert sampled.split()[1] == f"{600 + 1000:,}"
+
+
+def test_cost_reads_the_final_totals_row_and_does_not_count_it_as_a_step(
+    tmp_path: Path, capsys
+) -> None:
+    log_dir = _log_dir(tmp_path / "run", totals_discarded=500)
+    assert main(["cost", str(log_dir), "--prices", str(_prices(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert ": 3 steps," in out.splitlines()[0]
+    assert "includes 500 tokens counted in no step" in out
+    assert main(["report", str(log_dir), "--out", str(tmp_path / "pics")]) == 0
+    assert capsys.readouterr().out.split()[-1].endswith("report_timing_000002.png")
 
 
 def test_cost_without_prices_counts_tokens_and_uses_the_runs_own_table(
@@ -251,3 +274,71 @@ def test_report_refuses_a_missing_or_empty_log_dir(tmp_path: Path, capsys) -> No
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "no training steps logged yet" in capsys.readouterr().err
+
+
+# --- a fake-SDK run priced by its price_table ---------------------------------------------------
+
+
+def _fake_run(log_dir: Path, **options: Any) -> Any:
+    import asyncio
+
+    from shell.config import build_config
+    from shell.fakes import FakeServiceClient, ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
+    from shell.training import train
+
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        target = 3 + (batch + problem) % 5
+        return ScriptedGroupBuilder(
+            lambda _: ScriptedEnv(
+                prompt=[1, 2, target],
+                reward_fn=lambda action: float(np.mean(action == target)) if len(action) else 0.0,
+                stop=(),
+            ),
+            group_size=3,
+        )
+
+    config = build_config(
+        {"log_dir": str(log_dir), "backend": "fake", "progress": False, "max_tokens": 3},
+        options,
+    )
+    dataset = ScriptedDataset(builder, num_batches=3, groups_per_batch=2)
+    return asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient()))
+
+
+def test_a_run_with_a_price_table_logs_its_cost_and_rlpure_cost_agrees(
+    tmp_path: Path, capsys
+) -> None:
+    from rlpure.cost import TokenCostRates
+    from rlpure.usage import TokenUsage
+
+    table = _prices(tmp_path, PRICES.replace("Qwen/Qwen3-8B", "rlpure/tiny"))
+    log_dir = tmp_path / "run"
+    _fake_run(log_dir, price_table=str(table))
+    rows = [
+        r
+        for r in (json.loads(x) for x in (log_dir / "metrics.jsonl").open())
+        if "tokens/sampled" in r
+    ]
+    rates = TokenCostRates(prefill=1.0, cached_prefill=0.5, sample=2.0, train=4.0)
+    step_usd = []
+    for row in rows:
+        step = TokenUsage(**{k: row[f"tokens/{k}"] for k in STEP_TOKENS[0]})
+        cumulative = TokenUsage(**{k: row[f"tokens/cumulative/{k}"] for k in STEP_TOKENS[0]})
+        assert row["cost/step_usd"] == pytest.approx(rates.estimate_usd(step))
+        assert row["cost/cumulative_usd"] == pytest.approx(rates.estimate_usd(cumulative))
+        step_usd.append(row["cost/step_usd"])
+    assert rows[-1]["cost/cumulative_usd"] == pytest.approx(sum(step_usd))
+    assert main(["cost", str(log_dir)]) == 0  # the run's own price_table
+    total = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("total"))
+    assert float(total.split()[-1]) == pytest.approx(rows[-1]["cost/cumulative_usd"], abs=1e-6)
+
+
+def test_a_run_whose_model_is_not_in_the_table_is_refused_before_it_trains(
+    tmp_path: Path,
+) -> None:
+    from shell.errors import ConfigError
+
+    table = _prices(tmp_path)
+    with pytest.raises(ConfigError, match=r"no prices for model 'rlpure/tiny'"):
+        _fake_run(tmp_path / "run", price_table=str(table))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

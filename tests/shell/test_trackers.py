@@ -3,6 +3,7 @@ the keys and values of the run's metrics.jsonl rows, the config once, and the ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import sys
@@ -15,7 +16,9 @@ import pytest
 
 from shell.config import TrainConfig, build_config, config_to_dict
 from shell.errors import ConfigError
-from shell.fakes import ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
+from shell.fakes import FakeServiceClient, ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
+from shell.training import train
+from shell.training._logs import read_jsonl
 from shell.training._trackers import Trackers, check_trackers, open_trackers
 
 wandb = pytest.importorskip("wandb")
@@ -283,3 +286,32 @@ def test_trackers_finish_in_order_and_once() -> None:
         raise KeyboardInterrupt
     trackers.finish()
     assert finished == [("a", 1), ("b", 1)]
+
+
+# --- the loop logs to the trackers -------------------------------------------------------------
+
+
+@pytest.mark.slow  # ~9 s alone (first JAX compilations), ~2 s in a warm suite
+def test_a_fake_run_with_wandb_logs_the_same_rows_as_metrics_jsonl(
+    tmp_path: Path, offline: Path
+) -> None:
+    config = _config(tmp_path / "run", wandb_project="rlpure-tests", wandb_name="loop")
+    asyncio.run(train(config, dataset=_dataset(3), service_client=FakeServiceClient()))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    run = _offline_run(offline)
+    assert (run["name"], run["exit_code"]) == ("loop", 0)
+    assert run["history"] == _by_step(rows)
+    assert run["config"] == config_to_dict(config)
+
+
+def test_a_run_that_fails_finishes_its_wandb_run_as_failed(tmp_path: Path, offline: Path) -> None:
+    def failing(batch: int, problem: int) -> ScriptedGroupBuilder:
+        return ScriptedGroupBuilder(
+            lambda _: ScriptedEnv(prompt=[1, 2], rewards=[1.0], fail_at_step=0), group_size=2
+        )
+
+    dataset = ScriptedDataset(failing, num_batches=2, groups_per_batch=1)
+    config = _config(tmp_path / "run", wandb_project="p")
+    with pytest.raises(Exception):  # noqa: B017 (the env's scripted failure, whatever its class)
+        asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient()))
+    assert _offline_run(offline)["exit_code"] == 1
