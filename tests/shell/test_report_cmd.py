@@ -305,6 +305,7 @@ def _fake_run(log_dir: Path, **options: Any) -> Any:
     return asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient()))
 
 
+@pytest.mark.slow  # a fake run: its first JAX compilations take seconds alone
 def test_a_run_with_a_price_table_logs_its_cost_and_rlpure_cost_agrees(
     tmp_path: Path, capsys
 ) -> None:
