@@ -33,6 +33,9 @@ The cookbook 0.6.1's `do_async_training` (`AsyncConfig`), our own implementation
   cancelled and awaited: rollouts still in flight are cancelled (each group's `cleanup()`
   still finishes once); rollouts inside a rollout executor's workers run to completion there.
   The first exception of any loop propagates after that; no task outlives `run_async`.
+- **Checkpoints.** As the cookbook, a full checkpoint (state and sampler weights) is saved
+  where the run starts (`"000000"` for a fresh run), then as the sync loop after each step
+  (`save_every`, rolling saves) and at the end.
 - **Evaluation.** Deliberate difference: evaluators run in the training loop before step `i`
   when `eval_every` divides `i` (as the sync loop; rollouts keep going meanwhile) and once at
   the end (`train`), instead of the cookbook's separate evaluation loop and event rows.
@@ -81,6 +84,7 @@ from shell.rollouts import do_group_rollout_outcome
 from shell.training._logs import read_jsonl, truncate_jsonl_by_step
 from shell.training._policy_update import train_on_groups
 from shell.training._reports import write_rollout_report
+from shell.training._resume import prng_key_data
 from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
 from shell.training._timing import StepTimer, span, step_timer
 
@@ -478,6 +482,16 @@ async def run_async(
         with state_path.open("ab") as out:
             out.write(encoder.encode(state) + b"\n")
 
+    # as the cookbook: a full checkpoint where the async run starts, before any sampling
+    write_state(shared.state(start))
+    await run.checkpointer.save(
+        start,
+        periodic=True,
+        rng_key_data=prng_key_data(run.key),
+        kl_reference_path=run.kl_reference_path,
+        cumulative_tokens=run.tokens,
+        discarded_tokens=run.discarded_tokens,
+    )
     producers = [
         asyncio.create_task(_dataloader(shared), name="async_dataloader"),
         *(

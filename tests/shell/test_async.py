@@ -182,6 +182,8 @@ def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: P
         ):
             assert key in row, key
         assert 0 <= row["async/staleness_min"] <= row["async/staleness_max"] <= 1
+    records = (tmp_path / "run" / "checkpoints.jsonl").read_text().splitlines()
+    assert [json.loads(r)["name"] for r in records] == ["000000", "final"]  # as the cookbook
     # stable_reinforce (the default) sent with provenance on every datum
     fb = [e for e in service.events if e[0] == "forward_backward"]
     assert {e[2] for e in fb} == {"stable_reinforce"}
