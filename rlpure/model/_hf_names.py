@@ -48,9 +48,14 @@ def _field(config: Mapping[str, Any], name: str, kind: type, default: Any = ...)
 
 def _family(config: Mapping[str, Any]) -> Family:
     architectures = config.get("architectures")
-    if architectures is None:
+    if architectures is None:  # a config built in code, never saved by a model: its type
+        model_type = config.get("model_type")
+        by_type: dict[str, Family] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+        if model_type in by_type:
+            return by_type[model_type]
         raise ValueError(
-            f"config.json: missing field 'architectures'; supported: {sorted(HF_ARCHITECTURES)}"
+            f"config.json: missing field 'architectures' (and model_type {model_type!r} is "
+            f"not llama, qwen2 or qwen3); supported: {sorted(HF_ARCHITECTURES)}"
         )
     if not isinstance(architectures, list | tuple) or len(architectures) != 1:
         raise ValueError(
@@ -115,7 +120,7 @@ def config_from_hf(
 ) -> ModelConfig:
     """Our `ModelConfig` for a Hugging Face `config.json` (already parsed to a dict).
 
-    Reads `architectures`, `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+    Reads `architectures` (or, when it is absent, `model_type`), `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
     `num_key_value_heads`, `head_dim`, `intermediate_size`, `vocab_size`,
     `max_position_embeddings`, `rms_norm_eps`, `rope_theta` / `rope_scaling` (or
     transformers 5's `rope_parameters`), `tie_word_embeddings` and `initializer_range`, and

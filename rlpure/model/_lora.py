@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -158,8 +159,10 @@ def _shape(axes: str, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(sizes[letter] for letter in axes.split("_"))
 
 
+@partial(jax.jit, static_argnames=("config", "lora"))
 def init_lora(key: jax.Array, config: ModelConfig, lora: LoraConfig) -> Params:
-    """Fresh adapters: `A ~ U(±1/√fan_in)`, `B = 0` (so the adapted model equals the base).
+    """Fresh adapters: `A ~ U(±1/√fan_in)`, `B = 0` (so the adapted model equals the base;
+    jitted, `config` and `lora` static).
 
     Args:
         key: a JAX PRNG key.
@@ -211,10 +214,12 @@ def _delta(a: jax.Array, b: jax.Array, target: LoraTarget, scale: float) -> jax.
     return delta.reshape(*a.shape[:n_in], *b.shape[1:])
 
 
+@partial(jax.jit, static_argnames=("config", "lora"))
 def merge_lora(
     params: Params, adapters: Params, *, config: ModelConfig, lora: LoraConfig
 ) -> Params:
-    """A params copy with every adapter folded in: `W + (α / R) A B` (for samplers).
+    """A params copy with every adapter folded in: `W + (α / R) A B` (for samplers; jitted,
+    `config` and `lora` static).
 
     For a tied model with an unembedding adapter, the merged params gain an untied
     `unembed_E_V = embed_V_Eᵀ + (α / R) A B` (the input embedding is not adapted); the forward

@@ -104,8 +104,10 @@ def _dtype(config: ModelConfig) -> Any:
 # --- parameters ------------------------------------------------------------------------------
 
 
+@partial(jax.jit, static_argnames="config")
 def init_params(key: jax.Array, config: ModelConfig) -> Params:
-    """Draws fresh parameters: matrices `N(0, init_std²)`, norm scales 1, biases 0.
+    """Draws fresh parameters: matrices `N(0, init_std²)`, norm scales 1, biases 0 (jitted:
+    eager, each distinct shape would compile its own small program).
 
     Args:
         key: a JAX PRNG key.
