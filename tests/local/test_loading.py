@@ -803,3 +803,28 @@ def test_config_refused_by_the_model_names_the_file(tmp_path: Path, llama_dir: P
     (directory / "config.json").write_text(json.dumps(config | {"hidden_act": "gelu"}))
     with pytest.raises(ConfigError, match=rf"{directory / 'config.json'}: .*'hidden_act'"):
         open_checkpoint(directory).model_config()
+
+
+def test_get_tokenizer_and_model_info_know_gguf_models(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    from shell import model_info, tokenizer_utils
+
+    config = hf_config("llama", vocab_size=len(tokenizer))
+    path = write_gguf(tmp_path / "m.gguf", config, random_hf_tensors(config), tokenizer)
+    loaded = tokenizer_utils.get_tokenizer(str(path))
+    assert loaded is tokenizer_utils.get_tokenizer(str(path))  # cached per name
+    text = SAMPLE_TEXTS[0]
+    assert loaded.encode(text, add_special_tokens=False) == tokenizer.encode(
+        text, add_special_tokens=False
+    )
+    assert model_info.get_recommended_renderer_name(SMOLLM2) == "smollm2"
+    assert model_info.get_model_attributes(SMOLLM2).is_chat
+
+
+@pytest.mark.slow
+def test_get_tokenizer_of_packaged_smollm2() -> None:
+    from shell import tokenizer_utils
+
+    tokenizer = tokenizer_utils.get_tokenizer(SMOLLM2)
+    assert tokenizer.encode("Hello world!", add_special_tokens=False) == [19556, 905, 17]
