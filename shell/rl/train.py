@@ -9,10 +9,14 @@ is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
 What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
 1. checks the whole config before anything runs: a field this loop does not implement yet set
-   to a non-default value (`async_config`, `stream_minibatch_config`,
-   `rolling_save_every`, ...), or the cookbook's own errors
-   (`kl_penalty_coef > 0` without `kl_reference_config`) raise `ConfigError` (which is
-   `shell.exceptions.ConfigurationError`) naming the field;
+   to a non-default value (`enable_trace`, ...), or the cookbook's own errors
+   (`kl_penalty_coef > 0` without `kl_reference_config`, `Config.loss_fn` conflicting with
+   `AsyncConfig.loss_fn`, `stable_reinforce` with `kl_discount_factor > 0`), or what
+   `TrainConfig` refuses for the backend (e.g. `stable_reinforce`, the async default, on the
+   local backend; streaming minibatches that do not divide the batch) raise `ConfigError`
+   (which is `shell.exceptions.ConfigurationError`) naming the field; async runs with an
+   `importance_sampling` or `cispo` loss and `max_steps_off_policy > 0` get the cookbook's
+   instability warning;
 2. opens the service: `tinker.ServiceClient(base_url=..., user_metadata=..., display_name=...)`
    when `service_client` is None, as the cookbook, else the given client (e.g.
    `shell.LocalServiceClient()`), which `main` does not close;
@@ -30,15 +34,20 @@ What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
 How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` → `base_model`,
 `kl_discount_factor` → `kl_discount`, `kl_reference_config` → `kl_reference_model` and
-`kl_reference_checkpoint`; the optimizer, loss, sampling, KL, cadence, epoch and step fields
-keep their names; `wandb_project` and `wandb_name` log to W&B as the cookbook's `WandbLogger`
+`kl_reference_checkpoint`, `async_config` and `stream_minibatch_config` → the
+`shell.config.AsyncConfig` / `StreamMinibatchConfig` records (async and streaming training,
+`shell.training._async` and `shell.training._stream`); the optimizer, loss, sampling, KL,
+cadence, epoch and step fields keep their names (`save_every`, `ttl_seconds`, `rolling_save_every` and `rolling_ttl_seconds`
+save as the cookbook's `CheckpointManager`, see `shell.training._checkpoints`); `wandb_project`
+and `wandb_name` log to W&B as the cookbook's `WandbLogger`
 (`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
 and the dataset builder's class are recorded as recipe options, so a resume with another recipe
 or builder class is refused.
 
 Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
-None); `ttl_seconds`, `rolling_ttl_seconds` and `renderer_name` are accepted and not used (local
-and project checkpoints never expire; the renderer is the dataset builder's business);
+None); `renderer_name` is accepted and not used (the renderer is the dataset builder's
+business); the TTLs are passed to the backend, which on the local one keeps every checkpoint
+until it is deleted;
 `rollout_json_export=True` is what `samples.jsonl` already records.
 """
 
@@ -53,6 +62,8 @@ import chz
 import tinker
 
 from shell.clients import ServiceClient
+from shell.config import AsyncConfig as TrainAsyncConfig
+from shell.config import StreamMinibatchConfig as TrainStreamMinibatchConfig
 from shell.config import TerminationConfig, TrainConfig
 from shell.errors import ConfigError
 from shell.eval import SamplingClientEvaluatorBuilder
@@ -113,8 +124,8 @@ class KLReferenceConfig:
 
 @chz.chz
 class StreamMinibatchConfig:
-    """Sync training with streaming minibatches (the cookbook's fields; not implemented here
-    yet: `main` refuses a `Config` that sets one).
+    """Sync training with streaming minibatches (the cookbook's fields), run as
+    `shell.config.StreamMinibatchConfig` (see `shell.training._stream`).
 
     Attributes:
         groups_per_batch: trajectory groups per training iteration.
@@ -127,8 +138,8 @@ class StreamMinibatchConfig:
 
 @chz.chz
 class AsyncConfig:
-    """Async, off-policy training (the cookbook's fields and check; not implemented here yet:
-    `main` refuses a `Config` that sets one).
+    """Async, off-policy training (the cookbook's fields and check), run as
+    `shell.config.AsyncConfig` (see `shell.training._async`).
 
     Attributes:
         max_steps_off_policy: how many steps sampling may run ahead of training (>= 0).
@@ -237,14 +248,7 @@ class Config:
 _NOT_YET: tuple[tuple[str, Any, str], ...] = (
     ("enable_trace", False, "trace events are not recorded"),
     ("span_chart_every", 0, "timing Gantt charts are not drawn"),
-    ("rolling_save_every", 0, "rolling checkpoints are not implemented; use save_every"),
     ("rollout_json_export", True, "samples.jsonl is always written"),
-    ("async_config", None, "async (off-policy) training is not implemented yet (issue 15)"),
-    (
-        "stream_minibatch_config",
-        None,
-        "streaming-minibatch training is not implemented yet (issue 15)",
-    ),
 )
 
 
@@ -254,8 +258,9 @@ def _check_supported(config: Config) -> None:
         value = getattr(config, name)
         if value != default:
             raise ConfigError(f"Config.{name}={value!r}: not supported ({why})")
-    if config.async_config is None and config.loss_fn == "custom":
-        raise ConfigError("Config.loss_fn='custom': custom losses are not supported")
+    if config.training_loss_fn() == "custom":
+        where = "AsyncConfig.loss_fn" if config.async_config is not None else "Config.loss_fn"
+        raise ConfigError(f"{where}='custom': custom losses are not supported")
     config.effective_rollout_strategy()  # an invalid rollout_error_tolerance fails here
     if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
         raise ConfigError("kl_reference_config must be specified when kl_penalty_coef > 0")
@@ -286,7 +291,7 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "num_epochs": config.num_epochs,
         "load_checkpoint_path": config.load_checkpoint_path,
         "learning_rate": config.learning_rate,
-        "loss_fn": config.training_loss_fn(),
+        "loss_fn": config.loss_fn,
         "loss_fn_config": config.loss_fn_config,
         "num_substeps": config.num_substeps,
         "max_tokens": config.max_tokens,
@@ -306,7 +311,27 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "compute_post_kl": config.compute_post_kl,
         "eval_every": config.eval_every,
         "save_every": config.save_every,
+        "ttl_seconds": config.ttl_seconds,
+        "rolling_save_every": config.rolling_save_every,
+        "rolling_ttl_seconds": config.rolling_ttl_seconds,
         "num_groups_to_log": config.num_groups_to_log,
+        "stream_minibatch_config": (
+            None
+            if config.stream_minibatch_config is None
+            else TrainStreamMinibatchConfig(
+                groups_per_batch=config.stream_minibatch_config.groups_per_batch,
+                num_minibatches=config.stream_minibatch_config.num_minibatches,
+            )
+        ),
+        "async_config": (
+            None
+            if config.async_config is None
+            else TrainAsyncConfig(
+                max_steps_off_policy=config.async_config.max_steps_off_policy,
+                groups_per_batch=config.async_config.groups_per_batch,
+                loss_fn=config.async_config.loss_fn,  # type: ignore[arg-type]
+            )
+        ),
         "wandb_project": config.wandb_project,
         # the cookbook names a W&B run only with a project (else wandb_name names the session)
         "wandb_name": config.wandb_name if config.wandb_project else None,
@@ -355,6 +380,20 @@ async def main(
         service_client=shell.LocalServiceClient())``.
     """
     _check_supported(config)
+    to_train_config(
+        config, backend="tinker" if service_client is None else _backend(service_client)
+    )
+    if (
+        config.async_config is not None
+        and config.async_config.max_steps_off_policy > 0
+        and config.training_loss_fn() in ("importance_sampling", "cispo")
+    ):
+        logger.warning(
+            "loss_fn=%r can become unstable on the off-policy data that async training "
+            "produces; prefer 'stable_reinforce' (the async default) or a clipped loss such as "
+            "'ppo'.",
+            config.training_loss_fn(),
+        )
     if service_client is not None and config.base_url is not None:
         raise ConfigError(
             f"Config.base_url={config.base_url!r}: only used to open tinker.ServiceClient; "

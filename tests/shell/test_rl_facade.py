@@ -152,16 +152,30 @@ def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_pat
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"async_config": train.AsyncConfig(max_steps_off_policy=0, groups_per_batch=1)}, "15"),
+        (
+            {
+                "async_config": train.AsyncConfig(max_steps_off_policy=0, groups_per_batch=1),
+                "loss_fn": "ppo",
+            },
+            "loss_fn: 'ppo' conflicts with async_config.loss_fn 'stable_reinforce'",
+        ),
+        (
+            {
+                "async_config": train.AsyncConfig(max_steps_off_policy=1, groups_per_batch=1),
+                "kl_penalty_coef": 0.1,
+                "kl_discount_factor": 0.5,
+                "kl_reference_config": train.KLReferenceConfig(base_model="m"),
+            },
+            "kl_discount: 0.5 > 0 is not supported with loss_fn 'stable_reinforce'",
+        ),
         (
             {
                 "stream_minibatch_config": train.StreamMinibatchConfig(
-                    groups_per_batch=1, num_minibatches=1
+                    groups_per_batch=3, num_minibatches=2
                 )
             },
-            "stream_minibatch_config",
+            "2 minibatches do not divide the 3 groups",
         ),
-        ({"rolling_save_every": 5}, "Config.rolling_save_every"),
         ({"kl_penalty_coef": 0.1}, "kl_reference_config must be specified"),
         ({"rollout_error_tolerance": 3}, "Invalid rollout_error_tolerance"),
         ({"base_url": "http://x"}, "Config.base_url"),
