@@ -341,7 +341,7 @@ def run_cookbook(cookbook: Any, shape: Shape, mode: dict[str, Any], log_path: Pa
                 loss_fn=value.loss_fn,
             )
     original = tinker.ServiceClient
-    tinker.ServiceClient = LatentService  # type: ignore[misc]
+    tinker.ServiceClient = LatentService  # type: ignore[misc,assignment]
     try:
         _quietly(cookbook.main(cookbook.Config(**_config(env, shape, log_path, translated))))
     finally:
