@@ -9,7 +9,11 @@
   resume refuses, and the training client a caller may hand over (`OpenedTrainingClient`).
 - `_checkpoints`: `save_state` plus a `checkpoints.jsonl` record; restoring the last one.
 - `_lock`: one writer per log dir (`hold_log_dir`, `LogDirLockedError`, `LOCK_FILE`).
-- `_logs`: `metrics.jsonl`, `samples.jsonl`, the progress line and the reward curve.
+- `_logs`: `metrics.jsonl`, `samples.jsonl`, `logs.log`, the progress line and the reward
+  curve.
+- `_run`: the per-run state the loop's modes share (`_Run`) and their shared step parts
+  (token counts, evaluators, checkpoint saves).
+- `_timing`: phase spans of a step, their `time/*` metrics and `timing_spans.jsonl`.
 
 Each part's docstring states its conventions. The clients these functions take are the
 `shell.clients` protocols.
@@ -25,6 +29,7 @@ from shell.training._checkpoints import (
 )
 from shell.training._lock import LOCK_FILE, LogDirLockedError, hold_log_dir
 from shell.training._logs import (
+    LOGS_FILE,
     METRICS_FILE,
     REWARD_CURVE_FILE,
     SAMPLES_FILE,
@@ -47,16 +52,19 @@ from shell.training._resume import (
     open_training_client,
     recipe_options,
 )
+from shell.training._timing import TIMING_SPANS_FILE
 
 __all__ = [
     "CHECKPOINTS_FILE",
     "CONFIG_FILE",
     "LOCK_FILE",
+    "LOGS_FILE",
     "METRICS_FILE",
     "RECIPE_OPTIONS_FILE",
     "RESUME_MAY_CHANGE",
     "REWARD_CURVE_FILE",
     "SAMPLES_FILE",
+    "TIMING_SPANS_FILE",
     "CheckpointRecord",
     "LogDirLockedError",
     "OpenedTrainingClient",
