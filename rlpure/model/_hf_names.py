@@ -162,6 +162,10 @@ def config_from_hf(
             continue
         if _field(config, flag, bool, False):
             raise ValueError(f"config.json: field {flag!r} = true is unsupported for {family}")
+    if _field(config, "rope_interleaved", bool, False):
+        raise ValueError(
+            "config.json: field 'rope_interleaved' = true is unsupported (rotate-half RoPE only)"
+        )
     if _field(config, "use_sliding_window", bool, False):
         raise ValueError("config.json: field 'use_sliding_window' = true is unsupported")
     layer_types = config.get("layer_types")
