@@ -22,7 +22,8 @@ Subpackages:
 tinker-cookbook's module names, thin facades so cookbook code ports by rewriting its import
 prefix `tinker_cookbook.` to `shell.`: `shell.rl` (`types`, `problem_env`, `rollouts`,
 `train`, ...), `shell.renderers`, `shell.completers`, `shell.tokenizer_utils`,
-`shell.model_info`, `shell.exceptions`, `shell.utils`, `shell.preference`, `shell.cli_utils`.
+`shell.model_info`, `shell.exceptions`, `shell.utils`, `shell.preference`, `shell.cli_utils`,
+`shell.tool_use` (tools and the agent env), `shell.sandbox` (code-executing tools).
 
 This facade re-exports the names most code needs: envs, rollouts, completers, datums, config,
 errors, the local clients and the training loop.

@@ -118,7 +118,15 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 # Packages that mirror tinker-cookbook's module names, so cookbook code ports by an import-prefix
 # rewrite (STYLE.md): their names are the cookbook's (`rl/rollout_strategy.py`,
 # `rl/rollout_limits.py`, ...), not ours to regroup.
-COOKBOOK_MIRRORS = ("shell/rl", "shell/renderers", "shell/utils", "shell/preference", "shell/eval")
+COOKBOOK_MIRRORS = (
+    "shell/rl",
+    "shell/renderers",
+    "shell/utils",
+    "shell/preference",
+    "shell/eval",
+    "shell/tool_use",
+    "shell/sandbox",
+)
 
 
 def test_no_three_sibling_modules_share_a_prefix() -> None:

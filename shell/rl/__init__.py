@@ -16,6 +16,8 @@ imports and nothing else. Nothing here is a second implementation:
   reward policies, the single-episode loop and per-model presets (`shell.limits`).
 - `shell.rl.dataset_utils`, `shell.rl.interleaved`: epochs and blended datasets
   (`shell.datasets`).
+- `shell.rl.message_env`: `MessageEnv`, `MessageStepResult`, `EnvFromMessageEnv` (message-level
+  envs over a renderer).
 - `shell.rl.train`: `Config`, `KLReferenceConfig` and `main`, mapped onto
   `shell.config.TrainConfig` and `shell.training.train`.
 
