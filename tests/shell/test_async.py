@@ -320,3 +320,31 @@ def test_train_refuses_a_bad_async_batch_size_before_anything_runs(tmp_path: Pat
     with pytest.raises(ConfigError, match="groups_per_batch: 3 is larger"):
         asyncio.run(train(config, dataset=dataset, service_client=service))
     assert service.events == [] and not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.slow  # compiles the micro model's stages (a few seconds)
+def test_an_async_run_trains_and_resumes_on_the_local_backend(tmp_path: Path) -> None:
+    from tests.local.micro import MICRO_NAME, micro_service
+
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=[]), num_batches=3, groups_per_batch=2)
+
+    def run(name: str, max_steps: int, **mode: Any) -> Any:
+        config = TrainConfig(
+            backend="local",
+            base_model=MICRO_NAME,
+            log_dir=str(tmp_path / name),
+            max_tokens=4,
+            max_steps=max_steps,
+            progress=False,
+            **mode,
+        )
+        service = micro_service(tmp_path / name / "local_states")
+        return asyncio.run(train(config, dataset=dataset, service_client=service))
+
+    async_config = _async(max_steps_off_policy=1, groups_per_batch=2, loss_fn="ppo")
+    first = run("async", 2, async_config=async_config)
+    assert (first.start_step, first.end_step) == (0, 2)
+    resumed = run("async", 3, async_config=async_config)
+    assert (resumed.start_step, resumed.end_step) == (2, 3)
+    rows = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training_client/step"] for r in rows if "training_client/step" in r] == [0, 1, 2]
