@@ -75,7 +75,7 @@ class IndexGroup(EnvGroupBuilder):
         self.batch, self.problem = batch, problem
 
     async def make_envs(self):
-        latency = 0.025 * (GROUPS_PER_BATCH - self.problem)
+        latency = 0.04 * (GROUPS_PER_BATCH - self.problem)
         return [IndexEnv(self.batch * GROUPS_PER_BATCH + self.problem, i, latency) for i in range(2)]
 
     def logging_tags(self):

@@ -158,7 +158,7 @@ def test_groups_are_trained_in_the_order_they_finish(tmp_path: Path) -> None:
     log: list[tuple[Any, ...]] = []
     # reverse latencies: problem 3 finishes first, problem 0 last
     dataset = ScriptedDataset(
-        lambda b, p: _Group(b, p, log=log, latency=0.01 * (3 - p)),
+        lambda b, p: _Group(b, p, log=log, latency=0.04 * (3 - p)),
         num_batches=1,
         groups_per_batch=4,
     )
@@ -187,7 +187,7 @@ def test_failed_and_constant_groups_hold_their_place_but_do_not_train(tmp_path: 
     log: list[tuple[Any, ...]] = []
 
     def make(b: int, p: int) -> _Group:
-        return _Group(b, p, log=log, latency=0.01 * p, failing=p == 0, constant=p == 1)
+        return _Group(b, p, log=log, latency=0.04 * p, failing=p == 0, constant=p == 1)
 
     dataset = ScriptedDataset(make, num_batches=1, groups_per_batch=4)
     config = _config(
