@@ -116,6 +116,10 @@ class _Cursor:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item in _NUMPY:
                 dtype = np.dtype(_NUMPY[item])
+                if self.offset + dtype.itemsize * count > len(self.buffer):
+                    raise GGUFFormatError(
+                        f"an array of {count} {dtype.name} at byte {self.offset} runs past the end"
+                    )
                 values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.offset)
                 self.offset += dtype.itemsize * count
                 return values.tolist()
@@ -154,14 +158,19 @@ def _parse(path: Path, buffer: mmap.mmap) -> GGUFFile:
     fields: dict[str, Any] = {}
     for _ in range(field_count):
         key = cursor.string()
-        fields[key] = cursor.value(cursor.unpack("<I"))
+        try:
+            fields[key] = cursor.value(cursor.unpack("<I"))
+        except GGUFFormatError as error:
+            raise GGUFFormatError(f"metadata field {key!r}: {error}") from None
     infos = []
     for _ in range(tensor_count):
         name = cursor.string()
         dims = tuple(cursor.unpack("<Q") for _ in range(cursor.unpack("<I")))
         type_id, offset = cursor.unpack("<I"), cursor.unpack("<Q")
         infos.append((name, dims, type_id, offset))
-    alignment = int(fields.get("general.alignment", 32))
+    alignment = fields.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise GGUFFormatError(f"metadata field 'general.alignment' is {alignment!r}, not > 0")
     start = -(-cursor.offset // alignment) * alignment
     tensors = []
     for name, dims, type_id, offset in infos:

@@ -615,6 +615,20 @@ def test_gguf_malformed_container(
         good[:at] + (99).to_bytes(4, "little") + good[at + 4 :],
         r"tensor 'token_embd.weight' has GGML type 99, unknown to gguf \(an unknown quantisation\)",
     )
+    key = b"tokenizer.ggml.scores"  # an F32 array claiming 1000 values, holding 4
+    header = (
+        b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+    )
+    array = (9).to_bytes(4, "little") + (6).to_bytes(4, "little") + (1000).to_bytes(8, "little")
+    cases["array.gguf"] = (
+        header + len(key).to_bytes(8, "little") + key + array + bytes(16),
+        r"metadata field 'tokenizer.ggml.scores': an array of 1000 float32 at byte \d+ runs past",
+    )
+    key = b"general.alignment"
+    cases["alignment.gguf"] = (
+        header + len(key).to_bytes(8, "little") + key + (4).to_bytes(4, "little") + bytes(4),
+        r"metadata field 'general.alignment' is 0, not > 0",
+    )
     for filename, (data, message) in cases.items():
         path = tmp_path / filename
         path.write_bytes(data)
