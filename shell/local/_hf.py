@@ -351,6 +351,11 @@ def hf_weight_files(directory: Path) -> dict[str, Path]:
     files = {}
     for shard in shards:
         for name in _safetensors_keys(shard):
+            if name in files:  # without an index nothing says which copy is meant
+                raise ConfigError(
+                    f"{directory}: tensor {name!r} is in both {files[name].name} and "
+                    f"{shard.name}, and there is no {INDEX_FILE} to say which one to read"
+                )
             files[name] = shard
     return files
 

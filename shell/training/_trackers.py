@@ -164,8 +164,14 @@ class Trackers:
         if self._finished:
             return
         self._finished = True
-        for tracker in self._trackers:
-            tracker.finish(exit_code=exit_code)
+        errors = []
+        for tracker in self._trackers:  # one that fails to finish leaves the others to finish
+            try:
+                tracker.finish(exit_code=exit_code)
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> Trackers:
         return self

@@ -269,6 +269,18 @@ def test_bad_shard_index(
         read_hf_tensors(directory, config)
 
 
+def test_a_tensor_in_two_unindexed_shards_is_refused(
+    tmp_path: Path, llama: tuple[dict[str, Any], dict[str, np.ndarray]]
+) -> None:
+    config, tensors = llama
+    directory = write_hf_directory(tmp_path / "ckpt", config, tensors, None, shards=2)
+    (directory / "model.safetensors.index.json").unlink()
+    shards = sorted(directory.glob("*.safetensors"))
+    (directory / "model-copy.safetensors").write_bytes(shards[0].read_bytes())
+    with pytest.raises(ConfigError, match=r"tensor '[\w.]+' is in both .* and there is no"):
+        read_hf_tensors(directory, config)
+
+
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=rf"{tmp_path}: no tokenizer.json"):
         tokenizer_from_directory(tmp_path)

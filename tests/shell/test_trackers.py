@@ -55,7 +55,7 @@ def _records(path: Path) -> list[Any]:
             records.append(pending + payload)
     parsed = []
     for raw in records:
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         record.ParseFromString(raw)
         parsed.append(record)
     return parsed
@@ -253,7 +253,7 @@ def _tensorboard_scalars(logdir: Path) -> dict[int, dict[str, float]]:
 
 def test_tensorboard_scalars_are_the_numeric_values_of_the_rows(tmp_path: Path) -> None:
     pytest.importorskip("tensorboardX")
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"step": 0, "env/all/reward/total": 0.25, "note": "text", "flag": True},
         {"step": 1, "env/all/reward/total": 0.5, "tokens/sampled": 12},
     ]
@@ -315,3 +315,26 @@ def test_a_run_that_fails_finishes_its_wandb_run_as_failed(tmp_path: Path, offli
     with pytest.raises(Exception):  # noqa: B017 (the env's scripted failure, whatever its class)
         asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient()))
     assert _offline_run(offline)["exit_code"] == 1
+
+
+class _Finishing:
+    """A tracker that records its exit code, or raises when asked to finish."""
+
+    def __init__(self, *, fails: bool) -> None:
+        self.fails = fails
+        self.exit_codes: list[int] = []
+
+    def log_metrics(self, row: Any, *, step: int) -> None:
+        del row, step
+
+    def finish(self, *, exit_code: int) -> None:
+        self.exit_codes.append(exit_code)
+        if self.fails:
+            raise OSError("disk full")
+
+
+def test_a_tracker_that_fails_to_finish_leaves_the_others_finished() -> None:
+    first, second = _Finishing(fails=True), _Finishing(fails=False)
+    with pytest.raises(OSError, match="disk full"):
+        Trackers([first, second]).finish(exit_code=1)
+    assert (first.exit_codes, second.exit_codes) == ([1], [1])
