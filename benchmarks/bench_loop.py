@@ -20,6 +20,11 @@ cookbook's own `rl.train.main` runs each mode on the same wrapper (its `tinker.S
 patched to the latency-injecting fake); ours runs through `shell.rl.train.main`. Both train a
 cookbook-style env module, the cookbook's as written and ours through the port rule.
 
+The fake SDK, not the local backend, carries the latencies on purpose: the local backend does
+a `forward_backward`'s work when it is submitted (the returned future is already done), so
+submit-then-await pipelining overlaps nothing there and the modes would measure its compute,
+not the loop.
+
 `--overhead` also times the loop's own CPU per step with no latency at 512 rollouts
 (64 groups x 8), as the mean wall time of a sync step after a warm-up step.
 

@@ -24,8 +24,9 @@ The cookbook 0.6.1's `do_async_training` (`AsyncConfig`), our own implementation
   `progress/done_frac`, `sampling_client/step_{max,min,mean}`,
   `time/sampling_time_{max,min,mean}`, `async/staleness_{max,min,mean}` (`step - sampler step`
   of the trained groups), then the sync update's keys (`env/*`, `batch/*`, `tokens/*`,
-  `optim/*`, ...) and `rollout_errors/*`; spans `trajectory_group_worker` (per group, in the
-  step's timer while it trains) and the update's.
+  `optim/*`, ...) and `rollout_errors/*`; the update's spans (the rollout workers run outside
+  any step's timer, so their `trajectory_group_worker` spans are not recorded, as in the
+  cookbook, whose workers run outside its `trace_iteration` windows).
 - **End.** When the data runs out, the dataloader sends one shutdown per worker; the last
   worker to stop tells the training loop, which trains what is left as a final, smaller step
   and stops, warning when fewer steps ran than planned (the cookbook's warning). When the
@@ -82,7 +83,7 @@ from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError
 from shell.rollouts import do_group_rollout_outcome
 from shell.training._logs import read_jsonl, truncate_jsonl_by_step
-from shell.training._policy_update import train_on_groups
+from shell.training._policy_update import drops_constant_group, train_on_groups
 from shell.training._reports import write_rollout_report
 from shell.training._resume import prng_key_data
 from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
@@ -239,24 +240,17 @@ class _Async:
 
 async def _dataloader(shared: _Async) -> None:
     run = shared.run
-    for position in shared.redo:
+    for position in shared.redo:  # pending since the resume (`shared.outstanding` has them)
         builder = shared.dataset.get_batch(position[0])[position[1]]
         await shared.builders.put((position, builder))
-        shared.outstanding.add(position)  # after the put: a kill before it loses nothing
     for position, builder in _positions(shared.dataset, shared.cursor, run.num_steps):
         await shared.builders.put((position, builder))
+        # handed out only now: a kill while the put waited finds it at the cursor
         shared.outstanding.add(position)
         shared.cursor = _next_position(shared.dataset, position)
     logger.info("[async dataloader] no more data; stopping the rollout workers")
     for _ in range(shared.num_workers):
         await shared.builders.put(_Shutdown())
-
-
-def _kept(config: TrainConfig, group: TrajectoryGroup) -> bool:
-    if not config.remove_constant_reward_groups:
-        return True
-    totals = group.get_total_rewards()
-    return not all(total == totals[0] for total in totals)
 
 
 async def _worker(shared: _Async) -> None:
@@ -283,7 +277,7 @@ async def _worker(shared: _Async) -> None:
         if run.error_counter is not None:
             run.error_counter.ingest(outcome)
         group = outcome.unwrap() if isinstance(outcome, Success) else None
-        if group is not None and not _kept(config, group):
+        if group is not None and drops_constant_group(config, group):
             _count_tokens(run, [group], [])  # dropped sampling counts in the running totals
             group = None
         if group is None:  # failed or filtered: never trained, its slot is free at once
@@ -473,6 +467,7 @@ async def run_async(
         builders=asyncio.Queue(maxsize=config.async_config.groups_per_batch),
         results=asyncio.Queue(),
         slots=asyncio.Semaphore(slots),
+        outstanding=set(redo),  # still owed: a second kill before they train keeps them
         workers_alive=slots,
     )
     encoder = msgspec.json.Encoder()

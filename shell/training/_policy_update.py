@@ -63,6 +63,7 @@ __all__ = [
     "TrainStepOutput",
     "adam_params_from_config",
     "check_provenance",
+    "drops_constant_group",
     "post_update_kl_metrics",
     "prepare_datums",
     "records_stability_info",
@@ -288,6 +289,18 @@ async def post_update_kl_metrics(
         "kl_pre_post_v1": found["optim/kl_sample_train_v1"],
         "kl_pre_post_v2": found["optim/kl_sample_train_v2"],
     }
+
+
+def drops_constant_group(config: TrainConfig, group: TrajectoryGroup) -> bool:
+    """Whether a loop that filters groups one at a time drops `group`: with
+    `remove_constant_reward_groups`, every trajectory got the same total reward (the
+    cookbook's `drop_constant_reward_group`, used by its streaming and async loops; the sync
+    step filters a whole batch in `train_on_groups` instead, keeping one group when all are
+    constant)."""
+    if not config.remove_constant_reward_groups:
+        return False
+    totals = group.get_total_rewards()
+    return all(total == totals[0] for total in totals)
 
 
 class PreparedDatums(NamedTuple):

@@ -71,6 +71,7 @@ from shell.training._policy_update import (
     TrainStepOutput,
     _train_output_metrics,
     check_provenance,
+    drops_constant_group,
     post_update_kl_metrics,
     prepare_datums,
     records_stability_info,
@@ -191,14 +192,6 @@ def _kl_sample_train(
     return {k: float(v) for k, v in found.items()}
 
 
-def _trains(config: TrainConfig, group: TrajectoryGroup) -> bool:
-    """False for a constant-reward group dropped under `remove_constant_reward_groups`."""
-    if not config.remove_constant_reward_groups:
-        return True
-    totals = group.get_total_rewards()
-    return not all(total == totals[0] for total in totals)
-
-
 async def run_stream_step(
     run: _Run, step: int, *, dataset: RLDataset
 ) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
@@ -271,7 +264,7 @@ async def _consume(
             for arrival in members:
                 if isinstance(arrival.outcome, Success):
                     successful.append(arrival)
-                    if _trains(config, arrival.outcome.unwrap()):
+                    if not drops_constant_group(config, arrival.outcome.unwrap()):
                         kept.append(arrival)
             if not kept:
                 continue

@@ -266,11 +266,11 @@ def test_an_error_stops_every_loop_and_each_started_group_cleans_up_once(tmp_pat
 
 def test_a_killed_async_run_resumes_without_training_a_group_twice(tmp_path: Path) -> None:
     log: list[tuple[Any, ...]] = []
-    kill = [True]
+    kill = {"first": True, "second": False}
 
     def make(b: int, p: int) -> _Group:
-        error = Stop() if kill[0] and (b, p) == (4, 0) else None
-        return _Group(b, p, log=log, latency=0.003 * p, error=error)
+        killed = (kill["first"] and (b, p) == (4, 0)) or kill["second"]
+        return _Group(b, p, log=log, latency=0.003 * p, error=Stop() if killed else None)
 
     dataset = ScriptedDataset(make, num_batches=6, groups_per_batch=2)
     store = FakeCheckpointStore()
@@ -280,21 +280,28 @@ def test_a_killed_async_run_resumes_without_training_a_group_twice(tmp_path: Pat
     first = FakeServiceClient(store=store)
     with pytest.raises(Stop):
         asyncio.run(train(config, dataset=dataset, service_client=first))
-    records = [
-        json.loads(x) for x in (tmp_path / "run" / "checkpoints.jsonl").read_text().splitlines()
-    ]
-    resumed_at = records[-1]["batch"]
+    records = (tmp_path / "run" / "checkpoints.jsonl").read_text().splitlines()
+    resumed_at = json.loads(records[-1])["batch"]
     assert resumed_at >= 2
     before = _trained(first)[:resumed_at]  # what the checkpoint's weights hold
-    state = [json.loads(x) for x in (tmp_path / "run" / ASYNC_STATE_FILE).read_text().splitlines()]
-    assert any(row["step"] == resumed_at and row["pending"] for row in state)  # lost in flight
 
-    kill[0] = False
-    second = FakeServiceClient(store=store)
-    result = asyncio.run(train(config, dataset=dataset, service_client=second))
+    def last_row() -> dict[str, Any]:  # what a resume at `resumed_at` reads
+        rows = (tmp_path / "run" / ASYNC_STATE_FILE).read_text().splitlines()
+        return [r for r in map(json.loads, rows) if r["step"] == resumed_at][-1]
+
+    pending = last_row()["pending"]
+    assert pending  # groups in flight at the checkpoint, lost and owed
+    # killed again at once (every rollout raises) before a step trains: nothing is lost
+    kill.update(first=False, second=True)
+    with pytest.raises(Stop):
+        asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient(store=store)))
+    assert last_row()["pending"] == pending
+
+    kill["second"] = False
+    third = FakeServiceClient(store=store)
+    result = asyncio.run(train(config, dataset=dataset, service_client=third))
     assert (result.start_step, result.end_step) == (resumed_at, 6)
-    after = _trained(second)
-    everything = sorted(g for step in before + after for g in step)
+    everything = sorted(g for step in before + _trained(third) for g in step)
     assert everything == [(b, p) for b in range(6) for p in range(2)]  # each exactly once
 
 
