@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -22,3 +24,13 @@ def test_bench_assembly_runs_its_small_case(capsys):
     assert _load("bench_assembly").main(["--quick", "--case", "small"]) == 0
     out = capsys.readouterr().out
     assert "rlpure arrays" in out and "speed-up vs" in out and "memcpy floor" in out
+
+
+@pytest.mark.slow  # five short training runs (~10 s on 2 loaded cores)
+def test_bench_loop_runs_every_mode_briefly(capsys):
+    module = _load("bench_loop")
+    argv = ["--no-cookbook", "--steps", "2", "--groups", "2", "--group-size", "2"]
+    argv += ["--minibatches", "2", "--sampling", "0.01", "--train", "0.01"]
+    assert module.main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(mode in out for mode in ("sync", "stream", "async"))
