@@ -23,9 +23,10 @@ import asyncio
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
 
 from tests.parity.porting import ported_module, require_cookbook
 
@@ -304,3 +305,67 @@ def test_an_initial_overflow_matches_the_cookbook(module: Any, tokenizer: Any) -
     b: Any = asyncio.run(theirs.initial_observation())
     assert (a.reward, dict(a.metrics), dict(a.logs)) == (b.reward, dict(b.metrics), dict(b.logs))
     assert a.metrics == {"max_tokens_reached": 1.0, "stop/max_tokens": 1.0}
+
+
+def _tools_of(lib: Any) -> dict[str, Any]:
+    """Three functions made tools by `lib.tool` (annotations resolve in this module)."""
+
+    async def add(
+        a: Annotated[int, "first addend"], b: Annotated[float, Field(description="second")] = 2
+    ) -> Any:
+        """Adds two numbers."""
+        return lib.simple_tool_result(str(a + b))
+
+    async def explode(reason: str, times: list[int] | None = None) -> Any:
+        """Raises."""
+        raise RuntimeError(reason)
+
+    def wrong_return() -> Any:
+        """Returns a string."""
+        return "4"
+
+    return {f.__name__: lib.tool(f) for f in (add, explode, wrong_return)}
+
+
+def _both_tools() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same functions as tools of ours and of the cookbook's `tool_use`."""
+    from tinker_cookbook import tool_use as cb_tool_use
+
+    from shell import tool_use
+
+    return _tools_of(tool_use), _tools_of(cb_tool_use)
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [
+        ("add", '{"a": 1, "b": 0.5}'),
+        ("add", '{"a": 1}'),
+        ("missing", "{}"),
+        ("add", '{"a": 1'),
+        ("add", '{"a": "one"}'),
+        ("add", "[1]"),
+        ("explode", '{"reason": "boom"}'),
+        ("wrong_return", "{}"),
+    ],
+)
+def test_tool_calls_give_the_cookbooks_results(name: str, arguments: str) -> None:
+    from tinker_cookbook.renderers.base import ToolCall as CbToolCall
+    from tinker_cookbook.tool_use import handle_tool_call as cb_handle_tool_call
+
+    from shell.renderers.base import ToolCall
+    from shell.tool_use import handle_tool_call
+
+    ours, theirs = _both_tools()
+    for tool_name in ours:
+        assert ours[tool_name].to_spec() == theirs[tool_name].to_spec()
+    call = ToolCall(function=ToolCall.FunctionBody(name=name, arguments=arguments), id="c7")
+    cb_call = CbToolCall(function=CbToolCall.FunctionBody(name=name, arguments=arguments), id="c7")
+    a = asyncio.run(handle_tool_call(ours, call))
+    b = asyncio.run(cb_handle_tool_call(theirs, cb_call))
+    assert (a.messages, a.should_stop, a.metrics, a.metadata) == (
+        b.messages,
+        b.should_stop,
+        b.metrics,
+        b.metadata,
+    )
