@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from rlpure import render
 from rlpure.render import (
     ChatMLRenderer,
+    ContentPart,
     Llama3Renderer,
     Qwen3DisableThinkingRenderer,
     Qwen3Renderer,
@@ -242,13 +243,13 @@ def test_qwen3_keeping_thinking_still_breaks_for_an_assistant_turn_before_any_us
 # --- parse(render) round trips -----------------------------------------------------------------
 
 
-def _merged(parts: Sequence[dict[str, str]] | str) -> list[tuple[str, str]]:
+def _merged(parts: Sequence[ContentPart] | str) -> list[tuple[str, str]]:
     """Parts with adjacent text merged and empty ones dropped (what rendering preserves)."""
     if isinstance(parts, str):
         parts = [{"type": "text", "text": parts}]
     out: list[tuple[str, str]] = []
     for part in parts:
-        kind, value = part["type"], part.get("text", part.get("thinking", ""))
+        kind, value = part["type"], part["text"] if part["type"] == "text" else part["thinking"]
         if not value:
             continue
         if out and kind == "text" and out[-1][0] == "text":

@@ -47,10 +47,12 @@ async def tutorial_loop(steps: int, seed: int) -> tuple[list[float], int]:
         )
         datums, step_rewards = [], []
         for prompt, response in zip(prompts, responses, strict=True):
-            rewards_G = [
-                reward(tokenizer.decode(seq.tokens, skip_special_tokens=True))
-                for seq in response.sequences
-            ]
+            rewards_G: list[float] = []
+            for seq in response.sequences:
+                # Hugging Face types decode `str | list[str]` (a list for a batch of sequences).
+                text = tokenizer.decode(seq.tokens, skip_special_tokens=True)
+                assert isinstance(text, str)
+                rewards_G.append(reward(text))
             step_rewards.extend(rewards_G)
             mean = sum(rewards_G) / len(rewards_G)
             advantages_G = [r - mean for r in rewards_G]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -454,7 +454,7 @@ def test_llama3_parse_response_is_the_cookbooks(llama_tokenizer, text) -> None:
 
 def test_llama3_tool_calls_are_refused_where_the_cookbook_drops_them(llama_tokenizer) -> None:
     ours, theirs = _pair("llama3", llama_tokenizer)
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "calling", "tool_calls": [_call("f", x=1)]},
     ]
@@ -562,8 +562,12 @@ def test_smollm2_tool_calls_round_trip_on_the_real_tokenizer(smollm2_tokenizer) 
     call = renderers.ToolCall(
         function=renderers.ToolCall.FunctionBody(name="calculator", arguments='{"e": "17*23"}')
     )
-    message = {"role": "assistant", "content": "Let me compute.", "tool_calls": [call]}
-    messages = [{"role": "user", "content": "17*23?"}, message]
+    message: renderers.Message = {
+        "role": "assistant",
+        "content": "Let me compute.",
+        "tool_calls": [call],
+    }
+    messages: list[renderers.Message] = [{"role": "user", "content": "17*23?"}, message]
     prompt = ours.build_generation_prompt(messages[:1]).to_ints()
     tokens = ours.build_supervised_example(messages)[0].to_ints()
     assert tokens[: len(prompt)] == prompt
@@ -596,10 +600,11 @@ def test_message_to_jsonable_is_the_cookbooks() -> None:
 
     for messages in CONVERSATIONS:
         for ours, theirs in zip(_for("ours", messages), _for("cookbook", messages), strict=True):
-            assert json.dumps(base.message_to_jsonable(ours)) == json.dumps(
+            # `_for("ours", ...)` builds our Message (our ToolCall); the helper serves both sides.
+            assert json.dumps(base.message_to_jsonable(cast(base.Message, ours))) == json.dumps(
                 cb_renderers.base.message_to_jsonable(theirs)
             )
-    parsed = {
+    parsed: renderers.Message = {
         "role": "assistant",
         "content": [{"type": "image", "image": "http://x/y.png"}],
         "trainable": True,

@@ -15,7 +15,14 @@ import tinker
 from rlpure.render._testing import SpecialWordTokenizer
 from shell import renderers, tokenizer_utils
 from shell.exceptions import RendererError
-from shell.renderers import ParseFailureKind, ParseTermination, ToolCall, TrainOnWhat
+from shell.renderers import (
+    Message,
+    ParseFailureKind,
+    ParseTermination,
+    ToolCall,
+    ToolSpec,
+    TrainOnWhat,
+)
 from shell.renderers.chatml import ChatMLRenderer
 from shell.renderers.llama3 import Llama3Renderer
 from shell.renderers.qwen3 import (
@@ -84,7 +91,7 @@ def test_parse_response_gives_the_cookbooks_message_shape() -> None:
 
 def test_tool_calls_in_messages_render_from_the_shells_tool_call() -> None:
     renderer = renderers.get_renderer("chatml", TOK)
-    messages = [
+    messages: list[Message] = [
         {"role": "user", "content": "1+1?"},
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
         {"role": "tool", "content": "2", "tool_call_id": "c1", "name": "calculator"},
@@ -99,13 +106,19 @@ def test_tool_calls_in_messages_render_from_the_shells_tool_call() -> None:
 
 def test_supervised_examples_read_trainable_flags_only_when_customized() -> None:
     renderer = renderers.get_renderer("llama3", TOK)
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    messages: list[Message] = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
     tokens, weights = renderer.build_supervised_example(messages)
     assert isinstance(tokens, tinker.ModelInput) and weights.dtype == np.float32
     assert TOK.decode([t for t, w in zip(tokens.to_ints(), weights, strict=True) if w]) == (
         "a<|eot_id|>"
     )
-    flagged = [{**messages[0], "trainable": True}, {**messages[1], "trainable": False}]
+    flagged: list[Message] = [
+        {**messages[0], "trainable": True},
+        {**messages[1], "trainable": False},
+    ]
     _, custom = renderer.build_supervised_example(flagged, TrainOnWhat.CUSTOMIZED)
     assert TOK.decode([t for t, w in zip(tokens.to_ints(), custom, strict=True) if w]) == (
         "q<|eot_id|>"
@@ -125,7 +138,9 @@ def test_core_errors_are_renderer_errors_naming_the_message() -> None:
     with pytest.raises(
         RendererError, match=r"messages\[0\]\['tool_calls'\]\[0\]: expected a ToolCall"
     ):
-        qwen3.build_generation_prompt([{"role": "assistant", "content": "", "tool_calls": [{}]}])
+        qwen3.build_generation_prompt(
+            [{"role": "assistant", "content": "", "tool_calls": [{}]}]  # type: ignore[list-item]
+        )
     with pytest.raises(RendererError, match=r"messages\[1\]\['tool_calls'\]: this format has no"):
         renderers.get_renderer("llama3", TOK).build_generation_prompt(
             [
@@ -145,11 +160,17 @@ def test_core_errors_are_renderer_errors_naming_the_message() -> None:
 
 
 def test_tool_declarations() -> None:
-    spec = {"name": "calculator", "description": "adds", "parameters": {"type": "object"}}
+    spec: ToolSpec = {
+        "name": "calculator",
+        "description": "adds",
+        "parameters": {"type": "object"},
+    }
     (system,) = renderers.get_renderer("qwen3", TOK).create_conversation_prefix_with_tools(
         [spec], "Be terse."
     )
-    assert system["role"] == "system" and system["content"].startswith("Be terse.\n\n# Tools")
+    content = system["content"]
+    assert system["role"] == "system" and isinstance(content, str)
+    assert content.startswith("Be terse.\n\n# Tools")
     with pytest.raises(NotImplementedError, match="Llama3Renderer does not support tool calling"):
         renderers.get_renderer("llama3", TOK).create_conversation_prefix_with_tools([spec])
 
@@ -163,7 +184,7 @@ def test_chat_renderers_pickle_by_name() -> None:
             renderer = renderers.get_renderer(name, TOK, model_name="Test/special-words")
             clone = pickle.loads(pickle.dumps(renderer))
             assert type(clone) is type(renderer)
-            messages = [{"role": "user", "content": "hi"}]
+            messages: list[Message] = [{"role": "user", "content": "hi"}]
             assert (
                 clone.build_generation_prompt(messages).to_ints()
                 == renderer.build_generation_prompt(messages).to_ints()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlpure.model import EOS_ID, ByteTokenizer
 from rlpure.records import ModelInput, StepResult
-from rlpure.render import Message, get_renderer
+from rlpure.render import Message, RoleColonRenderer, get_renderer
 from shell.completers import (
     TinkerTokenCompleter,
     model_input_from_tinker,
@@ -243,7 +243,7 @@ class MessageTupleRenderer:
     `build_generation_prompt` a `tinker.ModelInput`, as `tinker_cookbook.renderers` do."""
 
     def __init__(self) -> None:
-        self.inner = get_renderer("role_colon", TOKENIZER)
+        self.inner = RoleColonRenderer(TOKENIZER)  # its stop sequences are strings
 
     def get_stop_sequences(self) -> list[str]:
         return list(self.inner.get_stop_sequences())

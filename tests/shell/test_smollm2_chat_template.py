@@ -69,7 +69,7 @@ def test_tool_calls_round_trip_on_the_real_tokenizer(smollm2) -> None:
     call = renderers.ToolCall(
         function=renderers.ToolCall.FunctionBody(name="calculator", arguments='{"e": "17*23"}')
     )
-    messages = [
+    messages: list[renderers.Message] = [
         {"role": "user", "content": "17*23?"},
         {"role": "assistant", "content": "Let me compute.", "tool_calls": [call]},
     ]
