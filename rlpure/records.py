@@ -31,6 +31,7 @@ JSON stores them as lists (float32 values survive the float64 text form exactly)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -754,6 +755,35 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
         )
         force_setattr(self, "metrics", _plain_metrics(self.metrics, "StepResult", "metrics"))
         force_setattr(self, "logs", _plain_logs(self.logs, "StepResult", "logs"))
+
+
+# --- dataclass protocol ----------------------------------------------------------------------
+
+
+def _dataclass_compatible(cls: type[msgspec.Struct]) -> None:
+    """Gives a record the dataclass field table, so `dataclasses.replace`, `fields` and `asdict`
+    work on it as on the cookbook's `@dataclass` records (cookbook code calls
+    `dataclasses.replace(step_result, metrics=...)`). `replace` builds a new record through the
+    constructor, so every check of `__post_init__` still runs."""
+    table = {}
+    for name in cls.__struct_fields__:
+        entry: Any = dataclasses.field()
+        entry.name, entry.type = name, cls.__annotations__.get(name, Any)
+        entry._field_type = dataclasses._FIELD  # type: ignore[attr-defined]  # a plain field
+        table[name] = entry
+    cls.__dataclass_fields__ = table  # type: ignore[attr-defined]
+
+
+for _cookbook_dataclass in (
+    InitialObservationOverflow,
+    StepResult,
+    Transition,
+    Trajectory,
+    RolloutError,
+    TrajectoryGroup,
+    TokensWithLogprobs,
+):
+    _dataclass_compatible(_cookbook_dataclass)
 
 
 # --- serialisation ---------------------------------------------------------------------------

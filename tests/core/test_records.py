@@ -568,3 +568,25 @@ def test_token_fields_are_truthy_when_non_empty_like_a_list() -> None:
     assert action.tokens[:-1] and isinstance(action.tokens[:-1], TokenIds)
     assert not ModelInput.empty().tokens and ModelInput.from_ints([1, 2]).tokens
     assert action.tokens.dtype == np.int32 and not action.tokens.flags.writeable
+
+
+def test_cookbook_style_dataclasses_replace_builds_a_checked_record() -> None:
+    # cookbook code (e.g. recipes/rl_numerics_check/env.py) calls dataclasses.replace on a
+    # StepResult; the copy goes through the constructor, so its checks still run
+    import dataclasses
+
+    result = StepResult(reward=1.0, episode_done=False, next_observation=[1, 2], metrics={"a": 1})
+    copy = dataclasses.replace(result, metrics={**result.metrics, "extension_rate": 0.5})
+    assert copy.metrics == {"a": 1, "extension_rate": 0.5}
+    assert (copy.reward, copy.episode_done, list(copy.next_observation.tokens)) == (
+        1.0,
+        False,
+        [1, 2],
+    )
+    assert [f.name for f in dataclasses.fields(result)] == list(StepResult.__struct_fields__)
+    with pytest.raises(ValueError, match=r"StepResult.reward: non-finite"):
+        dataclasses.replace(result, reward=float("nan"))
+    ac = TokensWithLogprobs(tokens=[3, 4], maybe_logprobs=[-0.1, -0.2])
+    transition = Transition(ob=[1, 2], ac=ac, reward=0.0, episode_done=True)
+    assert dataclasses.replace(transition, reward=2.0).reward == 2.0
+    assert dataclasses.asdict(transition)["reward"] == 0.0
