@@ -26,14 +26,25 @@ LocalServiceClient`; to resume in another process, bind a lasting checkpoint dir
 `tinker.ServiceClient = functools.partial(LocalServiceClient, checkpoint_dir=...)`.
 
 Semantics and decisions:
-- **Full fine-tuning, not LoRA.** `rank`, `train_mlp`, `train_attn`, `train_unembed` are
-  accepted for compatibility and ignored; every weight trains. `base_model` names a config of
-  `rlpure.model.MODEL_CONFIGS` (`"rlpure/tiny"`, `"rlpure/small"`) or of the service's
-  `model_configs`; checkpoints carry their own config. There are no pretrained
-  local weights: a service's *base model* is `init_params(key(service seed))`, and, as LoRA
-  clients on Tinker all start from the same base function, every training client and
-  `create_sampling_client(base_model=...)` of the service starts from those weights, unless
-  `seed` is passed to `create_lora_training_client` (then `init_params(key(seed))`).
+- **Models.** `base_model` is resolved once per service (`shell.local._models.
+  resolve_base_model`): a config of `rlpure.model.MODEL_CONFIGS` (`"rlpure/tiny"`,
+  `"rlpure/small"`) or of the service's `model_configs` is a *toy* model; a local Hugging Face
+  checkpoint directory or `.gguf` file, `"HuggingFaceTB/SmolLM2-135M-Instruct"` (the packaged
+  GGUF) or a repo id in the offline Hugging Face cache is a *pretrained* one (Llama, Qwen2,
+  Qwen3); anything else is a `ConfigError` listing what is available. Pretrained weights are
+  read once per service and shared by every client; `get_tokenizer()` returns the checkpoint's
+  `transformers` fast tokenizer (toy models: the byte tokenizer).
+- **LoRA for pretrained models, full fine-tuning for toy ones.** A pretrained model trains
+  adapters of `rank` on the matrices `train_attn`/`train_mlp`/`train_unembed` name
+  (`rlpure.model.LoraConfig`: Tinker's `α / R` scaling, `α = 32`; `B = 0`, so step 0 is the
+  base model; drawn from `seed`); gradients, Adam state and `save_state` hold adapters only
+  (the checkpoint records the base model and refuses another), and samplers sample base +
+  adapters (merged once per sampler). A toy model trains every weight (`rank` and the flags
+  are recorded only); it has no pretrained weights: its *base model* is
+  `init_params(key(service seed))` and, as LoRA clients on Tinker all start from the same base
+  function, every training client and `create_sampling_client(base_model=...)` of the service
+  starts from those weights, unless `seed` is passed to `create_lora_training_client` (then
+  `init_params(key(seed))`); checkpoints carry their own config.
 - **Training ops run eagerly, in call order**, when called (the SDK orders them by request id
   on the server; here the order of calls is the order of execution). Gradients of the summed
   loss accumulate across `forward_backward` calls until `optim_step` applies them (AdamW,
@@ -48,8 +59,9 @@ Semantics and decisions:
   ratios are 1 to ~1e-6). `temperature=0` is greedy; `top_k`/`top_p` are
   honoured. `stop`: `None` stops at EOS; `[]` disables every stop, EOS included (Tinker's
   documented rule); a non-empty list of token ids or strings stops at those *and* at EOS. Stop
-  strings match the UTF-8 bytes of the generated tokens (the tokenizer is byte-level), never
-  across the prompt boundary. The stop token or string is included in the returned tokens, as
+  strings match the generated tokens (their UTF-8 bytes for the byte tokenizer, their
+  encoding for a pretrained tokenizer), never across the prompt boundary. The samples of one
+  request share one prefill of its prompt. The stop token or string is included in the returned tokens, as
   on Tinker. `max_tokens=None` means "until the context (`max_seq_len`) is full".
 - **Batching**: inside a running event loop, `sample` requests are queued and served together:
   the queue is flushed once an event-loop tick passes with no new request, so the
@@ -68,8 +80,9 @@ Semantics and decisions:
   `(2, index among the service's create_sampling_client calls, 0)` otherwise. Sampling
   clients of different training clients at the same step share streams (their weights
   differ).
-- **Shapes are bucketed** (powers of two on batch rows, prompt length, new tokens, datums and
-  datum length), so a run compiles a handful of times. Large calls are split to bound memory
+- **Shapes are bucketed** (powers of two on batch rows, prompt length, new tokens and datums;
+  two sizes per doubling on datum length), so a run compiles a handful of times. A
+  `forward_backward` batch runs longest datums first, each chunk padded to its own length. Large calls are split to bound memory
   (`max_batch_tokens` for sampling, `max_train_tokens` for `forward_backward`, whose chunks'
   gradients add up and whose metrics merge by their `:sum`/`:mean`/`:min`/`:max` suffix).
 - **Checkpoints never expire**: `ttl_seconds` is accepted and ignored; the REST client's

@@ -7,7 +7,9 @@ Conventions:
   against the shapes and dtypes of the manifest's config (abstract shapes: nothing is
   allocated before the arrays are known to match).
 - `manifest.json` is a JSON object (`_Manifest`): the format tag, the kind, the base model
-  name, the `ModelConfig`, whether optimizer state is present, the optimizer step count (it keys
+  name, the `ModelConfig`, the `LoraConfig` of a LoRA checkpoint (then the arrays are the
+  adapters, `params/...`, and their Adam state: the pretrained base weights are never
+  written, and loading needs the same base model), whether optimizer state is present, the optimizer step count (it keys
   the sampling streams, so a resumed run continues exactly), the sorted names of the arrays in
   `arrays.npz` and the checkpoint's user metadata (`save_state(user_metadata=)`). Every key is
   required and strictly typed, except two that checkpoints of earlier rlpure versions lack: the
@@ -91,6 +93,7 @@ class _Manifest(msgspec.Struct, frozen=True, kw_only=True):
     user_metadata: dict[str, str]
     training_run_id: str | None = None
     run_metadata: dict[str, str] = {}
+    lora: model_lib.LoraConfig | None = None
 
 
 def _named_leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -233,13 +236,16 @@ def write_checkpoint(
     user_metadata: Mapping[str, str] | None,
     training_run_id: str | None = None,
     run_metadata: Mapping[str, str] | None = None,
+    lora: model_lib.LoraConfig | None = None,
 ) -> None:
     """Writes a checkpoint directory at `directory`, replacing one that exists (crash-safe: see
     the module docstring; the caller decides whether overwriting is allowed).
 
     `opt_state=None` writes weights only (a sampler checkpoint); `kind` is recorded in the
     manifest (`"state"` or `"sampler"`); `training_run_id` and `run_metadata` name the training
-    run that saved it and that run's metadata.
+    run that saved it and that run's metadata. With `lora`, `params` are the LoRA adapters of
+    the pretrained `base_model` of shape `config` (and `opt_state` their Adam state): the base
+    weights are not written.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(directory.parent)
@@ -259,6 +265,7 @@ def write_checkpoint(
             user_metadata=user_metadata,
             training_run_id=training_run_id,
             run_metadata=run_metadata,
+            lora=lora,
         )
     finally:
         _IN_FLIGHT.discard(staging)
@@ -277,6 +284,7 @@ def _write_staged(
     user_metadata: Mapping[str, str] | None,
     training_run_id: str | None,
     run_metadata: Mapping[str, str] | None,
+    lora: model_lib.LoraConfig | None,
 ) -> None:
     """Fills `staging` and moves it to `directory` (`staging` removed if anything fails)."""
     try:
@@ -294,6 +302,7 @@ def _write_staged(
             user_metadata=dict(user_metadata or {}),
             training_run_id=training_run_id,
             run_metadata=dict(run_metadata or {}),
+            lora=lora,
         )
         with open(staging / "arrays.npz", "wb") as file:
             np.savez(file, **arrays)  # type: ignore[arg-type]
@@ -312,13 +321,17 @@ def _write_staged(
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """A checkpoint read back: weights, Adam state (`None` unless asked for) and step count."""
+    """A checkpoint read back: weights, Adam state (`None` unless asked for) and step count.
+
+    With `lora` set, `params` are LoRA adapters of the pretrained `base_model` (shape `config`).
+    """
 
     base_model: str
     config: model_lib.ModelConfig
     params: model_lib.Params
     opt_state: Any | None
     optim_steps: int
+    lora: model_lib.LoraConfig | None = None
 
 
 def _interrupted_overwrite_hint(directory: Path) -> str:
@@ -395,7 +408,11 @@ def read_checkpoint(path: str, *, with_optimizer: bool) -> Checkpoint:
         raise CheckpointError(f"{where}: cannot read arrays.npz: {err}") from err
 
     config = manifest.config
-    template = jax.eval_shape(lambda: model_lib.init_params(jax.random.key(0), config))
+    lora = manifest.lora
+    if lora is None:
+        template = jax.eval_shape(lambda: model_lib.init_params(jax.random.key(0), config))
+    else:
+        template = jax.eval_shape(lambda: model_lib.init_lora(jax.random.key(0), config, lora))
     expected = {name for name, _ in _named_leaves(template, "params")}
     opt_template = None
     if manifest.has_optimizer:
@@ -423,6 +440,7 @@ def read_checkpoint(path: str, *, with_optimizer: bool) -> Checkpoint:
         params=params,
         opt_state=opt_state,
         optim_steps=manifest.optim_steps,
+        lora=lora,
     )
 
 

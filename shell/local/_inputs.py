@@ -6,18 +6,21 @@ Conventions:
   `TypeError` for a wrong type, `ValueError` for a bad value, `NotImplementedError` for what the
   local backend does not support (non-token chunks, sparse tensors, custom losses).
 - Token ids are int64 on the host and must lie in `[0, vocab_size)`.
-- `pack_data` keeps Tinker's shifted alignment: input position `i` predicts
-  `loss_fn_inputs["target_tokens"][i]`, and every `loss_fn_inputs` tensor is 1-D with the
-  length of its `model_input`. Datums are right-padded to `[D, T]`, both axes bucketed to
-  powers of two (`T` at least 16) so that training compiles a handful of times; `valid_D_T` is
-  1.0 on real positions and 0.0 on padding and on the padded rows `D >= len(data)`.
+- `check_data` validates a `forward_backward` batch; `plan_chunks` splits it into jitted calls
+  (longest datums first, each chunk padded to its own length bucket and a power-of-two row
+  count within the memory budget); `pack_rows` packs one chunk. Tinker's shifted alignment is
+  kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
+  `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
+  to `[D, T]`: `D` a power of two, `T` a `length_bucket` (16, then two sizes per doubling), so
+  that training compiles a handful of times; `valid_D_T` is 1.0 on real positions and 0.0 on
+  padding and on the padded rows.
 - Packing is host-side numpy (memory movement, not maths).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -29,11 +32,16 @@ from rlpure.buckets import bucket_size
 from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES
 
 __all__ = [
+    "CheckedData",
     "PackedData",
+    "TrainChunk",
+    "check_data",
     "check_token_range",
+    "length_bucket",
     "loss_config_key",
     "model_input_tokens",
-    "pack_data",
+    "pack_rows",
+    "plan_chunks",
     "row_bucket",
     "to_float",
 ]
@@ -82,19 +90,69 @@ def to_float(value: Any, where: str) -> float:
     return out
 
 
+class CheckedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """Validated `tinker.Datum`s, still ragged (host-side numpy).
+
+    `tokens_D[d]` is datum `d`'s int64 `[N_d]` model input and `inputs_D[d]` its
+    `loss_fn_inputs` arrays, each `[N_d]` (`target_tokens` int64, the others float); every
+    datum has the same `keys`.
+    """
+
+    tokens_D: tuple[np.ndarray, ...]
+    inputs_D: tuple[dict[str, np.ndarray], ...]
+    keys: tuple[str, ...]
+
+    @property
+    def length_D(self) -> np.ndarray:
+        """int64 `[D]`: each datum's length `N_d`."""
+        return np.array([t.size for t in self.tokens_D], np.int64)
+
+
 class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """`tinker.Datum`s packed to bucketed `[D, T]` arrays (host-side numpy)."""
+    """Some `tinker.Datum`s packed to bucketed `[D, T]` arrays (host-side numpy).
+
+    Row `r < len(length_D)` holds datum `index_D[r]` of the call; the rows after are padding
+    (`valid_D_T` 0).
+    """
 
     input_D_T: np.ndarray
     inputs: dict[str, np.ndarray]
     valid_D_T: np.ndarray
     length_D: np.ndarray
+    index_D: np.ndarray
 
 
-def pack_data(
+class TrainChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One jitted training call of a `forward_backward`: which datums, padded to what."""
+
+    index_D: tuple[int, ...]
+    """The datums (indices into the call's data) this chunk holds, longest first."""
+    rows: int
+    """Padded row count (a power of two, at least `len(index_D)`)."""
+    width: int
+    """Padded length (`length_bucket` of the chunk's longest datum)."""
+
+
+def length_bucket(n: int) -> int:
+    """The padded length of a datum or prompt of `n` tokens: 16, then two sizes per doubling
+    (…, 512, 768, 1024, 1536, 2048), so that padding costs at most 1.5× in length (2.25× in
+    attention) rather than the 2× (4×) of powers of two, for at most twice the buckets.
+
+    Examples:
+        >>> [length_bucket(n) for n in (1, 16, 17, 100, 970, 1025)]
+        [16, 16, 24, 128, 1024, 1536]
+    """
+    return bucket_size(n, minimum=16, steps_per_octave=2)
+
+
+def check_data(
     data: Sequence[types.Datum], loss_fn: str, config: model_lib.ModelConfig
-) -> PackedData:
-    """Validates `data` and packs it right-padded into bucketed arrays."""
+) -> CheckedData:
+    """Validates `data` for `loss_fn` on a model of shape `config` (see the module docstring).
+
+    Raises:
+        TypeError, ValueError, NotImplementedError: naming the datum and key.
+    """
     if isinstance(data, types.Datum) or not isinstance(data, Sequence):
         raise TypeError("forward_backward: data must be a list of tinker.Datum")
     if not data:
@@ -165,23 +223,62 @@ def pack_data(
     missing = [k for k in LOSSES[loss_fn].required_inputs if k not in keys]
     if missing:
         raise ValueError(f"{loss_fn}: every datum needs loss_fn_inputs {missing}")
-    n_d = row_bucket(len(data))
-    n_t = row_bucket(max(t.size for t in tokens_D), minimum=16)
+    return CheckedData(tokens_D=tuple(tokens_D), inputs_D=tuple(inputs_D), keys=tuple(sorted(keys)))
+
+
+def plan_chunks(length_D: np.ndarray, *, rows_for_width: Callable[[int], int]) -> list[TrainChunk]:
+    """Splits datums of `length_D` into jitted training calls, longest datums first.
+
+    Datums are sorted by length (descending, stable); each chunk takes the next
+    `rows_for_width(width)` of them (a power of two: the memory budget at that width), where
+    `width` is the `length_bucket` of its longest datum, and pads its rows to a power of two
+    (at least 8 when the budget allows). So a batch of mixed lengths pads each datum only to
+    its chunk's width (short datums never pay a long one's quadratic attention), and padding
+    rows exist only in the last, partial chunk of each width.
+
+    Examples:
+        >>> chunks = plan_chunks(np.array([10, 900, 20, 1000]), rows_for_width=lambda w: 2)
+        >>> [(c.index_D, c.rows, c.width) for c in chunks]
+        [((3, 1), 2, 1024), ((2, 0), 2, 24)]
+    """
+    order = np.argsort(-np.asarray(length_D), kind="stable")
+    chunks = []
+    start = 0
+    while start < order.size:
+        width = length_bucket(int(length_D[order[start]]))
+        budget = rows_for_width(width)
+        index = tuple(int(d) for d in order[start : start + budget])
+        rows = min(budget, row_bucket(len(index)))
+        chunks.append(TrainChunk(index_D=index, rows=rows, width=width))
+        start += len(index)
+    return chunks
+
+
+def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
+    """Packs the datums of `chunk` right-padded into `[chunk.rows, chunk.width]` arrays."""
+    n_d, n_t = chunk.rows, chunk.width
     input_D_T = np.zeros((n_d, n_t), np.int32)
     valid_D_T = np.zeros((n_d, n_t), np.float32)
     inputs = {
         key: np.zeros((n_d, n_t), np.int32 if key == "target_tokens" else np.float32)
-        for key in sorted(keys)
+        for key in checked.keys
     }
-    length_D = np.zeros(len(data), np.int64)
-    for d, (tokens, arrays) in enumerate(zip(tokens_D, inputs_D, strict=True)):
+    length_D = np.zeros(len(chunk.index_D), np.int64)
+    for row, d in enumerate(chunk.index_D):
+        tokens = checked.tokens_D[d]
         n = tokens.size
-        length_D[d] = n
-        input_D_T[d, :n] = tokens
-        valid_D_T[d, :n] = 1.0
-        for key, arr in arrays.items():
-            inputs[key][d, :n] = arr
-    return PackedData(input_D_T=input_D_T, inputs=inputs, valid_D_T=valid_D_T, length_D=length_D)
+        length_D[row] = n
+        input_D_T[row, :n] = tokens
+        valid_D_T[row, :n] = 1.0
+        for key, arr in checked.inputs_D[d].items():
+            inputs[key][row, :n] = arr
+    return PackedData(
+        input_D_T=input_D_T,
+        inputs=inputs,
+        valid_D_T=valid_D_T,
+        length_D=length_D,
+        index_D=np.asarray(chunk.index_D, np.int64),
+    )
 
 
 def loss_config_key(loss_fn_config: Mapping[str, Any] | None) -> tuple[tuple[str, float], ...]:

@@ -22,6 +22,11 @@ Conventions:
   or present as folders under the checkpoint directory, so a resumed run sharing a
   `checkpoint_dir` with an earlier process never writes into that process's run folder (on
   Tinker, too, a training client restored from a state is a new training run).
+- `base_model(name)` resolves a `base_model` name once per service
+  (`shell.local._models.resolve_base_model`: the service's toy configs first, then local
+  paths, the packaged SmolLM2, the offline Hugging Face cache) and keeps the result, a
+  `LoadedModel`: config, tokenizer and, for a pretrained model, its weights, read once and
+  shared by every training and sampling client of the service (they never copy or mutate it).
 - `next_sample_request_index()` counts the `sample` requests of every sampling client of the
   service (it names the returned sequences, `local-{request}-{sample}`).
 """
@@ -35,14 +40,22 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from tinker import types
 
 from rlpure import model as model_lib
 from shell.local._checkpoints import checkpoint_name
+from shell.local._models import resolve_base_model
 
-__all__ = ["LocalRuntime", "TrainingRunRecord"]
+__all__ = ["LoadedModel", "LocalRuntime", "TrainingRunRecord"]
+
+if TYPE_CHECKING:  # transformers is imported only where a pretrained tokenizer is built
+    from transformers import PreTrainedTokenizerFast
+
+    Tokenizer = model_lib.ByteTokenizer | PreTrainedTokenizerFast
+    """What `get_tokenizer()` returns: the toy models' byte tokenizer or a pretrained one."""
 
 _ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
 
@@ -60,6 +73,39 @@ class TrainingRunRecord(msgspec.Struct, frozen=True, kw_only=True):
     user_metadata: dict[str, str]
     created_at: float
     """Seconds since the epoch."""
+
+
+class LoadedModel(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A resolved `base_model` as the service keeps it (one per name, shared by every client).
+
+    Attributes:
+        name: the `base_model` name.
+        config: the model's shape.
+        params: the pretrained weights (read once), or None for a toy model (the service
+            initialises those from a seed, and trains them in full).
+        tokenizer: `ByteTokenizer` for a toy model, else the checkpoint's
+            `PreTrainedTokenizerFast`.
+        eos_token_ids: the ids that end a sample when `SamplingParams.stop` is None.
+        source: where the weights come from (for messages).
+    """
+
+    name: str
+    config: model_lib.ModelConfig
+    params: model_lib.Params | None
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+    source: str
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether this is a pretrained model (trained with LoRA) rather than a toy one."""
+        return self.params is not None
+
+
+def _eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's end-of-sequence id (a chat model's end-of-turn token is usually it)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (int(eos),) if isinstance(eos, int) else ()
 
 
 class LocalRuntime:
@@ -93,6 +139,31 @@ class LocalRuntime:
         self.max_train_tokens = max_train_tokens
         self._checkpoint_dir = checkpoint_dir
         self._sample_requests = 0
+        self._base_models: dict[str, LoadedModel] = {}
+
+    def base_model(self, name: str) -> LoadedModel:
+        """The resolved `base_model` `name`, loaded on first use and kept (see module doc).
+
+        Raises:
+            ConfigError: an unknown name (listing what is available) or a bad checkpoint.
+        """
+        loaded = self._base_models.get(name)
+        if loaded is None:
+            resolved = resolve_base_model(name, toy_configs=self.model_configs)
+            config = resolved.model_config()
+            tokenizer = resolved.load_tokenizer()
+            loaded = LoadedModel(
+                name=name,
+                config=config,
+                params=None if resolved.kind == "toy" else resolved.load_params(config),
+                tokenizer=tokenizer,
+                eos_token_ids=(model_lib.EOS_ID,)
+                if resolved.kind == "toy"
+                else _eos_ids(tokenizer),
+                source=resolved.source,
+            )
+            self._base_models[name] = loaded
+        return loaded
 
     def sampling_rows(
         self, config: model_lib.ModelConfig, prompt_width: int, new_width: int
@@ -109,16 +180,13 @@ class LocalRuntime:
             )
         )
 
-    def training_rows(self, config: model_lib.ModelConfig, n_rows: int, width: int) -> int:
-        """Datums per training call: within `max_train_tokens` and the attention budget
-        (`rows × H × T²` floats of attention weights per layer), a power of two, at most
-        `n_rows`."""
+    def training_rows(self, config: model_lib.ModelConfig, width: int) -> int:
+        """Most datums per training call at padded length `width`: within `max_train_tokens`
+        and the attention budget (`rows × H × T²` floats of attention weights per layer), a
+        power of two (at least 1)."""
         attention_per_row = config.n_heads * width * width
-        return min(
-            n_rows,
-            _floor_power_of_two(
-                min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
-            ),
+        return _floor_power_of_two(
+            min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
         )
 
     @property

@@ -6,7 +6,9 @@ Conventions:
   event loop, or queued on a `TickBatcher` and served with the other requests of the same
   tick inside one. Rows (one per sample) are padded to power-of-two buckets (rows, prompt
   length, new tokens, stop sequences and their window) and served in order, in chunks of at
-  most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks.
+  most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks. Within a
+  chunk the samples of one request share one prefill of its prompt (`SampleBatch.
+  prompt_index_B`: `P` prompts, padded to a power of two, for `B` rows), as on Tinker.
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
@@ -15,8 +17,12 @@ Conventions:
   distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
   as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training
   forward's buckets (`shell.local._train_steps.model_forward_vjp`).
-- Stop conditions: `None` is EOS; `[]` is none at all; token ids or strings stop there and at
-  EOS. Stop strings are matched on the encoded tokens of the completion only.
+- Stop conditions: `None` is EOS (the byte tokenizer's, or a pretrained tokenizer's
+  `eos_token_id`); `[]` is none at all; token ids or strings stop there and at EOS. Stop
+  strings are matched on the tokens of the completion only: their UTF-8 bytes for the byte
+  tokenizer, their encoding (`encode(s, add_special_tokens=False)`) for a pretrained
+  tokenizer, so a BPE stop string is found when the model emits those tokens (Tinker matches
+  decoded text; a string the model spells with other tokens is missed here).
 - The client reads the seed, the memory budget and the request counter from the
   `LocalRuntime` its factory passes in (`shell.local._runtime`), never from the service.
 """
@@ -24,21 +30,31 @@ Conventions:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import jax
 import msgspec
 import numpy as np
 import tinker
 from tinker import types
 
 from rlpure import model as model_lib
-from rlpure.model import EOS_ID, ByteTokenizer
+from rlpure.model import ByteTokenizer
 from shell.local._futures import ReadyFuture, TickBatcher, running_loop
-from shell.local._inputs import check_token_range, model_input_tokens, row_bucket, to_float
-from shell.local._runtime import LocalRuntime
+from shell.local._inputs import (
+    check_token_range,
+    length_bucket,
+    model_input_tokens,
+    row_bucket,
+    to_float,
+)
+from shell.local._runtime import LoadedModel, LocalRuntime
 from shell.local._train_steps import model_forward_vjp
 
-__all__ = ["LocalSamplingClient"]
+if TYPE_CHECKING:
+    from shell.local._runtime import Tokenizer
+
+__all__ = ["LocalSamplingClient", "sampler_params"]
 
 _UINT32 = 1 << 32
 
@@ -64,6 +80,22 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     request_index: int
 
 
+_merge_lora = jax.jit(model_lib.merge_lora, static_argnames=("config", "lora"))
+
+
+def sampler_params(
+    model: LoadedModel, params: model_lib.Params, lora: model_lib.LoraConfig | None
+) -> model_lib.Params:
+    """The weights a sampler of a training client's `params` samples from: `params` themselves
+    for a toy model (full fine-tuning), the base weights with the LoRA adapters `params`
+    merged in (`W + (α / R) A B`, once per sampler) otherwise."""
+    if lora is None:
+        return params
+    assert model.params is not None
+    merged: model_lib.Params = _merge_lora(model.params, params, config=model.config, lora=lora)
+    return merged
+
+
 class LocalSamplingClient:
     """Samples from a fixed snapshot of weights (the SDK's `SamplingClient`).
 
@@ -79,22 +111,26 @@ class LocalSamplingClient:
         config: model_lib.ModelConfig,
         params: model_lib.Params,
         stream: tuple[int, int, int] = (2, 0, 0),
+        model: LoadedModel,
     ) -> None:
         """Internal: use the factory methods. `runtime` is the service's shared state;
         `stream` names this client's random stream (see "Random streams" in this module's
-        docstring)."""
+        docstring); `params` are the weights sampled from (base with adapters merged, see
+        `sampler_params`); `model` is the resolved base model (tokenizer, EOS ids)."""
         self._runtime = runtime
         self._base_model = base_model
         self._config = config
         self._params = params
         self._stream = stream
         self._requests = 0
-        self._tokenizer = ByteTokenizer()
+        self._model = model
+        self._tokenizer = model.tokenizer
         self._batcher: TickBatcher[_SampleRequest, types.SampleResponse] | None = None
 
     # -- SDK surface --
 
-    def get_tokenizer(self) -> ByteTokenizer:
+    def get_tokenizer(self) -> Tokenizer:
+        """`ByteTokenizer` for a toy model, the checkpoint's `PreTrainedTokenizerFast` else."""
         return self._tokenizer
 
     def get_base_model(self) -> str:
@@ -267,8 +303,9 @@ class LocalSamplingClient:
         )
 
     def _stop_conditions(self, stop: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        eos = self._model.eos_token_ids
         if stop is None:
-            return (EOS_ID,), ()
+            return eos, ()
         if isinstance(stop, str):
             stop = [stop]
         stop = list(stop)
@@ -279,18 +316,25 @@ class LocalSamplingClient:
             for s in stop:
                 # the stop string's bytes, even where it spells a special token's text: stop
                 # strings match the generated bytes (module docstring)
-                encoded = tuple(
-                    self._tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)
-                )
+                encoded = tuple(self._encode_stop(s))
                 if not encoded:
                     raise ValueError("SamplingParams.stop: empty stop string")
                 seqs.append(encoded)
-            return (EOS_ID,), tuple(seqs)
+            return eos, tuple(seqs)
         if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
             ids = np.asarray(stop, np.int64)
             check_token_range(ids, self._config.vocab_size, "SamplingParams.stop")
-            return tuple(sorted({EOS_ID, *map(int, stop)})), ()
+            return tuple(sorted({*eos, *map(int, stop)})), ()
         raise TypeError("SamplingParams.stop: expected strings or token ids, not a mix")
+
+    def _encode_stop(self, text: str) -> list[int]:
+        """A stop string's tokens: its UTF-8 bytes for the byte tokenizer (even where it spells
+        a special token's text), the tokenizer's encoding (no special tokens) otherwise."""
+        if isinstance(self._tokenizer, ByteTokenizer):
+            return list(
+                self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _prompt_logprobs(self, tokens: np.ndarray) -> np.ndarray:
         """float32 `[N]`: NaN at 0, then `log p(tokens[i] | tokens[:i])`."""
@@ -298,9 +342,11 @@ class LocalSamplingClient:
         out = np.full(n, np.nan, np.float32)
         if n < 2:
             return out
-        # The training forward's buckets, so scoring shares its compiled executable.
-        width = row_bucket(n - 1, minimum=16)
-        inputs = np.zeros((row_bucket(1), width), np.int32)
+        # The training forward's buckets for one datum (`plan_chunks`), so scoring shares its
+        # compiled executable.
+        width = length_bucket(n - 1)
+        rows = min(self._runtime.training_rows(self._config, width), row_bucket(1))
+        inputs = np.zeros((rows, width), np.int32)
         targets = np.zeros_like(inputs)
         inputs[0, : n - 1] = tokens[:-1]
         targets[0, : n - 1] = tokens[1:]
@@ -345,8 +391,22 @@ class LocalSamplingClient:
         window = row_bucket(
             max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8
         )
-        prompt_B_T = np.zeros((b, t), np.int32)
-        length_B = np.ones(b, np.int32)
+        # One prompt per request (its samples share the prefill: `prompt_index_B`).
+        prompt_of_row: list[int] = []
+        prompts: list[np.ndarray] = []
+        for row, (r, _) in enumerate(rows):
+            if row == 0 or r is not rows[row - 1][0]:
+                prompts.append(r.prompt_T)
+            prompt_of_row.append(len(prompts) - 1)
+        # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
+        p = min(b, row_bucket(len(prompts), minimum=1))
+        prompt_P_T = np.zeros((p, t), np.int32)
+        length_P = np.ones(p, np.int32)
+        for index, prompt in enumerate(prompts):
+            prompt_P_T[index, : prompt.size] = prompt
+            length_P[index] = prompt.size
+        prompt_index_B = np.zeros(b, np.int32)
+        prompt_index_B[: len(rows)] = prompt_of_row
         max_new_B = np.zeros(b, np.int32)
         temperature_B = np.zeros(b, np.float32)
         top_k_B = np.zeros(b, np.int32)
@@ -356,8 +416,6 @@ class LocalSamplingClient:
         stop_seqs_B_Q_W = np.full((b, n_seqs, window), -1, np.int32)
         stop_valid_B_Q = np.zeros((b, n_seqs), bool)
         for row, (r, i) in enumerate(rows):
-            prompt_B_T[row, : r.prompt_T.size] = r.prompt_T
-            length_B[row] = r.prompt_T.size
             max_new_B[row] = r.max_new_tokens
             temperature_B[row] = r.temperature
             top_k_B[row] = r.top_k
@@ -368,8 +426,8 @@ class LocalSamplingClient:
                 stop_seqs_B_Q_W[row, s, window - len(seq) :] = seq
                 stop_valid_B_Q[row, s] = True
         batch = model_lib.SampleBatch(
-            prompt_tokens_B_T=prompt_B_T,
-            prompt_length_B=length_B,
+            prompt_tokens_B_T=prompt_P_T,
+            prompt_length_B=length_P,
             max_new_tokens_B=max_new_B,
             temperature_B=temperature_B,
             top_k_B=top_k_B,
@@ -378,6 +436,7 @@ class LocalSamplingClient:
             stop_token_mask_B_V=stop_mask_B_V,
             stop_seqs_B_Q_W=stop_seqs_B_Q_W,
             stop_seq_valid_B_Q=stop_valid_B_Q,
+            prompt_index_B=prompt_index_B,
         )
         out = model_lib.sample_tokens(self._params, batch, config=config, max_new_tokens=m)
         tokens_B_M = np.asarray(out.tokens_B_M)

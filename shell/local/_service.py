@@ -34,12 +34,13 @@ import tinker
 from tinker import types
 
 from rlpure import model as model_lib
-from shell.errors import CheckpointError, ConfigError
+from rlpure.model import ByteTokenizer
+from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._rest import LocalRestClient
-from shell.local._runtime import LocalRuntime
-from shell.local._sampling import LocalSamplingClient
+from shell.local._runtime import LoadedModel, LocalRuntime
+from shell.local._sampling import LocalSamplingClient, sampler_params
 from shell.local._training import LocalTrainingClient
 
 __all__ = ["LocalServiceClient"]
@@ -258,6 +259,20 @@ class LocalServiceClient:
 
     # -- internals --
 
+    def _toy_or_named(self, name: str, config: model_lib.ModelConfig | None) -> LoadedModel:
+        """The service's `LoadedModel` for `name`, or, for a toy checkpoint that carries its own
+        `config`, a toy model of that config (its name need not be one this service knows)."""
+        if config is not None:
+            return LoadedModel(
+                name=name,
+                config=config,
+                params=None,
+                tokenizer=ByteTokenizer(),
+                eos_token_ids=(model_lib.EOS_ID,),
+                source="checkpoint (toy model)",
+            )
+        return self._runtime.base_model(name)
+
     def _new_training_client(
         self,
         base_model: str,
@@ -269,22 +284,24 @@ class LocalServiceClient:
         config: model_lib.ModelConfig | None = None,
         optim_steps: int = 0,
         user_metadata: dict[str, str] | None = None,
+        lora: model_lib.LoraConfig | None = None,
+        model: LoadedModel | None = None,
     ) -> LocalTrainingClient:
-        if config is None:
-            config = self.model_configs.get(base_model)
-            if config is None:
-                raise ConfigError(
-                    f"unknown local model {base_model!r}; known models: "
-                    f"{sorted(self.model_configs)}"
-                )
         self._check_open()
+        if model is None:
+            model = self._toy_or_named(base_model, config)
+        config = model.config
+        if model.pretrained and lora is None:
+            lora = model_lib.LoraConfig(rank=rank)
         model_id = self._runtime.new_training_run_id(
             base_model=base_model, lora_rank=rank, user_metadata=user_metadata
         )
+        key = jax.random.key(self.seed if seed is None else seed)
         if params is None:
-            params = model_lib.init_params(
-                jax.random.key(self.seed if seed is None else seed), config
-            )
+            if lora is None:
+                params = model_lib.init_params(key, config)
+            else:
+                params = model_lib.init_lora(key, config, lora)
         if opt_state is None:
             opt_state = model_lib.init_optimizer_state(params)
         return LocalTrainingClient(
@@ -298,6 +315,8 @@ class LocalServiceClient:
             lora_rank=rank,
             optim_steps=optim_steps,
             run_metadata=user_metadata,
+            model=model,
+            lora=lora,
         )
 
     # -- SDK surface --
@@ -320,15 +339,30 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         optimizer: types.OptimizerConfig | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
-        """A training client on a freshly initialised local model (full fine-tuning: `rank`
-        and the `train_*` flags are accepted and ignored).
+        """A training client on `base_model` (resolved once per service, see
+        `shell.local._models.resolve_base_model`).
+
+        A pretrained model trains LoRA adapters of rank `rank` on the matrices the `train_*`
+        flags name (`rlpure.model.LoraConfig`; `B = 0` so step 0 is the base model; the
+        adapters are drawn from `seed`, default the service's); the base weights are loaded
+        once and shared by every client. A toy model trains in full from
+        `init_params(key(seed))` (`rank` and the flags are then recorded only).
 
         Raises:
-            ConfigError: unknown `base_model` (the message lists the known names).
+            ConfigError: unknown `base_model` (the message lists what is available) or a bad
+                checkpoint.
+            ValueError: a bad `rank`.
             NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`.
         """
         _check_adam_optimizer(optimizer, "create_lora_training_client.optimizer")
         metadata = _check_metadata(user_metadata, "create_lora_training_client.user_metadata")
+        self._check_open()
+        model = self._runtime.base_model(base_model)
+        lora = None
+        if model.pretrained:
+            lora = model_lib.LoraConfig(
+                rank=rank, train_mlp=train_mlp, train_attn=train_attn, train_unembed=train_unembed
+            )
         return ClientFuture(
             self._new_training_client(
                 base_model,
@@ -337,6 +371,8 @@ class LocalServiceClient:
                 seed=seed,
                 rank=rank,
                 user_metadata=metadata,
+                lora=lora,
+                model=model,
             )
         )
 
@@ -368,19 +404,34 @@ class LocalServiceClient:
         metadata = _check_metadata(user_metadata, f"{where}.user_metadata")
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
         name = base_model if base_model is not None else checkpoint.base_model
-        if base_model is not None and self.model_configs.get(base_model) != checkpoint.config:
-            raise CheckpointError(
-                f"checkpoint {path!r}: its model config does not match base model {name!r}"
-            )
+        if checkpoint.lora is not None:
+            if name != checkpoint.base_model:
+                raise CheckpointError(
+                    f"checkpoint {path!r}: holds LoRA adapters of base model "
+                    f"{checkpoint.base_model!r}, not of {name!r}"
+                )
+            model = self._runtime.base_model(name)
+            if model.config != checkpoint.config:
+                raise CheckpointError(
+                    f"checkpoint {path!r}: its model config does not match base model "
+                    f"{name!r} as loaded from {model.source}"
+                )
+        else:
+            if base_model is not None and self.model_configs.get(base_model) != checkpoint.config:
+                raise CheckpointError(
+                    f"checkpoint {path!r}: its model config does not match base model {name!r}"
+                )
+            model = self._toy_or_named(name, checkpoint.config)
         client = self._new_training_client(
             name,
             params=checkpoint.params,
             opt_state=checkpoint.opt_state,
             seed=None,
-            rank=0,
-            config=checkpoint.config,
+            rank=checkpoint.lora.rank if checkpoint.lora is not None else 0,
             optim_steps=checkpoint.optim_steps,
             user_metadata=metadata,
+            lora=checkpoint.lora,
+            model=model,
         )
         return ClientFuture(client)
 
@@ -463,17 +514,27 @@ class LocalServiceClient:
         stream = (2, self._sampling_clients, 0)
         if model_path is not None:
             checkpoint = read_checkpoint(model_path, with_optimizer=False)
-            name, config, params = checkpoint.base_model, checkpoint.config, checkpoint.params
+            name = checkpoint.base_model
+            if checkpoint.lora is not None:
+                model = self._runtime.base_model(name)
+                if model.config != checkpoint.config:
+                    raise CheckpointError(
+                        f"checkpoint {model_path!r}: its model config does not match base "
+                        f"model {name!r} as loaded from {model.source}"
+                    )
+            else:
+                model = self._toy_or_named(name, checkpoint.config)
+            params = sampler_params(model, checkpoint.params, checkpoint.lora)
         elif base_model is not None:
-            if base_model not in self.model_configs:
-                raise ConfigError(
-                    f"unknown local model {base_model!r}; known models: "
-                    f"{sorted(self.model_configs)}"
-                )
-            config = self.model_configs[base_model]
-            name, params = base_model, model_lib.init_params(jax.random.key(self.seed), config)
+            name = base_model
+            model = self._runtime.base_model(base_model)
+            if model.params is not None:
+                params = model.params
+            else:
+                params = model_lib.init_params(jax.random.key(self.seed), model.config)
         else:
             raise ValueError("Either model_path or base_model must be provided")
+        config = model.config
         self._sampling_clients += 1
         return ClientFuture(
             LocalSamplingClient(
@@ -482,6 +543,7 @@ class LocalServiceClient:
                 config=config,
                 params=params,
                 stream=stream,
+                model=model,
             )
         )
 

@@ -3,8 +3,9 @@
 `forward_backward` runs in three jitted stages so that the expensive model graph compiles once
 per `(D, T)` bucket and is shared by every loss:
 
-1. `model_forward_vjp`: the model forward, returning the targets' logprobs and the VJP closure
-   (residual activations);
+1. `model_forward_vjp` (full fine-tuning) or `lora_forward_vjp` (LoRA adapters on frozen base
+   weights): the model forward, returning the targets' logprobs and the VJP closure with
+   respect to the trained weights (residual activations);
 2. `loss_and_logprob_grad`: the loss and its gradient with respect to those logprobs
    (elementwise maths; one cheap compile per loss and config);
 3. `model_backward`: the VJP of the model applied to that gradient, added to the accumulated
@@ -30,6 +31,7 @@ from rlpure import model as model_lib
 from rlpure.losses import compute_loss
 
 __all__ = [
+    "lora_forward_vjp",
     "loss_and_logprob_grad",
     "merge_metrics",
     "model_backward",
@@ -51,6 +53,27 @@ def model_forward_vjp(
     `config` is static under `jit`.
     """
     return jax.vjp(lambda p: model_lib.target_logprobs_fn(p, input_D_T, target_D_T, config), params)
+
+
+@partial(jax.jit, static_argnames=("config", "lora"))
+def lora_forward_vjp(
+    adapters: model_lib.Params,
+    base: model_lib.Params,
+    input_D_T: jax.Array,
+    target_D_T: jax.Array,
+    *,
+    config: model_lib.ModelConfig,
+    lora: model_lib.LoraConfig,
+) -> tuple[jax.Array, Any]:
+    """Stage 1 for LoRA: `lp_D_T` of the frozen `base` plus `adapters`, and the VJP closure
+    with respect to the adapters only (the base weights get no gradient).
+
+    `config` and `lora` are static under `jit`.
+    """
+    return jax.vjp(
+        lambda a: model_lib.target_logprobs_fn(base, input_D_T, target_D_T, config, a, lora),
+        adapters,
+    )
 
 
 @partial(jax.jit, static_argnames=("loss_fn", "loss_config", "with_grad"))

@@ -1,14 +1,21 @@
 """The local backend's training client: forward/backward, AdamW steps, weights and checkpoints.
 
 Conventions:
-- Full fine-tuning: every weight trains; the LoRA `rank` is recorded for `get_info` only.
+- Toy models (`rlpure/tiny`, ...) train in full: every weight trains, the LoRA `rank` is
+  recorded for `get_info` only. Pretrained models (resolved by `shell.local._models`) train
+  LoRA adapters (`rlpure.model.LoraConfig`: Tinker's `α / R` scaling with `α = 32`, `B = 0` at
+  init so step 0 is the base model) on the service's frozen base weights, shared by every
+  client: gradients, Adam state and `save_state` hold the adapters only; samplers get the base
+  with the adapters merged in. Every loss keeps Tinker's sum reduction either way.
 - Operations run eagerly, in call order, and return a `ReadyFuture`. Gradients of the summed
   loss accumulate across `forward_backward` calls until `optim_step` applies them (AdamW with
   global-norm clipping, `rlpure.model.apply_adam_update`) and clears them; a call refused by
   validation accumulates nothing.
-- A `forward_backward` batch is split into row chunks of at most the runtime's
-  `training_rows(...)` datums (a memory bound); their gradients add up and their metrics merge
-  by suffix, so chunking does not change the result beyond float rounding.
+- A `forward_backward` batch is split into chunks (`shell.local._inputs.plan_chunks`): datums
+  sorted longest first, each chunk at most the runtime's `training_rows(width)` datums (a
+  memory bound) padded to its own length bucket, so short datums never pay a long one's
+  quadratic attention and no call runs on padding rows alone. Their gradients add up and their
+  metrics merge by suffix, so chunking does not change the result beyond float rounding.
 - Weights are an immutable pytree, replaced (never mutated) by `optim_step` and the loads, so a
   sampling client's snapshot never changes under it.
 - The optimizer step count is part of the client's state and of its checkpoints: sampling
@@ -24,7 +31,7 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import optax
@@ -32,20 +39,23 @@ import tinker
 from tinker import types
 
 from rlpure import model as model_lib
-from rlpure.model import ByteTokenizer
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
-from shell.local._inputs import loss_config_key, pack_data, to_float
-from shell.local._runtime import LocalRuntime
-from shell.local._sampling import LocalSamplingClient
+from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks, to_float
+from shell.local._runtime import LoadedModel, LocalRuntime
+from shell.local._sampling import LocalSamplingClient, sampler_params
 from shell.local._train_steps import (
+    lora_forward_vjp,
     loss_and_logprob_grad,
     merge_metrics,
     model_backward,
     model_forward_vjp,
     zeros_like_tree,
 )
+
+if TYPE_CHECKING:
+    from shell.local._runtime import Tokenizer
 
 __all__ = ["LocalTrainingClient"]
 
@@ -66,11 +76,16 @@ class LocalTrainingClient:
         lora_rank: int,
         optim_steps: int = 0,
         run_metadata: dict[str, str] | None = None,
+        model: LoadedModel,
+        lora: model_lib.LoraConfig | None = None,
     ) -> None:
         """Internal: use the service's factories. `runtime` is the service's shared state;
         `open_sampling_client(path)` opens a sampling client on the checkpoint at `path`;
         `run_metadata` is the `user_metadata` the client was created with (recorded in its
-        checkpoints, read back by the REST client's `get_training_run_by_tinker_path`)."""
+        checkpoints, read back by the REST client's `get_training_run_by_tinker_path`);
+        `model` is the service's resolved base model. With `lora`, `params` are the LoRA
+        adapters (and `opt_state` their Adam state) on `model.params`, the frozen shared base
+        weights; without, `params` are the full weights of a toy model."""
         self._runtime = runtime
         self._open_sampling_client = open_sampling_client
         self._base_model = base_model
@@ -78,7 +93,10 @@ class LocalTrainingClient:
         self._params = params
         self._opt_state = opt_state
         self._grads: model_lib.Params | None = None
-        self._tokenizer = ByteTokenizer()
+        self._model = model
+        self._lora = lora
+        if lora is not None and model.params is None:
+            raise ValueError(f"LoRA needs a pretrained base model; {base_model!r} is a toy model")
         self.model_id = model_id
         self._lora_rank = lora_rank
         self._optim_steps = optim_steps  # checkpointed: keys the sampling streams
@@ -87,23 +105,37 @@ class LocalTrainingClient:
 
     @property
     def params(self) -> model_lib.Params:
-        """The current weights (an immutable pytree; replaced, never mutated, by `optim_step`)."""
+        """The trained weights: the full params of a toy model, the LoRA adapters of a
+        pretrained one (an immutable pytree; replaced, never mutated, by `optim_step`)."""
         return self._params
+
+    @property
+    def lora(self) -> model_lib.LoraConfig | None:
+        """The adapters' config (None: full fine-tuning of a toy model)."""
+        return self._lora
+
+    @property
+    def base_params(self) -> model_lib.Params | None:
+        """The frozen base weights LoRA adapts, shared with the service (None for a toy)."""
+        return self._model.params
 
     @property
     def config(self) -> model_lib.ModelConfig:
         return self._config
 
-    def get_tokenizer(self) -> ByteTokenizer:
-        return self._tokenizer
+    def get_tokenizer(self) -> Tokenizer:
+        """`ByteTokenizer` for a toy model, the checkpoint's `PreTrainedTokenizerFast` else."""
+        return self._model.tokenizer
 
     def get_info(self) -> types.GetInfoResponse:
         return types.GetInfoResponse(
             model_data=types.ModelData(
-                arch="rlpure-transformer", model_name=self._base_model, tokenizer_id="rlpure/byte"
+                arch=self._config.family if self._lora is not None else "rlpure-transformer",
+                model_name=self._base_model,
+                tokenizer_id=self._base_model if self._lora is not None else "rlpure/byte",
             ),
             model_id=self.model_id,
-            is_lora=False,
+            is_lora=self._lora is not None,
             lora_rank=self._lora_rank,
             model_name=self._base_model,
         )
@@ -176,25 +208,38 @@ class LocalTrainingClient:
         *,
         backward: bool,
     ) -> types.ForwardBackwardOutput:
-        packed = pack_data(data, loss_fn, self._config)
+        checked = check_data(data, loss_fn, self._config)
         loss_config = loss_config_key(loss_fn_config)
-        n_d, n_t = packed.input_D_T.shape
-        rows = self._runtime.training_rows(self._config, n_d, n_t)
+        chunks = plan_chunks(
+            checked.length_D,
+            rows_for_width=lambda width: self._runtime.training_rows(self._config, width),
+        )
         grads = self._grads
-        lp_chunks, metric_chunks = [], []
-        for start in range(0, n_d, rows):
-            part = slice(start, start + rows)
-            inputs = {key: value[part] for key, value in packed.inputs.items()}
-            lp_D_T, vjp = model_forward_vjp(
-                self._params,
-                packed.input_D_T[part],
-                inputs["target_tokens"],
-                config=self._config,
-            )
+        lp_D: list[np.ndarray] = [np.empty(0, np.float32)] * len(checked.tokens_D)
+        metric_chunks = []
+        for chunk in chunks:
+            packed = pack_rows(checked, chunk)
+            if self._lora is None:
+                lp_D_T, vjp = model_forward_vjp(
+                    self._params,
+                    packed.input_D_T,
+                    packed.inputs["target_tokens"],
+                    config=self._config,
+                )
+            else:
+                assert self._model.params is not None
+                lp_D_T, vjp = lora_forward_vjp(
+                    self._params,
+                    self._model.params,
+                    packed.input_D_T,
+                    packed.inputs["target_tokens"],
+                    config=self._config,
+                    lora=self._lora,
+                )
             out, dlp_D_T = loss_and_logprob_grad(
                 lp_D_T,
-                inputs,
-                packed.valid_D_T[part],
+                packed.inputs,
+                packed.valid_D_T,
                 loss_fn=loss_fn,
                 loss_config=loss_config,
                 with_grad=backward,
@@ -203,16 +248,14 @@ class LocalTrainingClient:
                 if grads is None:
                     grads = zeros_like_tree(self._params)
                 grads = model_backward(vjp, dlp_D_T, grads)
-            lp_chunks.append(np.asarray(out.target_logprobs_D_T))
+            chunk_lp_D_T = np.asarray(out.target_logprobs_D_T, np.float32)
+            for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
+                lp_D[d] = chunk_lp_D_T[row, :n]
             metric_chunks.append({key: float(value) for key, value in out.metrics.items()})
         if backward:
             self._grads = grads
-        lp_D_T = np.concatenate(lp_chunks)
         metrics = merge_metrics(metric_chunks)
-        outputs = [
-            {"logprobs": types.TensorData.from_numpy(lp_D_T[d, :n].astype(np.float32))}
-            for d, n in enumerate(packed.length_D)
-        ]
+        outputs = [{"logprobs": types.TensorData.from_numpy(lp)} for lp in lp_D]
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics=metrics
         )
@@ -276,8 +319,9 @@ class LocalTrainingClient:
             runtime=self._runtime,
             base_model=self._base_model,
             config=self._config,
-            params=self._params,
+            params=sampler_params(self._model, self._params, self._lora),
             stream=stream,
+            model=self._model,
         )
 
     def save_weights_and_get_sampling_client(
@@ -335,6 +379,7 @@ class LocalTrainingClient:
             user_metadata=user_metadata,
             training_run_id=self.model_id,
             run_metadata=self._run_metadata,
+            lora=self._lora,
         )
         return ReadyFuture(types.SaveWeightsResponse(path=str(directory)))
 
@@ -370,6 +415,7 @@ class LocalTrainingClient:
             user_metadata=user_metadata,
             training_run_id=self.model_id,
             run_metadata=self._run_metadata,
+            lora=self._lora,
         )
         return ReadyFuture(types.SaveWeightsForSamplerResponse(path=str(directory)))
 
@@ -397,6 +443,16 @@ class LocalTrainingClient:
             raise CheckpointError(
                 f"checkpoint {path!r}: model config {checkpoint.config} does not match this "
                 f"client's {self._config}"
+            )
+        if checkpoint.lora != self._lora:
+            raise CheckpointError(
+                f"checkpoint {path!r}: LoRA config {checkpoint.lora} does not match this "
+                f"client's {self._lora}"
+            )
+        if self._lora is not None and checkpoint.base_model != self._base_model:
+            raise CheckpointError(
+                f"checkpoint {path!r}: adapters of base model {checkpoint.base_model!r}, not of "
+                f"this client's {self._base_model!r}"
             )
         self._params = checkpoint.params
         self._opt_state = (

@@ -161,7 +161,7 @@ def test_sync_api_and_service_helpers() -> None:
         base.sample(_prompt("q"), 1, seeded).result().sequences[0].tokens
         == sampler.sample(_prompt("q"), 1, seeded).result().sequences[0].tokens
     )
-    with pytest.raises(ConfigError, match="known models"):
+    with pytest.raises(ConfigError, match="Available: toy models"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B")
     with pytest.raises(NotImplementedError, match="AdamParams"):
         trainer.optim_step(types.DimuonParams(learning_rate=0.1))  # type: ignore[arg-type]
@@ -285,7 +285,7 @@ def test_concurrent_requests_are_served_in_one_batched_call(
     real = model_lib.sample_tokens
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[1].prompt_tokens_B_T.shape)
+        calls.append((args[1].prompt_tokens_B_T.shape, args[1].prompt_index_B.shape))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model_lib, "sample_tokens", counting)
@@ -298,7 +298,8 @@ def test_concurrent_requests_are_served_in_one_batched_call(
         return await asyncio.gather(*[one(p, sp) for p, sp in zip(prompts, params, strict=True)])
 
     batched = asyncio.run(main())
-    assert len(calls) == 1 and calls[0][0] == 8
+    # one call: 8 sample rows over 4 prompts, each prefilled once for its 2 samples
+    assert len(calls) == 1 and calls[0][0][0] == 4 and calls[0][1] == (8,)
     for x, y in zip(alone, batched, strict=True):
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
         for s, t in zip(x.sequences, y.sequences, strict=True):

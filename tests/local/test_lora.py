@@ -1,0 +1,204 @@
+"""LoRA training and sampling of a pretrained model in the local backend.
+
+A tiny random Llama checkpoint (width 64, 2 layers, GQA 4/2 heads, tied embeddings) is written
+on the fly as a Hugging Face directory with a BPE tokenizer (`tests.local.hf_fixtures`) and
+served by `LocalServiceClient` through M2's resolver (`base_model` is the directory's path):
+step 0 equals the base model, only the adapters change and are checkpointed, checkpoints
+refuse another base, samplers see base + adapters, and the sampling options behave. One
+module-scoped service keeps the compiled shapes shared across the tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.losses import LOSSES
+from shell.errors import CheckpointError
+from shell.local import LocalServiceClient, LocalTrainingClient
+from tests.local.hf_fixtures import (
+    hf_config,
+    random_hf_tensors,
+    train_tokenizer,
+    write_hf_directory,
+)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = train_tokenizer()
+    config = hf_config("llama", vocab_size=len(tokenizer))
+    directory = tmp_path_factory.mktemp("llama")
+    write_hf_directory(directory, config, random_hf_tensors(config, seed=1), tokenizer)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> LocalServiceClient:
+    return LocalServiceClient(seed=0, checkpoint_dir=tmp_path_factory.mktemp("states"))
+
+
+def _trainer(service: LocalServiceClient, llama_dir: Path, **kwargs: Any) -> LocalTrainingClient:
+    return service.create_lora_training_client(base_model=str(llama_dir), rank=4, **kwargs).result()
+
+
+def _datum(tokens: list[int], advantage: float = 1.0) -> types.Datum:
+    n = len(tokens) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(np.asarray(tokens[1:], np.int64)),
+            "weights": types.TensorData.from_numpy(np.ones(n, np.float32)),
+            "logprobs": types.TensorData.from_numpy(np.full(n, -3.0, np.float32)),
+            "advantages": types.TensorData.from_numpy(np.full(n, advantage, np.float32)),
+            "sequence_ratio_mask": types.TensorData.from_numpy(np.ones(n, np.float32)),
+        },
+    )
+
+
+def _inputs_for(loss_fn: str, datum: types.Datum) -> types.Datum:
+    keep = set(LOSSES[loss_fn].required_inputs)
+    inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k in keep}
+    return types.Datum(model_input=datum.model_input, loss_fn_inputs=inputs)
+
+
+def _tokens(trainer: LocalTrainingClient, text: str) -> list[int]:
+    tokens: list[int] = trainer.get_tokenizer().encode(text, add_special_tokens=False)
+    return tokens
+
+
+def test_step_zero_is_the_base_model_and_only_adapters_train(
+    service: LocalServiceClient, llama_dir: Path
+) -> None:
+    trainer = _trainer(service, llama_dir)
+    info = trainer.get_info()
+    assert info.is_lora and info.lora_rank == 4
+    base = trainer.base_params
+    assert base is not None and trainer.lora is not None
+    tokens = _tokens(trainer, "The quick brown fox jumps over the lazy dog.")
+    datum = _datum(tokens)
+    config = trainer.config
+    inputs = np.asarray([tokens[:-1]], np.int32)
+    targets = np.asarray([tokens[1:]], np.int32)
+    base_lp = np.asarray(model_lib.target_logprobs(base, inputs, targets, config=config))[0]
+    out = trainer.forward_backward([_inputs_for("cross_entropy", datum)], "cross_entropy")
+    lp = out.result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(lp, base_lp, atol=1e-5)  # B = 0: step 0 is the base model
+    # Tinker's sum reduction: the loss is minus the summed logprobs
+    assert out.result().metrics["loss:sum"] == pytest.approx(-float(base_lp.sum()), rel=1e-5)
+    adapters_before = trainer.params
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert trainer.base_params is base  # shared, never replaced
+    changed = [
+        not np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(adapters_before),
+            jax.tree_util.tree_leaves(trainer.params),
+            strict=True,
+        )
+    ]
+    assert any(changed)
+    n_adapter = model_lib.count_lora_params(trainer.params)
+    assert n_adapter < model_lib.count_params(base) / 2
+    # only adapters in the optimizer state
+    assert sum(np.size(x) for x in jax.tree_util.tree_leaves(trainer._opt_state)) <= 3 * n_adapter
+    after = trainer.forward([_inputs_for("cross_entropy", datum)], "cross_entropy").result()
+    assert after.metrics["loss:sum"] < out.result().metrics["loss:sum"]
+    # the sampler samples base + adapters: its prompt logprobs are the trained model's
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    trained_lp = after.loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(np.asarray(prompt_lp[1:], np.float32), trained_lp, atol=1e-4)
+
+
+def test_every_loss_runs_through_lora(service: LocalServiceClient, llama_dir: Path) -> None:
+    trainer = _trainer(service, llama_dir)
+    datum = _datum(_tokens(trainer, "What is 12 + 34? The answer is 46."), advantage=0.5)
+    for loss_fn in sorted(LOSSES):
+        config = dict.fromkeys(LOSSES[loss_fn].required_config, 0.2)
+        out = trainer.forward_backward([_inputs_for(loss_fn, datum)], loss_fn, config).result()  # type: ignore[arg-type]
+        assert np.isfinite(out.metrics["loss:sum"]), loss_fn
+    assert trainer._grads is not None
+
+
+def test_save_and_load_state_hold_adapters_only_and_refuse_another_base(
+    service: LocalServiceClient, llama_dir: Path, tmp_path: Path
+) -> None:
+    trainer = _trainer(service, llama_dir)
+    datum = _datum(_tokens(trainer, "The quick brown fox"))
+    trainer.forward_backward([_inputs_for("cross_entropy", datum)], "cross_entropy")
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2))
+    path = trainer.save_state("s").result().path
+    with np.load(Path(path) / "arrays.npz") as npz:
+        names = list(npz.files)
+    assert names and all("_a_" in n or "_b_" in n or n.startswith("optimizer") for n in names)
+    assert not any(n.endswith("embed_V_E") for n in names)
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert resumed.lora == trainer.lora
+    for a, b in zip(
+        jax.tree_util.tree_leaves(trainer.params),
+        jax.tree_util.tree_leaves(resumed.params),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(CheckpointError, match="LoRA adapters of base model"):
+        service.create_training_client_from_state(path, base_model="rlpure/tiny")
+    toy = service.create_lora_training_client(base_model="rlpure/tiny").result()
+    with pytest.raises(CheckpointError, match="does not match"):
+        toy.load_state(path)
+    other_rank = _trainer(service, llama_dir, seed=3)
+    other_rank._lora = model_lib.LoraConfig(rank=8)
+    with pytest.raises(CheckpointError, match="LoRA config"):
+        other_rank.load_state(path)
+    sampler_path = trainer.save_weights_for_sampler("w").result().path
+    sampler = service.create_sampling_client(model_path=sampler_path).result()
+    live = trainer.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(_tokens(trainer, "The quick brown"))
+    np.testing.assert_allclose(
+        np.asarray(sampler.compute_logprobs(prompt).result()[1:], np.float32),
+        np.asarray(live.compute_logprobs(prompt).result()[1:], np.float32),
+        atol=1e-6,
+    )
+
+
+def test_sampling_options(service: LocalServiceClient, llama_dir: Path) -> None:
+    trainer = _trainer(service, llama_dir)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokenizer = sampler.get_tokenizer()
+    assert tokenizer.eos_token_id is not None
+    prompt = types.ModelInput.from_ints(_tokens(trainer, "What is 12 + 34?"))
+    seeded = types.SamplingParams(max_tokens=8, temperature=1.0, seed=7, stop=[])
+    first = sampler.sample(prompt, 4, seeded, include_prompt_logprobs=True).result()
+    again = sampler.sample(prompt, 4, seeded).result()
+    assert [s.tokens for s in first.sequences] == [s.tokens for s in again.sequences]
+    assert all(len(s.tokens) == 8 and s.stop_reason == "length" for s in first.sequences)
+    assert first.prompt_logprobs is not None and first.prompt_logprobs[0] is None
+    # samples of one request share one prefill but draw independently
+    assert len({tuple(s.tokens) for s in first.sequences}) > 1
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    g1 = sampler.sample(prompt, 2, greedy).result().sequences
+    assert g1[0].tokens == g1[1].tokens
+    top1 = types.SamplingParams(max_tokens=6, temperature=1.0, top_k=1, seed=1, stop=[])
+    assert sampler.sample(prompt, 1, top1).result().sequences[0].tokens == g1[0].tokens
+    stop_id = g1[0].tokens[2]
+    by_id = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[stop_id])
+    cut = sampler.sample(prompt, 1, by_id).result().sequences[0]
+    assert cut.stop_reason == "stop" and cut.tokens[-1] == stop_id
+    assert cut.tokens == g1[0].tokens[: len(cut.tokens)]
+    text = str(tokenizer.decode(g1[0].tokens[1:3]))
+    by_text = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[text])
+    cut_text = sampler.sample(prompt, 1, by_text).result().sequences[0]
+    if tokenizer.encode(text, add_special_tokens=False) == g1[0].tokens[1:3]:
+        assert cut_text.stop_reason == "stop" and cut_text.tokens == g1[0].tokens[:3]
+    # tempered logprobs: at temperature 1 they equal the model's logprobs of the sample
+    seq = first.sequences[0]
+    full = types.ModelInput.from_ints(prompt.to_ints() + seq.tokens)
+    scored = sampler.compute_logprobs(full).result()[-len(seq.tokens) :]
+    assert seq.logprobs is not None
+    np.testing.assert_allclose(np.asarray(scored, np.float32), seq.logprobs, atol=1e-4)
