@@ -180,21 +180,6 @@ def _env_pair(module: Any, tokenizer: Any, *, problem_seed: int = 3) -> tuple[An
     return ours, theirs
 
 
-def _unwrapped(env: Any) -> Any:
-    """The plain `EnvFromMessageEnv` over the same message env.
-
-    The recipe's `ExtensionCheckedEnv.step` ends a multi-turn episode with
-    `dataclasses.replace(result, metrics=...)`, which our frozen msgspec `StepResult` does not
-    support (a known gap of `rlpure.records`, reported); its other behaviour is the base
-    class's, so multi-turn comparisons use the base class on the same state, and the
-    first-turn tests below keep the recipe's subclass.
-    """
-    base: Any = type(env).__mro__[1]
-    plain = base.__new__(base)
-    plain.__dict__.update(env.__dict__)
-    return plain
-
-
 def _same_step(ours: Any, theirs: Any) -> None:
     assert ours.reward == pytest.approx(theirs.reward)
     assert ours.episode_done == theirs.episode_done
@@ -206,7 +191,9 @@ def _same_step(ours: Any, theirs: Any) -> None:
 
 
 def test_steps_match_the_cookbook_on_scripted_turns(module: Any, tokenizer: Any) -> None:
-    ours, theirs = (_unwrapped(env) for env in _env_pair(module, tokenizer))
+    # the recipe's own ExtensionCheckedEnv: it ends a multi-turn episode with
+    # dataclasses.replace(result, metrics=...), which rlpure's records support
+    ours, theirs = _env_pair(module, tokenizer)
     first_ours, first_theirs = (
         asyncio.run(ours.initial_observation()),
         asyncio.run(theirs.initial_observation()),
