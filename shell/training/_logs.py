@@ -7,6 +7,13 @@ Conventions:
   flight. On resume the loop drops lines whose `step` is at or after the checkpoint it resumes
   from (`truncate_jsonl_by_step`), rewriting the file atomically (temporary file + `os.replace`)
   so earlier lines are never lost, whatever moment a second kill lands.
+- Two rows follow the last step's, both at `step = num_steps`: the final evaluation's (marked
+  `final_eval`, when the run evaluates) and the final totals row (marked `FINAL_TOTALS_KEY`,
+  the cookbook's `CostTracker.cumulative_metrics()` row: `tokens/cumulative/<kind>`,
+  `tokens/discarded/<kind>`, and `cost/cumulative_usd`, `cost/discarded_usd` with a price
+  table). Readers of step rows skip both (`is_step_row`); the reward curve draws from reward
+  keys, which neither holds. Both are at the run's last step, so a resume that continues past
+  it drops them with the rest (`truncate_jsonl_by_step`) and writes them anew at its end.
 - A line cut short by a kill (no trailing newline, not valid JSON) can only be the last one; it
   is dropped with a warning. An unreadable line anywhere else, or a `step` that is not an
   integer, is a `LogFileError` naming the file, the line and the field (a damaged log is a data
@@ -55,6 +62,7 @@ from rlpure.records import TrajectoryGroup
 from shell.errors import CheckpointError
 
 __all__ = [
+    "FINAL_TOTALS_KEY",
     "LOGS_FILE",
     "LOG_LINE_FORMAT",
     "METRICS_FILE",
@@ -67,6 +75,7 @@ __all__ = [
     "decode_rollout_samples",
     "format_progress_line",
     "headline_eval_metrics",
+    "is_step_row",
     "plot_reward_curve",
     "read_jsonl",
     "run_log_file",
@@ -87,6 +96,8 @@ LOG_LINE_FORMAT = "%(name)s:%(lineno)d [%(levelname)s] %(message)s"
 """The cookbook's `logs.log` line format."""
 STEPS_LOGGER = "shell.training.steps"
 """The logger of the per-step progress lines (file only: it does not propagate)."""
+FINAL_TOTALS_KEY = "final_totals"
+"""The marker (value 1) of the final totals row in `metrics.jsonl` (see the module docstring)."""
 
 
 def _same_file(handler: logging.Handler, path: Path) -> bool:
@@ -268,6 +279,19 @@ def truncate_jsonl_by_step(path: str | os.PathLike[str], *, keep_below: int) -> 
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return raw_lines - len(kept)
+
+
+def is_step_row(row: Mapping[str, Any]) -> bool:
+    """Whether a `metrics.jsonl` row is a training step's: neither the final evaluation's
+    (`final_eval`) nor the final totals row (`FINAL_TOTALS_KEY`).
+
+    Examples:
+        >>> is_step_row({"step": 2, "progress/batch": 2})
+        True
+        >>> is_step_row({"step": 3, "final_eval": 1}), is_step_row({"step": 3, "final_totals": 1})
+        (False, False)
+    """
+    return "final_eval" not in row and FINAL_TOTALS_KEY not in row
 
 
 def format_progress_line(step: int, metrics: Mapping[str, Any]) -> str:

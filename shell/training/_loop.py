@@ -30,7 +30,8 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
 5. metrics (see Records below) → `metrics.jsonl`, decoded samples → `samples.jsonl`, the
    progress line; a new sampling client from the trained weights; a checkpoint when
    `save_every` divides `i + 1`; after the last step the evaluators once more (a `final_eval`
-   line) and a final checkpoint; the reward-curve PNG last.
+   line), the run's token totals (a `final_totals` line: the cookbook's `cumulative_metrics()`
+   row, `_final_totals_row`) and a final checkpoint; the reward-curve PNG last.
 
 Records (the cookbook's names, so a Tinker user reads them as the cookbook's): a step's
 `metrics.jsonl` row holds `progress/batch`, `progress/done_frac`, `optim/lr`, the evaluators'
@@ -97,6 +98,7 @@ from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollou
 from shell.training._checkpoints import Checkpointer, CheckpointRecord
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
+    FINAL_TOTALS_KEY,
     LOGS_FILE,
     METRICS_FILE,
     REWARD_CURVE_FILE,
@@ -357,6 +359,26 @@ async def _run_step(
         )
         run.sampling_client = update.sampling_client
     return metrics, groups
+
+
+def _final_totals_row(run: _Run) -> dict[str, Any]:
+    """The metrics row after the last step (and the final evaluation), before the final
+    checkpoint: the run's token totals, as the cookbook's `main` logs
+    `CostTracker.cumulative_metrics()` at `step=end_batch` — `tokens/cumulative/<kind>` and
+    `tokens/discarded/<kind>`, and with a price table `cost/cumulative_usd` and
+    `cost/discarded_usd` — marked `FINAL_TOTALS_KEY` so readers of step rows skip it
+    (`shell.training._logs.is_step_row`). A resume of a run that is already complete writes
+    nothing (its row is still there); the cookbook drops that row and logs it again, equal."""
+    row: dict[str, Any] = {
+        "step": run.num_steps,
+        FINAL_TOTALS_KEY: 1,
+        **run.tokens.metrics("tokens/cumulative"),
+        **run.discarded_tokens.metrics("tokens/discarded"),
+    }
+    if run.rates is not None:
+        row["cost/cumulative_usd"] = run.rates.estimate_usd(run.tokens)
+        row["cost/discarded_usd"] = run.rates.estimate_usd(run.discarded_tokens)
+    return row
 
 
 def _final_eval_line(metrics: Mapping[str, float]) -> str:
@@ -637,6 +659,9 @@ async def _locked_train(
                 metrics_writer.write(final_row)
                 trackers.log_metrics(final_row, step=num_steps)
                 progress.note(_final_eval_line(final_eval))
+            totals_row = _final_totals_row(run)  # the cookbook's, even when no step ran
+            metrics_writer.write(totals_row)
+            trackers.log_metrics(totals_row, step=num_steps)
             checkpoint = await _checkpoint(run, num_steps, final=True)
             assert checkpoint is not None  # a final save is always made
         write_spans(num_steps, final_timer)

@@ -363,7 +363,9 @@ def test_evaluator_metrics_merge_as_the_cookbooks_run_evaluations_parallel(
             evaluator_builders=[_builder(m) for m in specs],
         )
     )
-    for line in read_jsonl(tmp_path / "metrics.jsonl"):
+    *evaluated, totals = read_jsonl(tmp_path / "metrics.jsonl")  # step 0, final eval, totals
+    assert len(evaluated) == 2 and "final_totals" in totals
+    for line in evaluated:
         assert {k: line[k] for k in theirs} == theirs
 
 

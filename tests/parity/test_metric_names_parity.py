@@ -151,25 +151,33 @@ def test_step_rows_have_the_cookbooks_keys_for_everything_both_compute(
             assert our_row[key] == their_row[key], key
 
 
-def test_the_cookbooks_final_totals_row_is_in_our_final_checkpoint_row(
+def test_both_log_the_final_totals_row_after_the_last_step_with_the_same_keys(
     both_runs: tuple[Path, Path],
 ) -> None:
-    """The cookbook's `main` logs one more metrics row after the last step
-    (`CostTracker.cumulative_metrics`: `tokens/cumulative/*`, `tokens/discarded/*`); ours
-    does not yet (the readers and tests of our metrics rows count on one row per step plus the
-    final evaluation's), and the same totals are in the final `checkpoints.jsonl` row of
-    both."""
-    theirs, ours = (_rows(path, "metrics.jsonl") for path in both_runs)
-    (their_totals,) = [row for row in theirs if "progress/batch" not in row]
-    assert not [row for row in ours if "progress/batch" not in row]
+    """The cookbook's `main` logs one more metrics row after the last step, at `step=end_batch`
+    (`CostTracker.cumulative_metrics()`: `tokens/cumulative/*`, `tokens/discarded/*`; no
+    price table here, so no `cost/*`); ours logs the same row, marked `final_totals` (readers
+    of step rows skip it by that key), holding the totals of its final checkpoint row, as the
+    cookbook's."""
     kinds = {"sampled", "prefill_cached", "prefill_uncached", "trained"}
-    assert set(their_totals) == {"step"} | {
+    totals_keys = {
         f"tokens/{total}/{kind}" for total in ("cumulative", "discarded") for kind in kinds
     }
+    totals_rows = []
     for path in both_runs:
+        rows = _rows(path, "metrics.jsonl")
+        (totals,) = [row for row in rows if "progress/batch" not in row]
+        assert totals is rows[-1] and totals["step"] == 2, path  # end_batch, after the steps
         final = _rows(path, "checkpoints.jsonl")[-1]
         assert final["name"] == "final"
         assert set(final["cumulative_tokens"]) == set(final["discarded_tokens"]) == kinds
+        for kind in kinds:
+            assert totals[f"tokens/cumulative/{kind}"] == final["cumulative_tokens"][kind], path
+            assert totals[f"tokens/discarded/{kind}"] == final["discarded_tokens"][kind], path
+        totals_rows.append(totals)
+    theirs, ours = totals_rows
+    assert set(theirs) == {"step"} | totals_keys
+    assert set(ours) - {"final_totals"} == set(theirs) and ours["final_totals"] == 1
 
 
 def test_timing_spans_rows_have_the_cookbooks_schema(both_runs: tuple[Path, Path]) -> None:

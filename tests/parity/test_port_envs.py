@@ -48,12 +48,16 @@ def _service(log_path: Path) -> LocalServiceClient:
 
 
 def _steps(log_path: Path) -> list[int]:
-    lines = (log_path / "metrics.jsonl").read_text().splitlines()
-    return [row["step"] for row in map(json.loads, lines) if "final_eval" not in row]
+    """The steps of the step rows; the final totals row (after the last step, at its end
+    step) must be the last row, and the only one."""
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    assert [i for i, row in enumerate(rows) if "final_totals" in row] == [len(rows) - 1]
+    return [row["step"] for row in rows[:-1] if "final_eval" not in row]
 
 
 def _train_then_resume(log_path: Path, builder: Any, recipe: str) -> list[dict[str, Any]]:
-    """Two steps through `main`, then a resume to step 3; returns the metrics rows."""
+    """Two steps through `main`, then a resume to step 3; returns the metrics rows but the
+    final totals row (the resume drops the first call's and writes its own, see `_steps`)."""
 
     def config(max_steps: int) -> train.Config:
         return train.Config(
@@ -74,7 +78,9 @@ def _train_then_resume(log_path: Path, builder: Any, recipe: str) -> list[dict[s
     resumed = asyncio.run(train.main(config(3), service_client=_service(log_path)))
     assert (resumed.start_step, resumed.end_step) == (2, 3)
     assert _steps(log_path) == [0, 1, 2]
-    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 3
+    return rows[:-1]
 
 
 def test_arithmetic_env_ports_and_trains(tmp_path: Path) -> None:

@@ -44,6 +44,20 @@ GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gs
 TOKENIZER = ByteTokenizer()
 
 
+def _logged(log_dir: Path) -> list[int | str]:
+    """The steps of `log_dir/metrics.jsonl`'s rows; the final evaluation's as `eval@N`, the
+    final totals row (the cookbook's `cumulative_metrics()` row after the last step) as
+    `totals@N`."""
+    return [
+        f"eval@{r['step']}"
+        if "final_eval" in r
+        else f"totals@{r['step']}"
+        if "final_totals" in r
+        else r["step"]
+        for r in read_jsonl(log_dir / "metrics.jsonl")
+    ]
+
+
 def gsm8k_main(argv: list[str]) -> int:
     """`rlpure train gsm8k ARGV...`; the exit code."""
     return cli.main(["train", "gsm8k", *argv])
@@ -392,9 +406,8 @@ def test_tinker_path_calls_the_sdk_as_the_tutorial(
     assert sorted({p.temperature for p in params}) == [0.0, 1.0]
 
     # Metrics: half the training samples right, greedy evaluation all right (3 + 3 problems).
-    records = read_jsonl(log_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1]
-    step0, final = records
+    assert _logged(log_dir) == [0, "eval@1", "totals@1"]
+    step0, final, _ = read_jsonl(log_dir / "metrics.jsonl")
     assert step0["env/all/correct"] == pytest.approx(0.5)
     assert step0["batch/num_datums"] == 128 and step0["batch/degenerate_groups_frac"] == 0.0
     assert step0["test/env/all/correct"] == 1.0 and step0["test/num_groups"] == 3.0
@@ -416,7 +429,7 @@ def test_tinker_path_calls_the_sdk_as_the_tutorial(
     creates = [e for e in resumed.events if e[0].startswith("create_")]
     assert [e[0] for e in creates] == ["create_training_client_from_state_with_optimizer"]
     assert [e[1] for e in resumed.events if e[0] == "forward_backward"] == [128]
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+    assert _logged(log_dir) == [0, 1, "totals@2"]  # the first call's eval@1, totals@1 dropped
 
 
 # --- resuming: one training session, and the recipe's options checked ---------------------------
@@ -487,7 +500,7 @@ def test_recipe_records_its_options_and_resumes_in_one_session(
     creates = [e[0] for e in service.events if "training_client" in e[0]]
     assert creates == ["create_training_client_from_state_with_optimizer"]
     assert len(service.training_clients) == 1  # the recipe's client is the one the loop used
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+    assert _logged(log_dir) == [0, 1, "totals@2"]
 
 
 @pytest.mark.parametrize(
@@ -548,9 +561,8 @@ def test_offline_run_end_to_end(tmp_path: Path, cache_dir: Path) -> None:
         ]
     )
     assert code == 0
-    records = read_jsonl(log_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2]
-    step0, step1, final = records
+    assert _logged(log_dir) == [0, 1, "eval@2", "totals@2"]
+    step0, step1, final, _ = read_jsonl(log_dir / "metrics.jsonl")
     for record in (step0, step1):
         assert record["batch/num_groups"] == 4
         assert -0.1 <= record["env/all/reward/total"] <= 1.0

@@ -126,6 +126,19 @@ def test_tinker_backend_needs_the_api_key_in_the_environment(
     assert "TINKER_API_KEY" in capsys.readouterr().err
 
 
+def _logged(log_dir: Path) -> list[int | str]:
+    """The steps of `log_dir/metrics.jsonl`'s rows; the final evaluation's as `eval@N`, the
+    final totals row (the cookbook's `cumulative_metrics()` row) as `totals@N`."""
+    return [
+        f"eval@{r['step']}"
+        if "final_eval" in r
+        else f"totals@{r['step']}"
+        if "final_totals" in r
+        else r["step"]
+        for r in read_jsonl(log_dir / "metrics.jsonl")
+    ]
+
+
 def test_toy_recipe_trains_end_to_end_on_the_fake_backend(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -137,7 +150,7 @@ def test_toy_recipe_trains_end_to_end_on_the_fake_backend(
     assert code == 0
     out = capsys.readouterr().out
     assert "Step  0 | reward:" in out and "Trained steps 0..2 (3 steps, 3 in total)" in out
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert _logged(log_dir) == [0, 1, 2, "eval@3", "totals@3"]
     assert (log_dir / "reward_curve.png").exists()
     saved = json.loads((log_dir / "config.json").read_text())
     assert saved["rollout_strategy"] == "retry" and saved["num_substeps"] == 2
@@ -202,9 +215,9 @@ def test_gsm8k_resume_with_a_changed_recipe_flag_exits_with_code_2(
     assert cli.main([*argv, "--batch-size", "1", "--max-steps", "2"]) == 2
     err = capsys.readouterr().err
     assert "configuration error" in err and "recipe option batch_size: 2 -> 1" in err
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert _logged(log_dir) == [0, "totals@1"]
     assert cli.main([*argv, "--batch-size", "2", "--max-steps", "2"]) == 0
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1]
+    assert _logged(log_dir) == [0, 1, "totals@2"]  # the old totals row dropped on resume
     assert [r.step for r in load_checkpoints(log_dir)] == [1, 2]
 
 
@@ -234,13 +247,13 @@ def test_toy_resume_with_a_changed_recipe_flag_exits_with_code_2(
     assert cli.main(argv(2, **{flag: value})) == 2
     err = capsys.readouterr().err
     assert "configuration error" in err and named in err
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0]
+    assert _logged(log_dir) == [0, "totals@1"]
     assert [r.step for r in load_checkpoints(log_dir)] == [1]
     assert json.loads((log_dir / "recipe_options.json").read_text()) == recorded
     # unchanged options resume; so do changes to what may change (toy.TOY_RESUME_MAY_CHANGE)
     assert cli.main(argv(2)) == 0
     assert cli.main([*argv(3), "--num-batches", "6", "--env-latency", "0.001"]) == 0
-    assert [r["step"] for r in read_jsonl(log_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert _logged(log_dir) == [0, 1, 2, "totals@3"]
     assert [r.step for r in load_checkpoints(log_dir)] == [1, 2, 3]
 
 
@@ -294,7 +307,7 @@ def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) ->
     assert "resuming at step 2" in done.stderr
     after = (log_dir / "metrics.jsonl").read_text().splitlines()
     assert after[:2] == before[:2]
-    assert [json.loads(line)["step"] for line in after] == [0, 1, 2, 3, 4, 5]
+    assert _logged(log_dir) == [0, 1, 2, 3, 4, 5, "totals@6"]
     assert [r.step for r in load_checkpoints(log_dir)] == [2, 4, 6]
 
 

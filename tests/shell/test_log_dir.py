@@ -367,9 +367,14 @@ def test_a_damaged_log_file_is_one_line_from_the_cli(tmp_path: Path) -> None:
 def test_a_torn_last_metrics_line_is_still_dropped_on_resume(tmp_path: Path) -> None:
     _fake_run(tmp_path, max_steps=2)
     metrics = tmp_path / "metrics.jsonl"
+    assert "final_totals" in read_jsonl(metrics)[-1]  # the finished run's totals row, step 2
     metrics.write_text(metrics.read_text() + '{"step": 2, "env')  # a kill mid-write
     assert _fake_run(tmp_path, max_steps=4).start_step == 2
-    assert [r["step"] for r in read_jsonl(metrics)] == [0, 1, 2, 3]
+    # the torn line and the old totals row are dropped; the resumed run writes its own
+    rows = read_jsonl(metrics)
+    assert [(r["step"], "final_totals" in r) for r in rows] == [
+        (0, False), (1, False), (2, False), (3, False), (4, True),
+    ]  # fmt: skip
 
 
 def test_the_cli_takes_the_lock_before_a_recipe_or_the_demo_does_any_work(

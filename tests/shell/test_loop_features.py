@@ -21,6 +21,7 @@ import tinker
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
+from rlpure.usage import TokenUsage
 from shell.clients import SamplingClient
 from shell.config import TrainConfig, build_config
 from shell.datums import to_tinker_datums
@@ -68,6 +69,13 @@ def _dataset(num_batches: int, *, failing_batches: Sequence[int] = ()) -> Script
     )
 
 
+def _rows(log_dir: Path) -> list[dict[str, Any]]:
+    """A finished run's metrics rows but its final totals row, which must be the last one."""
+    rows = read_jsonl(log_dir / "metrics.jsonl")
+    assert [i for i, r in enumerate(rows) if "final_totals" in r] == [len(rows) - 1]
+    return rows[:-1]
+
+
 def _config(log_dir: Path, **options: Any) -> TrainConfig:
     return build_config(
         {"log_dir": str(log_dir), "backend": "fake", "progress": False, "max_tokens": 4},
@@ -104,9 +112,7 @@ def test_the_loop_evaluates_at_the_configured_temperature(tmp_path: Path) -> Non
     for name, options in (("sampled", {}), ("greedy", {"eval_temperature": 0.0})):
         config = _config(tmp_path / name, eval_every=1, max_steps=1, **options)
         _train(config, FakeServiceClient(), _dataset(1), test_dataset=_dataset(2))
-        rewards[name] = [
-            r["test/env/all/reward/total"] for r in read_jsonl(tmp_path / name / "metrics.jsonl")
-        ]
+        rewards[name] = [r["test/env/all/reward/total"] for r in _rows(tmp_path / name)]
     assert rewards["greedy"] == [1.0, 1.0]
     assert max(rewards["sampled"]) < 0.5
 
@@ -184,7 +190,7 @@ def test_num_epochs_replays_the_dataset_and_max_steps_caps_it(tmp_path: Path) ->
     data = _Recording(_dataset(2))
     result = _train(_config(tmp_path / "a", num_epochs=3), FakeServiceClient(), data)
     assert result.end_step == 6 and data.seen == [0, 1, 0, 1, 0, 1]
-    lines = read_jsonl(tmp_path / "a" / "metrics.jsonl")
+    lines = _rows(tmp_path / "a")
     assert [r["step"] for r in lines] == list(range(6))
     assert lines[-1]["progress/done_frac"] == 1.0
 
@@ -326,7 +332,7 @@ def test_load_checkpoint_path_starts_a_fresh_run_from_those_weights(tmp_path: Pa
 def test_compute_post_kl_logs_the_kl_between_sampler_and_updated_policy(tmp_path: Path) -> None:
     _train(_config(tmp_path / "on", compute_post_kl=True), FakeServiceClient(), _dataset(2))
     _train(_config(tmp_path / "off"), FakeServiceClient(), _dataset(2))
-    for record in read_jsonl(tmp_path / "on" / "metrics.jsonl"):
+    for record in _rows(tmp_path / "on"):
         # fake sampling logprobs are -log(V), its scored ones -log(V) - 0.1
         assert record["kl_pre_post_v1"] == pytest.approx(0.1, abs=1e-6)
         assert record["kl_pre_post_v2"] == pytest.approx(0.005, abs=1e-6)
@@ -437,7 +443,7 @@ def test_the_termination_policy_clamps_limit_stopped_rewards_in_training_only(
     ):
         config = _config(tmp_path / name, eval_every=1, **options)
         _train(config, FakeServiceClient(), data, test_dataset=data)
-        step, _ = read_jsonl(tmp_path / name / "metrics.jsonl")
+        step, _ = _rows(tmp_path / name)
         rewards[name] = (step["env/all/reward/total"], step["test/env/all/reward/total"])
     assert rewards["none"] == (1.0, 1.0)
     assert rewards["clamp"] == (0.5, 1.0)  # the limit-stopped half gets min(1.0, 0.0)
@@ -464,4 +470,12 @@ def test_a_run_without_steps_does_not_evaluate(tmp_path: Path) -> None:
     result = _train(_config(tmp_path, eval_every=1), FakeServiceClient(), _dataset(0),
                     test_dataset=_dataset(1), evaluator_builders=[lambda: evaluator])  # fmt: skip
     assert result.end_step == 0 and evaluator.versions == []
-    assert read_jsonl(tmp_path / "metrics.jsonl") == []
+    zeros = TokenUsage()  # only the final totals row, as the cookbook's (it logs it regardless)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [
+        {
+            "step": 0,
+            "final_totals": 1,
+            **zeros.metrics("tokens/cumulative"),
+            **zeros.metrics("tokens/discarded"),
+        }
+    ]

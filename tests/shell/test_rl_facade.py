@@ -137,13 +137,23 @@ def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_pat
     service = micro_service(log_path / "local_states")
     result = asyncio.run(train.main(_config(log_path), service_client=service))
     assert (result.start_step, result.end_step) == (0, 2)
-    steps = [m for m in _metrics(log_path) if "final_eval" not in m]
+    steps = [m for m in _metrics(log_path) if _is_step(m)]
     assert [m["step"] for m in steps] == [0, 1]
     assert all("env/all/reward/total" in m and "env/all/has_a" in m for m in steps)
+    assert [m["step"] for m in _metrics(log_path) if "final_totals" in m] == [2]
 
     resumed = asyncio.run(train.main(_config(log_path, max_steps=3), service_client=service))
     assert (resumed.start_step, resumed.end_step) == (2, 3)
-    assert [m["step"] for m in _metrics(log_path) if "final_eval" not in m] == [0, 1, 2]
+    assert [m["step"] for m in _metrics(log_path) if _is_step(m)] == [0, 1, 2]
+    # the old run's totals row (step 2) was dropped with the rows after its checkpoint
+    assert [m["step"] for m in _metrics(log_path) if "final_totals" in m] == [3]
+    assert "final_totals" in _metrics(log_path)[-1]
+
+
+def _is_step(row: dict) -> bool:
+    """A step's row: not the final evaluation's nor the final totals row (the cookbook's
+    `cumulative_metrics()` row after the last step)."""
+    return "final_eval" not in row and "final_totals" not in row
 
 
 # --- main refuses what it cannot honour, before anything runs ------------------------------

@@ -99,8 +99,24 @@ def _train(config: TrainConfig, service: FakeServiceClient, dataset: RLDataset, 
     return asyncio.run(train(config, dataset=dataset, service_client=service, **kw))
 
 
-def _metric_lines(log_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(log_dir / "metrics.jsonl")
+def _metric_lines(log_dir: Path, *, finished: bool = True) -> list[dict[str, Any]]:
+    """The metrics rows but the final totals row, which a `finished` run writes once, last
+    (its running totals: those of the final checkpoint), and an unfinished one never."""
+    lines = read_jsonl(log_dir / "metrics.jsonl")
+    totals = [i for i, r in enumerate(lines) if "final_totals" in r]
+    if not finished:
+        assert totals == []
+        return lines
+    assert totals == [len(lines) - 1]
+    final = load_checkpoints(log_dir)[-1]
+    assert final.final
+    assert lines[-1] == {
+        "step": final.step,
+        "final_totals": 1,
+        **final.cumulative_tokens.metrics("tokens/cumulative"),
+        **final.discarded_tokens.metrics("tokens/discarded"),
+    }
+    return lines[:-1]
 
 
 def _without_times(record: dict[str, Any]) -> dict[str, Any]:
@@ -428,7 +444,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_at_the_right_step(tmp_path: Pat
     with pytest.raises(_Kill):
         _train(config, FakeServiceClient(store=store), _KilledAt(_dataset(6), 3))
     before = (log_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in before] == [0, 1, 2]
+    assert [json.loads(line)["step"] for line in before] == [0, 1, 2]  # no totals row: killed
     assert [r.step for r in load_checkpoints(log_dir)] == [2]
 
     service = FakeServiceClient(store=store)
@@ -441,8 +457,9 @@ def test_a_run_killed_after_a_checkpoint_resumes_at_the_right_step(tmp_path: Pat
     after = (log_dir / "metrics.jsonl").read_text().splitlines()
     assert after[:2] == before[:2]  # lines before the checkpoint are kept byte for byte
     resumed = [json.loads(line) for line in after]
-    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5]
-    uninterrupted = _metric_lines(reference_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6]  # 6: the final totals row
+    assert resumed == [*_metric_lines(log_dir), resumed[-1]]
+    uninterrupted = read_jsonl(reference_dir / "metrics.jsonl")  # its totals row included
     assert [_without_times(r) for r in resumed] == [_without_times(r) for r in uninterrupted]
     records = load_checkpoints(log_dir)
     assert [r.step for r in records] == [2, 4, 6]
@@ -647,7 +664,7 @@ def test_min_viable_groups_train_on_partial_groups_and_count_errors(tmp_path: Pa
 def test_fail_fast_propagates_an_env_failure_out_of_the_loop(tmp_path: Path) -> None:
     with pytest.raises(EnvFailure):
         _train(_config(tmp_path / "run"), FakeServiceClient(), _dataset(2, failing_batches=[1]))
-    assert [r["step"] for r in _metric_lines(tmp_path / "run")] == [0]
+    assert [r["step"] for r in _metric_lines(tmp_path / "run", finished=False)] == [0]
 
 
 def test_constant_reward_groups_can_be_removed_before_training(tmp_path: Path) -> None:
@@ -817,7 +834,7 @@ def test_a_step_where_every_group_is_constant_trains_on_the_first_group(tmp_path
     )
     assert result.skipped_steps == ()
     assert [e[1] for e in service.events if e[0] == "forward_backward"] == [4, 4, 4]
-    records = read_jsonl(tmp_path / "metrics.jsonl")
+    records = _metric_lines(tmp_path)
     assert [r["batch/num_datums"] for r in records] == [4, 4, 4]
     assert [r["batch/num_trained_groups"] for r in records] == [1, 1, 1]
     assert all("progress/no_signal" not in r for r in records)

@@ -1,5 +1,6 @@
 """Token accounting on fake-SDK runs: the cookbook's `tokens/*` keys in every trained step's
-metrics row, running totals in checkpoint rows, continued across a resume."""
+metrics row, running totals in checkpoint rows and in the final totals row after the last step
+(the cookbook's `CostTracker.cumulative_metrics()` row), continued across a resume."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlpure.cost import TokenCostRates
 from rlpure.usage import TOKEN_KINDS, TokenUsage
 from shell.config import TrainConfig, build_config
 from shell.env import EnvGroupBuilder, RLDataset
@@ -24,7 +26,7 @@ from shell.fakes import (
     ScriptedGroupBuilder,
 )
 from shell.training import CHECKPOINTS_FILE, load_checkpoints, train
-from shell.training._logs import read_jsonl
+from shell.training._logs import is_step_row, read_jsonl
 
 GROUPS, GROUP_SIZE, PROMPT = 3, 4, 3
 STEP_KEYS = [f"tokens/{kind}" for kind in TOKEN_KINDS]
@@ -60,7 +62,25 @@ def _train(config: TrainConfig, service: FakeServiceClient, dataset: RLDataset) 
 
 
 def _steps(log_dir: Path) -> list[dict[str, Any]]:
-    return [row for row in read_jsonl(log_dir / "metrics.jsonl") if "final_eval" not in row]
+    """The step rows: all but the final evaluation's and the final totals row (see `_totals`)."""
+    _totals(log_dir)
+    return [row for row in read_jsonl(log_dir / "metrics.jsonl") if is_step_row(row)]
+
+
+def _totals(log_dir: Path) -> dict[str, Any]:
+    """The final totals row: exactly one, the last line of metrics.jsonl."""
+    rows = read_jsonl(log_dir / "metrics.jsonl")
+    assert [i for i, row in enumerate(rows) if "final_totals" in row] == [len(rows) - 1]
+    return rows[-1]
+
+
+def _expected_totals(step: int, cumulative: dict[str, int], discarded: dict[str, int]) -> Any:
+    return {
+        "step": step,
+        "final_totals": 1,
+        **{f"tokens/cumulative/{kind}": cumulative[kind] for kind in TOKEN_KINDS},
+        **{f"tokens/discarded/{kind}": discarded[kind] for kind in TOKEN_KINDS},
+    }
 
 
 def _checkpoint_rows(log_dir: Path) -> list[dict[str, Any]]:
@@ -85,6 +105,7 @@ def test_every_step_logs_the_cookbooks_token_counts_and_their_running_totals(tmp
     (final,) = _checkpoint_rows(tmp_path)
     assert final["cumulative_tokens"] == totals
     assert final["discarded_tokens"] == dict.fromkeys(TOKEN_KINDS, 0)
+    assert _totals(tmp_path) == _expected_totals(3, totals, dict.fromkeys(TOKEN_KINDS, 0))
 
 
 def test_dropped_constant_reward_groups_count_only_in_the_running_and_discarded_totals(tmp_path):
@@ -102,6 +123,7 @@ def test_dropped_constant_reward_groups_count_only_in_the_running_and_discarded_
         step_sum = sum(row[f"tokens/{kind}"] for row in rows)
         assert final["cumulative_tokens"][kind] == step_sum + discarded[kind]
         assert rows[-1][f"tokens/cumulative/{kind}"] == final["cumulative_tokens"][kind]
+    assert _totals(tmp_path) == _expected_totals(2, final["cumulative_tokens"], discarded)
 
 
 class _Kill(BaseException):
@@ -138,9 +160,94 @@ def test_running_totals_continue_across_a_resume(tmp_path):
         return [{k: v for k, v in row.items() if k.startswith("tokens/")} for row in rows]
 
     assert tokens(_steps(log_dir)) == tokens(_steps(reference_dir))
+    assert _totals(log_dir) == _totals(reference_dir)
     assert [r["cumulative_tokens"] for r in _checkpoint_rows(log_dir)][-1] == [
         r["cumulative_tokens"] for r in _checkpoint_rows(reference_dir)
     ][-1]
+
+
+def test_a_run_without_steps_still_logs_its_totals_row(tmp_path):
+    # the cookbook's main logs cumulative_metrics() at end_batch even when no step ran
+    _train(_config(tmp_path, max_steps=0), FakeServiceClient(), _dataset(2))
+    zeros = dict.fromkeys(TOKEN_KINDS, 0)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [_expected_totals(0, zeros, zeros)]
+
+
+def test_a_price_table_prices_the_totals_row_as_the_cookbooks_cumulative_metrics(tmp_path):
+    (tmp_path / "prices.toml").write_text(
+        '[models."rlpure/tiny"]\nprefill = 1.0\ncached_prefill = 0.5\nsample = 2.0\ntrain = 4.0\n'
+    )
+    config = _config(
+        tmp_path / "run",
+        price_table=str(tmp_path / "prices.toml"),
+        remove_constant_reward_groups=True,
+    )
+    _train(config, FakeServiceClient(), _dataset(1, constant_reward=True))
+    (final,) = _checkpoint_rows(tmp_path / "run")
+    rates = TokenCostRates(prefill=1.0, cached_prefill=0.5, sample=2.0, train=4.0)
+    cumulative = TokenUsage(**final["cumulative_tokens"])
+    discarded = TokenUsage(**final["discarded_tokens"])
+    assert discarded.sampled > 0  # two of the three groups were dropped
+    assert _totals(tmp_path / "run") == {
+        **_expected_totals(1, final["cumulative_tokens"], final["discarded_tokens"]),
+        "cost/cumulative_usd": rates.estimate_usd(cumulative),
+        "cost/discarded_usd": rates.estimate_usd(discarded),
+    }  # and no cost/step_usd: the row holds levels only
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"stream_minibatch_config": {"groups_per_batch": GROUPS, "num_minibatches": GROUPS}},
+        {"async_config": {"max_steps_off_policy": 1, "groups_per_batch": GROUPS}},
+    ],
+    ids=["stream", "async"],
+)
+def test_the_streaming_and_async_modes_end_with_the_same_totals_row(tmp_path, mode):
+    _train(_config(tmp_path, **mode), FakeServiceClient(), _dataset(2))
+    assert [row["step"] for row in _steps(tmp_path)] == [0, 1]
+    final = _checkpoint_rows(tmp_path)[-1]
+    assert final["name"] == "final"
+    assert _totals(tmp_path) == _expected_totals(
+        2, final["cumulative_tokens"], final["discarded_tokens"]
+    )
+    assert final["cumulative_tokens"]["sampled"] > 0
+
+
+def test_a_resume_past_the_end_drops_the_old_totals_row_and_writes_one_at_its_end(tmp_path):
+    def run(max_steps: int) -> Any:
+        config = _config(tmp_path / "run", max_steps=max_steps, eval_every=10, seed=5)
+        return asyncio.run(
+            train(
+                config,
+                dataset=_dataset(3),
+                service_client=FakeServiceClient(store=store),
+                test_dataset=_dataset(1),
+            )
+        )
+
+    store = FakeCheckpointStore()
+    run(2)
+    first = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["step"], "final_eval" in r, "final_totals" in r) for r in first] == [
+        (0, False, False), (1, False, False), (2, True, False), (2, False, True),
+    ]  # fmt: skip
+    assert run(3).start_step == 2
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert rows[:2] == first[:2]
+    assert [(r["step"], "final_eval" in r, "final_totals" in r) for r in rows] == [
+        (0, False, False), (1, False, False), (2, False, False), (3, True, False),
+        (3, False, True),
+    ]  # fmt: skip
+    final = _checkpoint_rows(tmp_path / "run")[-1]
+    assert final["batch"] == 3
+    assert _totals(tmp_path / "run") == _expected_totals(
+        3, final["cumulative_tokens"], final["discarded_tokens"]
+    )
+    for kind in TOKEN_KINDS:
+        assert rows[-1][f"tokens/cumulative/{kind}"] == rows[2][f"tokens/cumulative/{kind}"]
+        assert rows[-1][f"tokens/cumulative/{kind}"] >= first[-1][f"tokens/cumulative/{kind}"]
+    assert rows[-1]["tokens/cumulative/sampled"] > first[-1]["tokens/cumulative/sampled"]
 
 
 def test_checkpoint_rows_without_totals_or_written_by_the_cookbook_are_read(tmp_path):
