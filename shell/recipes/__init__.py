@@ -3,6 +3,8 @@
 - `shell.recipes.toy`: `rlpure train toy`, a scripted smoke test of the whole loop.
 - `shell.recipes.gsm8k`: `rlpure train gsm8k`, Tinker tutorial 104 on Tinker or offline.
 - `shell.recipes.demo`: `rlpure demo`, the offline GRPO demo on the local backend.
+- `shell.recipes.smollm2`: `rlpure train smollm2-addition`, GRPO with LoRA on the real
+  SmolLM2-135M-Instruct, offline.
 - `shell.report`: `rlpure cost` and `rlpure report`, a run's cost and PNG report.
 
 A new recipe module builds a `shell.commands.TrainRecipe` (or `Command`) and is added to the
@@ -12,12 +14,12 @@ tuple below; nothing is discovered by module name, so a renamed recipe fails at 
 from __future__ import annotations
 
 from shell.commands import by_name
-from shell.recipes import demo, gsm8k, toy
+from shell.recipes import demo, gsm8k, smollm2, toy
 from shell.report import COST_COMMAND, REPORT_COMMAND
 
 __all__ = ["COMMANDS", "TRAIN_RECIPES"]
 
-TRAIN_RECIPES = by_name([toy.RECIPE, gsm8k.RECIPE])
+TRAIN_RECIPES = by_name([toy.RECIPE, gsm8k.RECIPE, smollm2.RECIPE])
 """`rlpure train NAME` → its `TrainRecipe`."""
 
 COMMANDS = by_name([demo.COMMAND, COST_COMMAND, REPORT_COMMAND])

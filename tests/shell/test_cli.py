@@ -332,7 +332,7 @@ def test_gsm8k_help_shows_the_real_defaults_per_backend(
     assert "(default: 256; 16 on --backend local)" in text
     assert "(default: 'Qwen/Qwen3.5-9B-Base'; 'rlpure/tiny' on --backend local)" in text
     train_text = " ".join(_help(["train", "--help"], capsys).split())
-    assert "(default: 256; gsm8k --backend local: 16; toy: 4)" in train_text
+    assert "(default: 256; gsm8k --backend local: 16; smollm2-addition: 8; toy: 4)" in train_text
 
 
 def test_recipe_options_may_go_in_the_config_file_and_flags_win(tmp_path: Path) -> None:

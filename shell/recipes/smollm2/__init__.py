@@ -1,6 +1,6 @@
 """GRPO with LoRA on the real SmolLM2-135M-Instruct, offline: `rlpure train smollm2-addition`.
 
-- `_task`: the addition task in chat (`AdditionEnv`, `AdditionDataset`, the system message
+- `_task`: the addition task in chat (`AdditionDataset`: the demo's envs after the system message
   and few-shot prefix, the split less the few-shot problems).
 - `_recipe`: the recipe's options and `TrainConfig` defaults, `run_smollm2` (the run and its
   `summary.json`) and `RECIPE`, which `shell.recipes` lists for the CLI.
@@ -23,7 +23,6 @@ from shell.recipes.smollm2._task import (
     FEWSHOT,
     SYSTEM_PROMPT,
     AdditionDataset,
-    AdditionEnv,
     addition_prefix,
     addition_split,
 )
@@ -37,7 +36,6 @@ __all__ = [
     "SUMMARY_FILE",
     "SYSTEM_PROMPT",
     "AdditionDataset",
-    "AdditionEnv",
     "Smollm2Options",
     "addition_prefix",
     "addition_split",
