@@ -242,44 +242,32 @@ async def run_smollm2(
 # --- command line ------------------------------------------------------------------------------
 
 
+_OPTION_HELP: Mapping[str, str] = {
+    "max_operand": "Operands lie in [0, N]",
+    "num_test": "Held-out problems, evaluated greedily",
+    "groups_per_batch": "Problems per step",
+    "group_size": "Samples per problem",
+    "format_coef": "Reward penalty of a malformed reply",
+}
+"""Help of the recipe's numeric flags, one per `Smollm2Options` field."""
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Smollm2Options()
     group = parser.add_argument_group("SmolLM2 addition task")
-    group.add_argument(
-        "--max-operand",
-        type=int,
-        default=defaults.max_operand,
-        help=f"Operands lie in [0, N] (default {defaults.max_operand}).",
-    )
-    group.add_argument(
-        "--num-test",
-        type=int,
-        default=defaults.num_test,
-        help=f"Held-out problems, evaluated greedily (default {defaults.num_test}).",
-    )
-    group.add_argument(
-        "--groups-per-batch",
-        type=int,
-        default=defaults.groups_per_batch,
-        help=f"Problems per step (default {defaults.groups_per_batch}).",
-    )
-    group.add_argument(
-        "--group-size",
-        type=int,
-        default=defaults.group_size,
-        help=f"Samples per problem (default {defaults.group_size}).",
-    )
+    for name, text in _OPTION_HELP.items():
+        default = getattr(defaults, name)
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{text} (default {default}).",
+        )
     group.add_argument(
         "--fewshot",
         action=argparse.BooleanOptionalAction,
         default=defaults.fewshot,
         help="Show two worked examples before the question (default: on).",
-    )
-    group.add_argument(
-        "--format-coef",
-        type=float,
-        default=defaults.format_coef,
-        help=f"Reward penalty of a malformed reply (default {defaults.format_coef}).",
     )
 
 
