@@ -1,0 +1,149 @@
+"""The offline tool-use agent demo, `rlpure agent`: a model learns to call a calculator with GRPO.
+
+Everything runs on the local JAX backend with the toy model (`rlpure/tiny`), through the same
+code used against Tinker: `shell.tool_use` (`@tool calculator`, `build_agent_tool_env`, i.e.
+`AgentToolMessageEnv` inside `shell.rl.message_env.EnvFromMessageEnv`), the rollouts, the
+training loop (`shell.training.train`) and its logs. The recipe:
+
+1. **Task** (`_task`): "What is 37*45?" (two-digit `+` and `*`). The agent may call
+   `calculator(expr="37*45")`; the tool's result comes back as a tool message; the episode ends
+   with a turn that calls no tool, graded once: 1 for `\\boxed{1665}`, 0 for a wrong number,
+   `-format_coef` without `\\boxed{}`. A malformed call (bad JSON, unknown tool, wrong argument,
+   bad expression) is an error tool message counted in `tool_error/*` / `parse_error`, never a
+   crash.
+2. **Format** (`_renderer`): the toy model's byte tokenizer has no special tokens for chat
+   markers, so the chat renderers (`chatml`, `qwen3`, `llama3`) refuse it; the demo uses
+   `role_colon` with Hermes `<tool_call>{json}</tool_call>` blocks in the text and tool results
+   as `User: <tool_response>…</tool_response>` turns (Qwen's layout), which keeps one stop
+   sequence and the prefix property (one datum per episode).
+3. **Warm-up** (`_run`): a random toy model cannot call tools, so, as `rlpure demo` pretrains
+   its base model, it first fits a corpus of transcripts that is imperfect on purpose: a
+   fraction `p_tool` calls the calculator and copies its result (right), the rest answer at
+   once with a near miss (wrong). The warmed-up model samples tool use about `p_tool` of the
+   time, but its greedy answer is a direct (wrong) guess.
+4. **GRPO** (`importance_sampling` loss, group-centred advantages) on the training problems;
+   held-out problems are only evaluated, greedily, at step 0, every `eval_every` steps and at
+   the end. `summary.json` records held-out accuracy and tool use before/after, the reward
+   curve, the time split and the recipe; each step's `iteration_NNNNNN/train.html` and
+   `train_rollout_summaries.jsonl` show the conversations (tool calls and results included)
+   of the first `num_groups_to_log` groups.
+
+Layout: this module holds the command (`add_agent_arguments`, `agent_main`, `COMMAND`, which
+`shell.recipes` lists as `rlpure agent`) and re-exports the parts: `_renderer`
+(`RoleColonToolRenderer`), `_task` (problems, the `calculator` tool as `shell.recipes.tools._task.calculator`, grading, corpus, datasets) and `_run`
+(`AgentConfig`, `run_agent`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from shell.commands import Command
+from shell.config import MAX_SEED, check_log_dir
+from shell.errors import ConfigError
+from shell.recipes.tools._renderer import RoleColonToolRenderer
+from shell.recipes.tools._run import (
+    SUMMARY_FILE,
+    WARMUP_METRICS_FILE,
+    AgentConfig,
+    run_agent,
+    run_agent_async,
+)
+from shell.recipes.tools._task import (
+    AgentDataset,
+    AgentGroupBuilder,
+    ToolProblem,
+    corpus_conversations,
+    grade_messages,
+    split_tool_problems,
+)
+from shell.training import hold_log_dir
+
+__all__ = [
+    "COMMAND",
+    "SUMMARY_FILE",
+    "WARMUP_METRICS_FILE",
+    "AgentConfig",
+    "AgentDataset",
+    "AgentGroupBuilder",
+    "RoleColonToolRenderer",
+    "ToolProblem",
+    "add_agent_arguments",
+    "agent_main",
+    "corpus_conversations",
+    "grade_messages",
+    "run_agent",
+    "run_agent_async",
+    "split_tool_problems",
+]
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds `--seed`, `--log-dir` and the recipe's main knobs to `parser`."""
+    defaults = AgentConfig()
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the whole run (default 0).")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="Where metrics.jsonl, the conversation pages and summary.json go "
+        "(default runs/agent-seed<N>).",
+    )
+    parser.add_argument("--rl-steps", type=int, default=defaults.rl_steps, help="GRPO steps.")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=defaults.warmup_steps,
+        help="Supervised warm-up steps on the imperfect transcripts.",
+    )
+    parser.add_argument(
+        "--groups-per-batch", type=int, default=defaults.groups_per_batch, help="Problems per step."
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=defaults.group_size, help="Episodes per problem."
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="Greedy held-out evaluation every N steps.",
+    )
+    parser.add_argument("--quiet", action="store_true", help="Do not print per-step lines.")
+
+
+def agent_main(args: argparse.Namespace) -> int:
+    """Runs the agent demo from parsed arguments and prints its summary; exit code 0.
+
+    Raises:
+        ConfigError: an option out of range or an unusable `--log-dir`, before any work.
+    """
+    config = AgentConfig(
+        rl_steps=args.rl_steps,
+        warmup_steps=args.warmup_steps,
+        groups_per_batch=args.groups_per_batch,
+        group_size=args.group_size,
+        eval_every=args.eval_every,
+    )
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"agent --seed: must lie in [0, 2**63 - 1], got {args.seed}")
+    log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/agent-seed{args.seed}")
+    check_log_dir(log_dir)
+    with hold_log_dir(log_dir):
+        summary = run_agent(seed=args.seed, log_dir=log_dir, config=config, progress=not args.quiet)
+    print(
+        f"rlpure agent (seed {summary['seed']}): held-out greedy accuracy "
+        f"{summary['accuracy_before']} -> {summary['accuracy_after']}, tool use "
+        f"{summary['tool_use_before']} -> {summary['tool_use_after']} in {summary['steps']} "
+        f"GRPO steps, {summary['wall_s']:.1f} s; files in {log_dir}"
+    )
+    return 0
+
+
+COMMAND = Command(
+    "agent",
+    help="Offline tool-use agent demo: warm up a tiny model, then GRPO it to use a calculator.",
+    run=agent_main,
+    add_arguments=add_agent_arguments,
+)
+"""`rlpure agent`."""
