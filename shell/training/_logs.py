@@ -140,7 +140,18 @@ def run_log_file(path: str | os.PathLike[str], *, level: int = logging.INFO) -> 
     steps.propagate = False
     steps.addHandler(handler)
     try:
-        logging.getLogger(__name__).info("Command line invocation: %s", shlex.join(sys.argv))
+        # to the file alone: the console (the CLI logs INFO to stderr) stays quiet
+        handler.handle(
+            logging.LogRecord(
+                __name__,
+                logging.INFO,
+                __file__,
+                sys._getframe().f_lineno,
+                "Command line invocation: %s",
+                (shlex.join(sys.argv),),
+                None,
+            )
+        )
         yield path
     finally:
         steps.removeHandler(handler)
