@@ -154,21 +154,23 @@ def test_split_and_warmup_corpus() -> None:
 
 @pytest.mark.slow
 def test_two_steps_end_to_end_run_the_tools_and_show_them(tmp_path: Path) -> None:
+    # Two problems (1+1 to train, 1*1 held out) and tool-only transcripts: a short warm-up
+    # makes the toy model write the calculator call, so the tools really run.
     config = AgentConfig(
         min_operand=1,
-        max_operand=2,
-        num_train=6,
-        num_test=2,
+        max_operand=1,
+        num_train=1,
+        num_test=1,
         p_tool=1.0,
-        warmup_steps=40,
-        warmup_batch=8,
+        warmup_steps=80,
+        warmup_batch=4,
         warmup_lr=1e-2,
         rl_steps=2,
-        groups_per_batch=2,
-        group_size=2,
-        max_tokens=80,
+        groups_per_batch=1,
+        group_size=4,
+        max_tokens=90,
         max_turns=2,
-        eval_every=1,
+        eval_every=5,  # held-out evaluation at step 0 and after the last step only
     )
     summary = run_agent(seed=0, log_dir=tmp_path, config=config, progress=False)
     assert summary["steps"] == 2 and summary["accuracy_after"] is not None
