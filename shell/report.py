@@ -39,13 +39,13 @@ from rlpure.usage import TOKEN_KINDS, TokenUsage
 from shell.commands import Command
 from shell.cost import load_price_table
 from shell.errors import ConfigError
+from shell.timing import TIMING_SPANS_FILE
 from shell.training import METRICS_FILE, read_jsonl
 
 __all__ = [
     "COST_COMMAND",
     "CURVES_FILE",
     "REPORT_COMMAND",
-    "TIMING_SPANS_FILE",
     "cost_main",
     "cost_text",
     "is_totals_row",
@@ -57,8 +57,6 @@ __all__ = [
     "training_rows",
 ]
 
-TIMING_SPANS_FILE = "timing_spans.jsonl"
-"""The loop's (and the cookbook's) per-step phase spans, in the log dir."""
 CURVES_FILE = "report_curves.png"
 """`rlpure report`'s reward and eval curves."""
 _CONFIG_FILE = "config.json"

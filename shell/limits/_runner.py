@@ -65,6 +65,7 @@ from shell.env import Env
 from shell.errors import RlpureError
 from shell.limits._policies import ParseErrorPolicy, RolloutLimits
 from shell.limits._presets import RolloutConfig
+from shell.timing import span
 
 __all__ = [
     "TRUNCATION_METRIC_KEY",
@@ -270,7 +271,8 @@ class _RolloutRun:
 
     async def _run_loop(self) -> Trajectory:
         env_name = type(self.env).__name__
-        initial = await self.env.initial_observation()
+        with span("env_initial_observation"):  # the cookbook's span names, here and below
+            initial = await self.env.initial_observation()
         if isinstance(initial, InitialObservationOverflow):
             return await self._finalize_initial_overflow(initial)
         ob, stop = initial
@@ -304,7 +306,10 @@ class _RolloutRun:
             ac = await self._sample(budget)
 
             # 5. Step the env and record the transition.
-            step = await self.env.step(ac.tokens.tolist(), extra={"stop_reason": ac.stop_reason})
+            with span("env_step"):
+                step = await self.env.step(
+                    ac.tokens.tolist(), extra={"stop_reason": ac.stop_reason}
+                )
             transition = Transition(
                 ob=self.ob,
                 ac=ac,
@@ -404,10 +409,11 @@ class _RolloutRun:
     async def _call_policy(self, budget: int | None) -> TokensWithLogprobs:
         # The override is passed only when a budget applies, so unconfigured rollouts work with
         # policies whose __call__ has no max_tokens keyword.
-        if budget is None:
-            ac = await self.policy(self.ob, self.stop_condition)
-        else:
-            ac = await self.policy(self.ob, self.stop_condition, max_tokens=budget)
+        with span("policy_sample"):
+            if budget is None:
+                ac = await self.policy(self.ob, self.stop_condition)
+            else:
+                ac = await self.policy(self.ob, self.stop_condition, max_tokens=budget)
         return as_tokens_with_logprobs(ac, record=type(self.policy).__name__, field="__call__")
 
     # --- hooks and env seams ---------------------------------------------------------------

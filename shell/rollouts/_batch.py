@@ -35,6 +35,7 @@ from shell.rollouts._strategies import (
     retrieve_exceptions,
     rollout_error,
 )
+from shell.timing import span
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,10 @@ class _GroupTask:
 
 async def _group_outcome(task: _GroupTask) -> GroupOutcome:
     try:
-        group = await do_group_rollout(task.builder, task.policy, task.strategy, task.termination)
+        with span("do_group_rollout_and_filter_constant_reward"):  # the cookbook's span name
+            group = await do_group_rollout(
+                task.builder, task.policy, task.strategy, task.termination
+            )
     except Exception as exc:
         if not skips_group(task.strategy, exc):
             raise

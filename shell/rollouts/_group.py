@@ -29,6 +29,7 @@ from shell.rollouts._strategies import (
     RolloutResult,
     RolloutStrategy,
 )
+from shell.timing import span
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +55,10 @@ async def _score_group(
         deadline = asyncio.timeout(grader_timeout)
         try:
             async with deadline:
-                rewards_and_metrics = list(
-                    await builder.compute_group_rewards(trajectories, list(result.envs))
-                )
+                with span("compute_group_rewards"):
+                    rewards_and_metrics = list(
+                        await builder.compute_group_rewards(trajectories, list(result.envs))
+                    )
         except TimeoutError:
             if deadline.expired():
                 raise TimeoutError(
@@ -314,7 +316,8 @@ async def _filter_in_process(
 ) -> TrajectoryGroup | None:
     policy = TinkerTokenCompleter(sampling_client, max_tokens=max_tokens, temperature=temperature)
     try:
-        group = await do_group_rollout(env_group_builder, policy, strategy, termination)
+        with span("do_group_rollout_and_filter_constant_reward"):
+            group = await do_group_rollout(env_group_builder, policy, strategy, termination)
     except Exception as exc:
         if not skips_group(strategy, exc):
             raise

@@ -13,7 +13,8 @@
   curve.
 - `_run`: the per-run state the loop's modes share (`_Run`) and their shared step parts
   (token counts, evaluators, checkpoint saves).
-- `_timing`: phase spans of a step, their `time/*` metrics and `timing_spans.jsonl`.
+- phase spans of a step, their `time/*` metrics and `timing_spans.jsonl` are `shell.timing`
+  (outside the package: the rollouts time their phases too).
 
 Each part's docstring states its conventions. The clients these functions take are the
 `shell.clients` protocols.
@@ -52,7 +53,6 @@ from shell.training._resume import (
     open_training_client,
     recipe_options,
 )
-from shell.training._timing import TIMING_SPANS_FILE
 
 __all__ = [
     "CHECKPOINTS_FILE",
@@ -64,7 +64,6 @@ __all__ = [
     "RESUME_MAY_CHANGE",
     "REWARD_CURVE_FILE",
     "SAMPLES_FILE",
-    "TIMING_SPANS_FILE",
     "CheckpointRecord",
     "LogDirLockedError",
     "OpenedTrainingClient",

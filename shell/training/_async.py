@@ -82,12 +82,12 @@ from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError
 from shell.rollouts import do_group_rollout_outcome
+from shell.timing import StepTimer, span, step_timer
 from shell.training._logs import read_jsonl, truncate_jsonl_by_step
 from shell.training._policy_update import drops_constant_group, train_on_groups
 from shell.training._reports import write_rollout_report
 from shell.training._resume import prng_key_data
 from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
-from shell.training._timing import StepTimer, span, step_timer
 
 __all__ = [
     "ASYNC_STATE_FILE",

@@ -39,7 +39,7 @@ metrics on eval steps, `env/*` (`rlpure.metrics`), `rollout_errors/*`, the updat
 (`shell.training._policy_update`: the optimizer's own keys verbatim, `optim/kl_sample_train_*`,
 `optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run`), our
 `batch/*` and `train/*` keys, and the `time/*` metrics of the step's spans
-(`shell.training._timing`; `time/total` is the whole step). Spans are named as the cookbook's
+(`shell.timing`; `time/total` is the whole step). Spans are named as the cookbook's
 (`run_evals`, `sampling`, `do_train_step_and_get_sampling_client`, `train_step`, ...) and
 written to `timing_spans.jsonl`, one line per step, after the step's checkpoint when one is
 due (its `save_checkpoint_async` span is in that line, not in the metrics row, which is
@@ -95,6 +95,14 @@ from shell.env import RLDataset
 from shell.errors import ConfigError
 from shell.eval import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
+from shell.timing import (
+    TIMING_SPANS_FILE,
+    StepTimer,
+    recording,
+    span,
+    span_dicts,
+    step_timer,
+)
 from shell.training._checkpoints import Checkpointer, CheckpointRecord
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
@@ -136,14 +144,6 @@ from shell.training._run import (
     _Run,
     _run_evaluators,
     _successful,
-)
-from shell.training._timing import (
-    TIMING_SPANS_FILE,
-    StepTimer,
-    recording,
-    span,
-    span_dicts,
-    step_timer,
 )
 from shell.training._trackers import check_trackers, open_trackers
 
@@ -283,7 +283,7 @@ async def _run_step(
 ) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
     """Evaluation (when due), rollouts and training of one step; returns metrics and groups.
 
-    Its phases are timed into the current step timer (`shell.training._timing.span`) under the
+    Its phases are timed into the current step timer (`shell.timing.span`) under the
     cookbook's span names: `run_evals` (see `_run_evaluators`), `sampling`,
     `do_train_step_and_get_sampling_client` (and, inside `train_on_groups`, its parts).
     """

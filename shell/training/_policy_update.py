@@ -25,7 +25,7 @@ Conventions:
   `optim/kl_sample_train_v1|v2` and
   `optim/entropy` (`rlpure.metrics`), then `kl_pre_post_v1|v2` with `compute_post_kl`
   (`post_update_kl_metrics`), in that order.
-- Timing: the phases are timed into the current step timer (`shell.training._timing.span`, a
+- Timing: the phases are timed into the current step timer (`shell.timing.span`, a
   no-op outside one) under the cookbook's span names: `prepare_minibatch` (with
   `assemble_training_data` and `kl_vs_base`), `train_step` (with, per substep `k`,
   `train/fwd_bwd_substep_{k}_mb_0_enqueue|consume` and `train/optim_substep_{k}_enqueue|consume`,
@@ -55,7 +55,7 @@ from rlpure.records import TrajectoryGroup
 from shell.clients import APIFuture, SamplingClient, TrainingClient
 from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
-from shell.training._timing import span
+from shell.timing import span
 
 __all__ = [
     "PolicyUpdate",

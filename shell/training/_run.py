@@ -4,7 +4,7 @@
 update (the sync step in `_loop`, the streaming and async modes in `_stream` / `_async`):
 clients, the loop's PRNG key, the strategy, evaluators, token totals. The helpers here are the
 parts those modes share: keeping the successful groups of a batch, counting a step's tokens,
-running the evaluators (with their timing spans, `shell.training._timing`), writing a
+running the evaluators (with their timing spans, `shell.timing`), writing a
 checkpoint record.
 
 Token counts (`_count_tokens`, the cookbook's sync loop and `CostTracker`): a step counts the
@@ -40,10 +40,10 @@ from shell.env import EnvGroupBuilder
 from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator
 from shell.limits import TerminationRewardPolicy
 from shell.rollouts import GroupOutcome, RolloutErrorCounter, RolloutStrategy
+from shell.timing import span
 from shell.training._checkpoints import Checkpointer, CheckpointRecord
 from shell.training._reports import write_rollout_report
 from shell.training._resume import prng_key_data
-from shell.training._timing import span
 
 __all__: list[str] = []  # private to shell.training; the modes import the names they share
 

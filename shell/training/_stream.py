@@ -29,7 +29,7 @@ Metrics: the sync step's keys (`progress/*`, `optim/lr`, `env/*` over every trai
 `_policy_update._train_output_metrics`, `optim/kl_sample_train_*` over all datums, KL-penalty
 metrics of the last minibatch, `kl_pre_post_*`), plus the cookbook's
 `sampling_client/step_{max,min,mean}` and `time/sampling_time_{max,min,mean}` (each group's
-rollout wall time), and the cookbook's spans (`shell.training._timing`):
+rollout wall time), and the cookbook's spans (`shell.timing`):
 `train/fwd_bwd_substep_{i}_mb_{j}_enqueue`, `train/optim_substep_{i}_enqueue`,
 `train/fwd_bwd_substep_{i}_mb_{j}_consume`, `train/optim_substep_{i}_consume`, and
 `trajectory_group_worker` per group.
@@ -67,6 +67,7 @@ from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import ConfigError
 from shell.rollouts import GroupOutcome, do_group_rollout_outcome
+from shell.timing import span
 from shell.training._policy_update import (
     TrainStepOutput,
     _train_output_metrics,
@@ -78,7 +79,6 @@ from shell.training._policy_update import (
 )
 from shell.training._reports import write_rollout_report
 from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
-from shell.training._timing import span
 
 __all__ = ["check_stream_dataset", "minibatch_sizes", "run_stream_step"]
 

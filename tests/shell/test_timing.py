@@ -1,4 +1,4 @@
-"""Phase spans (`shell.training._timing`): the recorder, its `time/*` metrics, and the
+"""Phase spans (`shell.timing`): the recorder, its `time/*` metrics, and the
 `timing_spans.jsonl` rows a training run writes (fake SDK)."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from shell import timing as _timing
 from shell.fakes import FakeCheckpointStore, FakeServiceClient
-from shell.training import _timing
-from shell.training._logs import read_jsonl
-from shell.training._timing import (
+from shell.timing import (
     SpanRecord,
     StepTimer,
     recording,
@@ -22,6 +21,7 @@ from shell.training._timing import (
     step_timer,
     timing_metrics,
 )
+from shell.training._logs import read_jsonl
 from tests.shell.test_train import _config, _dataset, _metric_lines, _train
 
 
@@ -172,10 +172,14 @@ def test_a_run_writes_one_spans_row_per_step_with_the_cookbooks_schema(tmp_path:
         assert min(found["wall_start"] for found in row["spans"]) == 0.0
     names = [{found["name"] for found in row["spans"]} for row in rows]
     evals = {"run_evals", "run_evaluations_parallel", "run_single_evaluation"}
-    assert names[0] == _STEP_SPANS | _SUBSTEP_SPANS | evals  # eval_every=2: steps 0 and 2
-    assert names[1] == _STEP_SPANS | _SUBSTEP_SPANS | {"save_checkpoint_async"}  # save_every=2
-    assert names[2] == _STEP_SPANS | _SUBSTEP_SPANS | evals
-    assert names[3] == evals | {"save_checkpoint_async"}
+    # each group's rollout and its env/sampler calls, as the cookbook's rollouts time them
+    rollout = {"env_initial_observation", "policy_sample", "env_step", "compute_group_rewards"}
+    group = {"do_group_rollout_and_filter_constant_reward"}
+    train = _STEP_SPANS | _SUBSTEP_SPANS | rollout | group
+    assert names[0] == train | evals  # eval_every=2: steps 0 and 2
+    assert names[1] == train | {"save_checkpoint_async"}  # save_every=2
+    assert names[2] == train | evals
+    assert names[3] == evals | rollout | group | {"save_checkpoint_async"}  # the eval's rollouts
 
     metrics = _metric_lines(log_dir)
     trained = [row for row in metrics if "final_eval" not in row]
