@@ -172,6 +172,12 @@ def test_tiny_demo_writes_its_files_and_is_deterministic(tmp_path: Path) -> None
     )
     for name in ("metrics.jsonl", "reward_curve.png", "summary.json", "pretrain_metrics.jsonl"):
         assert (tmp_path / "a" / name).is_file(), name
+    # the run records of issue 13: rollout reports, logs.log, timing spans, token counts
+    for name in ("logs.log", "timing_spans.jsonl", "iteration_000000/train.html",
+                 "iteration_000000/train_rollout_summaries.jsonl", "iteration_000000/eval_test.html"):  # fmt: skip
+        assert (tmp_path / "a" / name).is_file(), name
+    first = json.loads((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["tokens/sampled"] > 0 and first["tokens/cumulative/trained"] > 0
     on_disk = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert on_disk == summary
     for key in ("seed", "accuracy_before", "accuracy_after", "steps", "wall_s"):

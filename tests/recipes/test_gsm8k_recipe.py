@@ -562,6 +562,9 @@ def test_offline_run_end_to_end(tmp_path: Path, cache_dir: Path) -> None:
     )
     assert code == 0
     assert _logged(log_dir) == [0, 1, "eval@2", "totals@2"]
+    for name in ("logs.log", "timing_spans.jsonl", "iteration_000000/train.html",
+                 "iteration_000000/eval_test.html", "iteration_000001/train.html"):  # fmt: skip
+        assert (log_dir / name).is_file(), name
     step0, step1, final, _ = read_jsonl(log_dir / "metrics.jsonl")
     for record in (step0, step1):
         assert record["batch/num_groups"] == 4
