@@ -22,7 +22,7 @@ import sys
 import types
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pytest
 
@@ -259,7 +259,7 @@ def test_streaming_sends_the_cookbooks_minibatches(
 
 @pytest.mark.parametrize("loss_fn", ["stable_reinforce", "ppo"])
 def test_on_policy_async_trains_the_cookbooks_steps(
-    tmp_path: Path, cookbook_on_fakes: None, loss_fn: str
+    tmp_path: Path, cookbook_on_fakes: None, loss_fn: Literal["stable_reinforce", "ppo"]
 ) -> None:
     run_async = our_train.AsyncConfig(max_steps_off_policy=0, groups_per_batch=2, loss_fn=loss_fn)
     theirs, ours, theirs_path, ours_path = _both(tmp_path, async_config=run_async)
@@ -279,7 +279,7 @@ def test_off_policy_async_trains_every_group_once_as_the_cookbook(
     # sampler each came from (which groups a step takes depends on completion order)
     run_async = our_train.AsyncConfig(max_steps_off_policy=2, groups_per_batch=4)
     theirs, ours, theirs_path, ours_path = _both(tmp_path, async_config=run_async)
-    everything = [Counter(), Counter()]
+    everything: list[Counter[Any]] = [Counter(), Counter()]
     for total, side in zip(everything, (ours, theirs), strict=True):
         for _, datums in _sent(side):
             total.update(datums)
