@@ -250,3 +250,35 @@ def test_train_refuses_a_bad_stream_batch_size_before_anything_runs(tmp_path: Pa
     with pytest.raises(ConfigError, match="groups_per_batch: 4 is larger"):
         _run(_config(tmp_path, stream_minibatch_config=_stream(4, 2)), dataset, service)
     assert service.events == [] and not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.slow  # compiles the micro model's stages (a few seconds)
+def test_a_streaming_run_trains_and_resumes_on_the_local_backend(tmp_path: Path) -> None:
+    import json
+
+    from tests.local.micro import MICRO_NAME, micro_service
+
+    log: list[tuple[Any, ...]] = []
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=log), num_batches=3, groups_per_batch=4)
+
+    def run(max_steps: int) -> Any:
+        config = TrainConfig(
+            backend="local",
+            base_model=MICRO_NAME,
+            log_dir=str(tmp_path / "run"),
+            max_tokens=4,
+            max_steps=max_steps,
+            progress=False,
+            stream_minibatch_config=_stream(4, 2),
+        )
+        service = micro_service(tmp_path / "run" / "local_states")
+        return asyncio.run(train(config, dataset=dataset, service_client=service))
+
+    first = run(2)
+    assert (first.start_step, first.end_step) == (0, 2)
+    resumed = run(3)
+    assert (resumed.start_step, resumed.end_step) == (2, 3)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/train/fwd_bwd_substep_0_mb_1_consume" in r]
+    assert [r["step"] for r in steps] == [0, 1, 2]  # two minibatches trained in every step
+    assert len([e for e in log if e[0] == "done"]) == 3 * 4  # each group cleaned up once
