@@ -51,7 +51,7 @@ from pathlib import Path
 from shell.commands import Command
 from shell.config import MAX_SEED, check_log_dir
 from shell.errors import ConfigError
-from shell.recipes.demo._arithmetic import ArithmeticDataset, ArithmeticEnv
+from shell.recipes.demo._arithmetic import ArithmeticDataset, ArithmeticEnv, batch_problem_indices
 from shell.recipes.demo._base_model import (
     BaseModelServiceClient,
     PretrainResult,
@@ -72,6 +72,7 @@ __all__ = [
     "DemoConfig",
     "PretrainResult",
     "add_demo_arguments",
+    "batch_problem_indices",
     "demo_keys",
     "demo_main",
     "pretrain_base_model",

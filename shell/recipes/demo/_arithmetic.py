@@ -20,7 +20,7 @@ from rlpure.tasks import arithmetic
 from rlpure.tasks.arithmetic import ArithmeticProblem
 from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
-__all__ = ["ArithmeticDataset", "ArithmeticEnv"]
+__all__ = ["ArithmeticDataset", "ArithmeticEnv", "batch_problem_indices"]
 
 
 class ArithmeticEnv(ProblemEnv):
@@ -52,6 +52,19 @@ def _group_builder(
         return ArithmeticEnv(problem, renderer, format_coef=format_coef)
 
     return ProblemGroupBuilder(env_thunk=make_env, num_envs=group_size, dataset_name="arithmetic")
+
+
+def batch_problem_indices(
+    key: jax.Array | None, index: int, num_problems: int, groups_per_batch: int
+) -> list[int]:
+    """The problems of batch `index`: the first `groups_per_batch` without a key, else a draw
+    without replacement from `fold_in(key, index)` (the same batch for the same key and index)."""
+    if key is None:
+        return list(range(groups_per_batch))
+    draw = jax.random.choice(
+        jax.random.fold_in(key, index), num_problems, (groups_per_batch,), replace=False
+    )
+    return [int(i) for i in np.asarray(draw)]
 
 
 class ArithmeticDataset(RLDataset):
@@ -101,17 +114,7 @@ class ArithmeticDataset(RLDataset):
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < self.num_batches:
             raise IndexError(f"ArithmeticDataset.get_batch: index {index} not in [0, {len(self)})")
-        if self.key is None:
-            chosen = list(range(self.groups_per_batch))
-        else:
-            chosen = np.asarray(
-                jax.random.choice(
-                    jax.random.fold_in(self.key, index),
-                    len(self.problems),
-                    (self.groups_per_batch,),
-                    replace=False,
-                )
-            ).tolist()
+        chosen = batch_problem_indices(self.key, index, len(self.problems), self.groups_per_batch)
         return [
             _group_builder(
                 self.problems[i],

@@ -36,6 +36,7 @@ import numpy as np
 
 from rlpure.records import Metrics, Trajectory
 from shell.env import Env, EnvGroupBuilder, RLDataset
+from shell.recipes.demo import batch_problem_indices
 from shell.renderers import Message, Renderer, ToolCall, get_text_content
 from shell.rl.message_env import EnvFromMessageEnv
 from shell.tool_use import (
@@ -300,17 +301,7 @@ class AgentDataset(RLDataset):
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < self.num_batches:
             raise IndexError(f"AgentDataset.get_batch: index {index} not in [0, {len(self)})")
-        if self.key is None:
-            chosen = list(range(self.groups_per_batch))
-        else:
-            chosen = np.asarray(
-                jax.random.choice(
-                    jax.random.fold_in(self.key, index),
-                    len(self.problems),
-                    (self.groups_per_batch,),
-                    replace=False,
-                )
-            ).tolist()
+        chosen = batch_problem_indices(self.key, index, len(self.problems), self.groups_per_batch)
         return [
             AgentGroupBuilder(
                 self.problems[i],
