@@ -4,20 +4,31 @@ Nothing here uses rlpure's loop, records or datum assembly: it builds `tinker.Da
 from `SampleResponse`s and drives the clients through the SDK's async API. The only change from
 a Tinker script is the service client: `LocalServiceClient(seed=...)` instead of
 `tinker.ServiceClient()`. That is the drop-in promise of the local backend.
+
+Two models run the same loop (`tutorial_loop`): the toy `rlpure/tiny` on raw byte prompts,
+long enough to learn, and the real `HuggingFaceTB/SmolLM2-135M-Instruct` (the packaged GGUF)
+for two short steps with prompts and replies through its chat renderer, as the tutorial does
+(`get_recommended_renderer_name`, `build_generation_prompt`, `get_stop_sequences`,
+`parse_response`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 import tinker
 from tinker import TensorData
 
+from rlpure.model import ByteTokenizer
 from shell import LocalServiceClient
 
 GROUP_SIZE = 8
 PROMPTS = ["Name a letter: ", "Letter please: ", "Say one: ", "Go: "]
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def reward(text: str) -> float:
@@ -25,34 +36,51 @@ def reward(text: str) -> float:
     return float(bool(text) and "a" <= text[0] <= "z")
 
 
-async def tutorial_loop(steps: int, seed: int) -> tuple[list[float], int]:
-    service_client = LocalServiceClient(seed=seed)
-    training_client = await service_client.create_lora_training_client_async(
-        base_model="rlpure/tiny", rank=32
-    )
-    tokenizer = training_client.get_tokenizer()
-    sampling_params = tinker.SamplingParams(max_tokens=4, temperature=1.0, stop=["\n"])
-    adam_params = tinker.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
-    mean_rewards, skipped = [], 0
+class LoopResult(NamedTuple):
+    """What `tutorial_loop` saw, per step.
+
+    Attributes:
+        mean_rewards: mean reward of each step's samples.
+        skipped: groups skipped because every sample got the same reward.
+        num_datums: datums trained per step (0: the step had no signal and did not train).
+        losses: `loss:sum` of each step that trained.
+    """
+
+    mean_rewards: list[float]
+    skipped: int
+    num_datums: list[int]
+    losses: list[float]
+
+
+async def tutorial_loop(
+    training_client: Any,
+    prompts: Sequence[tinker.ModelInput],
+    *,
+    score: Callable[[Sequence[int]], float],
+    sampling_params: tinker.SamplingParams,
+    adam_params: tinker.AdamParams,
+    steps: int,
+    group_size: int,
+) -> LoopResult:
+    """Tutorial 104's loop: sample a group per prompt, centre its rewards, train on the datums.
+
+    `score` maps a sampled sequence's tokens to its reward.
+    """
+    result = LoopResult([], 0, [], [])
+    skipped = 0
     for _ in range(steps):
         sampling_client = await training_client.save_weights_and_get_sampling_client_async()
-        prompts = [tinker.ModelInput.from_ints(tokenizer.encode(p)) for p in PROMPTS]
         responses = await asyncio.gather(
             *[
                 sampling_client.sample_async(
-                    prompt=prompt, num_samples=GROUP_SIZE, sampling_params=sampling_params
+                    prompt=prompt, num_samples=group_size, sampling_params=sampling_params
                 )
                 for prompt in prompts
             ]
         )
         datums, step_rewards = [], []
         for prompt, response in zip(prompts, responses, strict=True):
-            rewards_G: list[float] = []
-            for seq in response.sequences:
-                # Hugging Face types decode `str | list[str]` (a list for a batch of sequences).
-                text = tokenizer.decode(seq.tokens, skip_special_tokens=True)
-                assert isinstance(text, str)
-                rewards_G.append(reward(text))
+            rewards_G = [score(seq.tokens) for seq in response.sequences]
             step_rewards.extend(rewards_G)
             mean = sum(rewards_G) / len(rewards_G)
             advantages_G = [r - mean for r in rewards_G]
@@ -78,7 +106,8 @@ async def tutorial_loop(steps: int, seed: int) -> tuple[list[float], int]:
                         },
                     )
                 )
-        mean_rewards.append(float(np.mean(step_rewards)))
+        result.mean_rewards.append(float(np.mean(step_rewards)))
+        result.num_datums.append(len(datums))
         if not datums:
             continue
         fwd_bwd_future = await training_client.forward_backward_async(
@@ -90,12 +119,122 @@ async def tutorial_loop(steps: int, seed: int) -> tuple[list[float], int]:
         assert len(fwd_bwd_result.loss_fn_outputs) == len(datums)
         for datum, output in zip(datums, fwd_bwd_result.loss_fn_outputs, strict=True):
             assert len(output["logprobs"].tolist()) == datum.model_input.length
+            assert np.isfinite(output["logprobs"].to_numpy()).all()
         assert np.isfinite(fwd_bwd_result.metrics["loss:sum"])
-    return mean_rewards, skipped
+        result.losses.append(float(fwd_bwd_result.metrics["loss:sum"]))
+    return result._replace(skipped=skipped)
+
+
+async def toy_loop(steps: int, seed: int) -> LoopResult:
+    service_client = LocalServiceClient(seed=seed)
+    training_client = await service_client.create_lora_training_client_async(
+        base_model="rlpure/tiny", rank=32
+    )
+    tokenizer = training_client.get_tokenizer()
+
+    def score(tokens: Sequence[int]) -> float:
+        # Hugging Face types decode `str | list[str]` (a list for a batch of sequences).
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        assert isinstance(text, str)
+        return reward(text)
+
+    return await tutorial_loop(
+        training_client,
+        [tinker.ModelInput.from_ints(tokenizer.encode(p)) for p in PROMPTS],
+        score=score,
+        sampling_params=tinker.SamplingParams(max_tokens=4, temperature=1.0, stop=["\n"]),
+        adam_params=tinker.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8),
+        steps=steps,
+        group_size=GROUP_SIZE,
+    )
 
 
 def test_tutorial_style_grpo_loop_runs_and_learns_on_the_local_backend():
-    rewards, skipped = asyncio.run(tutorial_loop(steps=16, seed=0))
-    assert skipped > 0  # degenerate groups occurred and were skipped
-    assert np.mean(rewards[:3]) < 0.5
-    assert np.mean(rewards[-3:]) > 0.8, rewards
+    result = asyncio.run(toy_loop(steps=16, seed=0))
+    assert result.skipped > 0  # degenerate groups occurred and were skipped
+    assert np.mean(result.mean_rewards[:3]) < 0.5
+    assert np.mean(result.mean_rewards[-3:]) > 0.8, result.mean_rewards
+
+
+def _require_packaged_smollm2() -> None:
+    from shell.errors import ConfigError
+    from shell.local._models import PACKAGED_MODELS, packaged_model_path
+
+    try:
+        packaged_model_path(SMOLLM2, PACKAGED_MODELS[SMOLLM2])
+    except ConfigError as err:
+        pytest.skip(str(err))
+
+
+def brevity_reward(text: str) -> float:
+    """Shorter replies score higher: `1 / (1 + words)`.
+
+    Graded, so a group of a few samples almost never ties (a tie would build no datum)."""
+    return 1.0 / (1.0 + len(text.split()))
+
+
+@pytest.mark.slow
+def test_tutorial_loop_on_smollm2_builds_datums_and_trains():
+    _require_packaged_smollm2()
+    from shell import model_info, renderers
+
+    async def run() -> tuple[LoopResult, list[float | None], list[float | None]]:
+        service_client = LocalServiceClient(seed=0)
+        training_client = await service_client.create_lora_training_client_async(
+            base_model=SMOLLM2, rank=8
+        )
+        tokenizer = training_client.get_tokenizer()
+        renderer = renderers.get_renderer(
+            model_info.get_recommended_renderer_name(SMOLLM2), tokenizer
+        )
+        questions = ["Name a fruit.", "Name a color."]
+        prompts = [
+            renderer.build_generation_prompt([{"role": "user", "content": q}]) for q in questions
+        ]
+        # The renderer's prompt is the model's own chat template, token for token.
+        assert not isinstance(tokenizer, ByteTokenizer)  # a transformers fast tokenizer
+        template = tokenizer.apply_chat_template(
+            [{"role": "user", "content": questions[0]}], add_generation_prompt=True, tokenize=False
+        )
+        assert isinstance(template, str)
+        assert prompts[0].to_ints() == tokenizer.encode(template, add_special_tokens=False)
+
+        def score(tokens: Sequence[int]) -> float:
+            message, _ = renderer.parse_response(list(tokens))
+            return brevity_reward(renderers.get_text_content(message))
+
+        probe = tinker.ModelInput.from_ints(
+            renderer.build_supervised_example(
+                [
+                    {"role": "user", "content": questions[0]},
+                    {"role": "assistant", "content": "A banana."},
+                ]
+            )[0].to_ints()
+        )
+        before = await (
+            await training_client.save_weights_and_get_sampling_client_async()
+        ).compute_logprobs_async(probe)
+        result = await tutorial_loop(
+            training_client,
+            prompts,
+            score=score,
+            sampling_params=tinker.SamplingParams(
+                max_tokens=5, temperature=1.0, stop=renderer.get_stop_sequences()
+            ),
+            adam_params=tinker.AdamParams(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8),
+            steps=2,
+            group_size=4,
+        )
+        after = await (
+            await training_client.save_weights_and_get_sampling_client_async()
+        ).compute_logprobs_async(probe)
+        return result, before, after
+
+    result, before, after = asyncio.run(run())
+    assert result.num_datums == [8, 8], result  # 2 groups x 4 samples, no tie
+    assert len(result.losses) == 2 and np.isfinite(result.losses).all()
+    assert all(0.0 < r <= 1.0 for r in result.mean_rewards)
+    assert before[0] is None and after[0] is None
+    before_T, after_T = np.array(before[1:], float), np.array(after[1:], float)
+    assert np.isfinite(before_T).all() and np.isfinite(after_T).all()
+    assert np.abs(after_T - before_T).max() > 1e-4  # the two updates moved the weights
