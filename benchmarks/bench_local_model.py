@@ -16,11 +16,20 @@ Sections (`--sections`, default all):
   `LocalSamplingClient` (one prefill per request, its prompt rows bucketed from 1) against
   the previous layout (one prefill per sample row, rows padded to 8).
 - `model`: a pretrained model (`--model`, default the packaged SmolLM2-135M-Instruct; any
-  `base_model` the resolver accepts): prefill and decode tokens/s of `--prompts` prompts ×
-  `--samples` samples, `--prompt-len` + `--new-tokens` tokens, and LoRA forward+backward
-  tokens/s; against `transformers` (`generate` with its KV cache; autograd on LoRA adapters)
-  when torch is importable (run under `.cbvenv`), and the achieved GFLOP/s against a large
-  `jnp.matmul`. Prints the JAX device.
+  `base_model` the resolver accepts) against `transformers` PyTorch loading the same checkpoint
+  (the same GGUF) in the same process, when torch is importable (run under `.cbvenv`): prefill
+  tokens/s of `--prompts` prompts of `--prompt-len` tokens (ours: `rlpure.model.prefill`;
+  torch: one cached forward), sampling and decode tokens/s of `--samples` samples × `--new-tokens`
+  tokens each (ours: the sampling client, one prefill per prompt; torch: `generate` with its
+  KV cache, `num_return_sequences`; decode = sample − prefill), and LoRA forward+backward
+  tokens/s of the `prompts × samples` datums of `prompt-len + new-tokens` tokens under the
+  importance-sampling sum loss (ours: `forward_backward` of a rank-`--rank` LoRA client;
+  torch: hand-written rank-`--rank` adapters on the same matrices, autograd on them only).
+  Ours and torch alternate stage by stage over `--rounds` rounds after a warm-up round, with a
+  2048³ `jnp.matmul` each round; it prints the ratios ours/PyTorch, the achieved GFLOP/s of
+  each against the matmul (`_model_flops` counts the matrix multiplies), the JAX device,
+  torch's thread count (`torch.set_num_threads(cores)`) and the peak RSS of each phase.
+  `--prompts 2 --samples 2 --prompt-len 16 --new-tokens 16 --rounds 1` is a quick run.
 
 Run: `.venv/bin/python benchmarks/bench_local_model.py --sections toy-train toy-sample`
 or, with torch, `.cbvenv/bin/python benchmarks/bench_local_model.py --sections model`.
@@ -29,8 +38,15 @@ or, with torch, `.cbvenv/bin/python benchmarks/bench_local_model.py --sections m
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
+import math
+import os
+import resource
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,7 +56,8 @@ from tinker import types
 
 from rlpure import model as model_lib
 from shell.local import LocalServiceClient
-from shell.local._inputs import check_data, loss_config_key, row_bucket
+from shell.local._inputs import check_data, length_bucket, loss_config_key, row_bucket
+from shell.local._models import resolve_base_model
 from shell.local._train_steps import (
     loss_and_logprob_grad,
     model_backward,
@@ -178,79 +195,364 @@ def bench_toy_sample(args: argparse.Namespace) -> None:
     print(f"  speed-up: {old_cpu / new_cpu:.2f}x CPU, {old_wall / new_wall:.2f}x wall")
 
 
-def _matmul_gflops(n: int = 2048) -> float:
+def _jax_matmul_seconds(n: int = 2048) -> float:
+    """Seconds of one `n³` float32 `jnp.matmul` (best of 3 after a warm-up)."""
     a = jnp.ones((n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
-    _, wall, _ = _timed(lambda: f(a), 3)
-    return 2 * n**3 / wall / 1e9
+    jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+class _RssWatch:
+    """Samples this process's resident memory (`/proc/self/status`) every 50 ms, per phase."""
+
+    def __init__(self) -> None:
+        self.phase = "load"
+        self.peak_gb: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def rss_gb() -> float:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1e6
+        except OSError:
+            pass
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            rss = self.rss_gb()
+            self.peak_gb[self.phase] = max(self.peak_gb.get(self.phase, 0.0), rss)
+
+    def set(self, phase: str) -> None:
+        self.phase = phase
+        print(
+            f"  [{time.strftime('%H:%M:%S')}] {phase}: RSS now {self.rss_gb():.1f} GB", flush=True
+        )
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_gb
+
+
+def _lora_matrices(config: model_lib.ModelConfig) -> list[tuple[int, int]]:
+    """(fan_in, fan_out) of every matrix `create_lora_training_client` adapts by default."""
+    e, q, kv, f = (
+        config.d_model,
+        config.n_heads * config.head_dim,
+        config.kv_heads * config.head_dim,
+        config.d_ff,
+    )
+    per_layer = [(e, q), (e, kv), (e, kv), (q, e), (e, f), (e, f), (f, e)]
+    return per_layer * config.n_layers + [(e, config.vocab_size)]
+
+
+def _model_flops(
+    config: model_lib.ModelConfig, rank: int, rows: int, width: int
+) -> dict[str, float]:
+    """Matrix-multiply FLOPs of one forward, and of a LoRA forward+backward, over `rows × width`.
+
+    Forward: `2·I·O` per token per base matrix (the unembedding included), plus causal
+    attention `2·2·H·C·(t+1)` at position `t`, plus LoRA `2·R·(I+O)` per adapted matrix.
+    LoRA backward: the activation gradient costs what the forward costs (`2·I·O` per frozen
+    matrix, twice the attention), the adapters `2·` their forward (gradients of A, B and of the
+    input); frozen weights get no gradient (this is why LoRA training is ~2×, not 3×, a forward).
+    """
+    mats = _lora_matrices(config)
+    base = sum(2 * i * o for i, o in mats)
+    adapters = sum(2 * rank * (i + o) for i, o in mats)
+    positions = rows * width
+    attn = config.n_layers * 4 * config.n_heads * config.head_dim * rows * width * (width + 1) / 2
+    forward = base * positions + attn
+    lora_fwd = adapters * positions
+    return {
+        "forward": forward,
+        "train": 2 * base * positions + 3 * attn + 3 * lora_fwd,
+    }
+
+
+class _TorchLora:
+    """Hand-written LoRA for the PyTorch baseline (no peft here): `base(x) + s·(x A) B` on the
+    matrices ours adapts (attention q/k/v/o, MLP gate/up/down, the unembedding), frozen base,
+    `A ~ U(±1/√fan_in)`, `B = 0`, `s = α / R` with `α = 32` (as `rlpure.model.LoraConfig`)."""
+
+    def __init__(self, model: Any, rank: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.enabled = True
+        self.params: list[Any] = []
+        gen = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        owner = self
+        scale = 32.0 / rank
+
+        class Wrapped(torch.nn.Module):  # type: ignore[misc]
+            def __init__(self, base: Any) -> None:
+                super().__init__()
+                self.base = base
+                bound = 1.0 / math.sqrt(base.in_features)
+                a = torch.empty(base.in_features, rank).uniform_(-bound, bound, generator=gen)
+                self.a = torch.nn.Parameter(a)
+                self.b = torch.nn.Parameter(torch.zeros(rank, base.out_features))
+                owner.params += [self.a, self.b]
+
+            def forward(self, x: Any) -> Any:
+                y = self.base(x)
+                return y + scale * ((x @ self.a) @ self.b) if owner.enabled else y
+
+        for layer in model.model.layers:
+            for holder, names in (
+                (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
+            ):
+                for name in names:
+                    setattr(holder, name, Wrapped(getattr(holder, name)))
+        model.lm_head = Wrapped(model.lm_head)
+
+
+def _torch_model(source: str, kind: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(source)
+    if kind == "gguf":
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.eval()  # type: ignore[no-untyped-call]
+
+
+def _torch_baseline(
+    args: argparse.Namespace,
+    *,
+    cores: int,
+    rows_per_call: int,
+    prompts_P_T: np.ndarray,
+    tokens_D_W: np.ndarray,
+    advantages_D_W: np.ndarray,
+    old_lp: float,
+) -> tuple[dict[str, Callable[[], Any]], str]:
+    """The PyTorch side: `transformers` on the same checkpoint, same batch, same loss form."""
+    if args.no_torch or importlib.util.find_spec("torch") is None:
+        return {}, "torch not importable (run under .cbvenv): no PyTorch baseline"
+    import torch
+
+    torch.set_num_threads(cores)
+    g, m = args.samples, args.new_tokens
+    resolved = resolve_base_model(args.model)
+    tmodel = _torch_model(resolved.source, resolved.kind)
+    lora = _TorchLora(tmodel, args.rank)
+    torch_rows = min(rows_per_call, args.torch_train_rows)
+    torch_note = (
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
+        f"training {torch_rows} rows per backward call"
+    )
+    ids_P_T = torch.tensor(prompts_P_T)
+    ids_D_W = torch.tensor(tokens_D_W[:, :-1])
+    tgt_D_W = torch.tensor(tokens_D_W[:, 1:])
+    adv_D_W = torch.tensor(advantages_D_W)
+
+    def torch_prefill() -> Any:
+        lora.enabled = False  # B = 0: the sampler's merged weights are the base
+        with torch.no_grad():
+            return tmodel(input_ids=ids_P_T, use_cache=True, logits_to_keep=1).logits
+
+    def torch_sample() -> Any:
+        lora.enabled = False
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return tmodel.generate(
+                input_ids=ids_P_T,
+                attention_mask=torch.ones_like(ids_P_T),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=m,
+                min_new_tokens=m,
+                num_return_sequences=g,
+                pad_token_id=0,
+            )
+
+    def torch_train() -> Any:
+        lora.enabled = True
+        for q in lora.params:
+            q.grad = None
+        for start in range(0, ids_D_W.shape[0], torch_rows):
+            part = slice(start, start + torch_rows)
+            logits = tmodel(input_ids=ids_D_W[part]).logits
+            lp = torch.log_softmax(logits, -1).gather(-1, tgt_D_W[part, :, None])[..., 0]
+            loss = -(torch.exp(lp - old_lp) * adv_D_W[part]).sum()
+            loss.backward()
+        return lora.params[0].grad
+
+    fns = {"prefill": torch_prefill, "sample": torch_sample, "train": torch_train}
+    return fns, torch_note
 
 
 def bench_model(args: argparse.Namespace) -> None:
+    """Prefill, decode and LoRA training of ours against `transformers` PyTorch, alternating."""
+    watch = _RssWatch()
+    cores = len(os.sched_getaffinity(0))
     service = LocalServiceClient(seed=0)
-    trainer = service.create_lora_training_client(args.model, rank=32).result()
+    trainer = service.create_lora_training_client(args.model, rank=args.rank).result()
     config, base = trainer.config, trainer.base_params
     assert base is not None
     n_params = model_lib.count_params(base)
     sampler = trainer.save_weights_and_get_sampling_client().result()
     rng = np.random.default_rng(0)
     vocab = config.vocab_size
-    prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.prompts)]
-    params = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
+    p, g, t, m = args.prompts, args.samples, args.prompt_len, args.new_tokens
+    prompts_P_T = rng.integers(0, vocab, (p, t))
+    params = types.SamplingParams(max_tokens=m, temperature=1.0, stop=[])
+    width = t + m
+    tokens_D_W = rng.integers(0, vocab, (p * g, width + 1))
+    advantages_D_W = rng.normal(size=(p * g, width)).astype(np.float32)
+    old_lp = -11.0  # about log(1 / V): ratios near 1, as on-policy
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(row[:-1].tolist()),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_numpy(row[1:].astype(np.int64)),
+                "logprobs": types.TensorData.from_numpy(np.full(width, old_lp, np.float32)),
+                "advantages": types.TensorData.from_numpy(adv),
+            },
+        )
+        for row, adv in zip(tokens_D_W, advantages_D_W, strict=True)
+    ]
+    rows_per_call = trainer._runtime.training_rows(config, length_bucket(width))
 
-    def sample_all() -> Any:
+    def ours_prefill() -> Any:
+        return model_lib.prefill(
+            sampler._params,
+            jnp.asarray(prompts_P_T, jnp.int32),
+            jnp.full((p,), t, jnp.int32),
+            config=config,
+            cache_len=t + m,
+        ).logits_B_V
+
+    def ours_sample() -> Any:
         async def go() -> Any:
-            import asyncio
-
             return await asyncio.gather(
                 *[
-                    sampler.sample_async(types.ModelInput.from_ints(p), args.samples, params)
-                    for p in prompts
+                    sampler.sample_async(types.ModelInput.from_ints(row.tolist()), g, params)
+                    for row in prompts_P_T
                 ]
             )
 
-        import asyncio
-
         return asyncio.run(go())
 
-    first, wall, _ = _timed(sample_all, 1)
-    gen_tokens = args.prompts * args.samples * args.new_tokens
-    data = [
-        _rl_datum_vocab(rng, args.prompt_len + args.new_tokens, vocab)
-        for _ in range(args.prompts * args.samples)
-    ]
-
-    def train() -> Any:
+    def ours_train() -> Any:
         trainer.forward_backward(data, "importance_sampling").result()
         grads = trainer._grads
-        trainer._grads = None
+        trainer._grads = None  # keep the adapters fixed: time forward_backward alone
         return grads
 
-    tfirst, twall, _ = _timed(train, 1)
-    train_tokens = len(data) * (args.prompt_len + args.new_tokens)
-    gflops = 6 * n_params * train_tokens / twall / 1e9  # dense-model estimate, no attention
-    peak = _matmul_gflops()
-    print(f"model {args.model}: {n_params / 1e6:.1f}M params, device {jax.devices()[0]}")
+    watch.set("torch load")
+    torch_fns, torch_note = _torch_baseline(
+        args,
+        cores=cores,
+        rows_per_call=rows_per_call,
+        prompts_P_T=prompts_P_T,
+        tokens_D_W=tokens_D_W,
+        advantages_D_W=advantages_D_W,
+        old_lp=old_lp,
+    )
+    ours_fns = {"prefill": ours_prefill, "sample": ours_sample, "train": ours_train}
+    times: dict[str, dict[str, list[float]]] = {"ours": {}, "torch": {}}
+    first: dict[str, float] = {}
+    matmul_s: list[float] = []
+    stages = [s for s in ("prefill", "sample", "train") if s in args.stages]
+    for round_ in range(args.rounds + 1):  # round 0 is the warm-up (compile), not counted
+        for stage in stages:
+            for who, fns in (("ours", ours_fns), ("torch", torch_fns)):
+                if stage not in fns:
+                    continue
+                watch.set(f"{who} {stage}")
+                start = time.perf_counter()
+                jax.block_until_ready(fns[stage]())  # type: ignore[no-untyped-call]
+                seconds = time.perf_counter() - start
+                if round_ == 0:
+                    first[f"{who} {stage}"] = seconds
+                else:
+                    times[who].setdefault(stage, []).append(seconds)
+        watch.set("matmul")
+        matmul_s.append(_jax_matmul_seconds())
+    peaks = watch.stop()
+
+    peak = 2 * 2048**3 / min(matmul_s) / 1e9
+    flops_prefill = _model_flops(config, args.rank, p, t)["forward"]
+    flops_train = _model_flops(config, args.rank, p * g, width)["train"]
+    gen_tokens = p * g * m
     print(
-        f"  sample {args.prompts}×{args.samples}, {args.prompt_len}+{args.new_tokens}: "
-        f"first {first:.1f}s; then {wall:.2f}s ({gen_tokens / wall:,.0f} sampled tokens/s)"
+        f"model {args.model}: {n_params / 1e6:.1f}M params, JAX device {jax.devices()[0]} "
+        f"({jax.default_backend()}), {cores} cores; {torch_note}"
     )
     print(
-        f"  LoRA forward+backward {train_tokens:,} tokens: first {tfirst:.1f}s; then "
-        f"{twall:.2f}s ({train_tokens / twall:,.0f} tokens/s, ~{gflops:.1f} GFLOP/s = "
-        f"{gflops / peak:.0%} of a 2048² matmul's {peak:.1f} GFLOP/s)"
+        f"  GRPO batch: {p} prompts × {g} samples, {t} prompt + {m} sampled tokens; LoRA rank "
+        f"{args.rank}; training {len(data)} datums × {width} tokens, {rows_per_call} rows per "
+        f"jitted call; best of {args.rounds} alternating rounds (round 0 = warm-up)"
+    )
+    print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
+    print(
+        "  first call (compile included): " + ", ".join(f"{k} {v:.1f}s" for k, v in first.items())
     )
 
+    def best(who: str, stage: str) -> float | None:
+        values = times[who].get(stage)
+        return min(values) if values else None
 
-def _rl_datum_vocab(rng: np.random.Generator, n: int, vocab: int) -> types.Datum:
-    tokens = rng.integers(0, vocab, n + 1)
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
-        loss_fn_inputs={
-            "target_tokens": types.TensorData.from_numpy(tokens[1:].astype(np.int64)),
-            "logprobs": types.TensorData.from_numpy(np.full(n, -5.0, np.float32)),
-            "advantages": types.TensorData.from_numpy(rng.normal(size=n).astype(np.float32)),
-        },
-    )
+    rates: dict[str, dict[str, float]] = {"ours": {}, "torch": {}}
+    for who in ("ours", "torch"):
+        pre, smp, trn = best(who, "prefill"), best(who, "sample"), best(who, "train")
+        if pre is not None:
+            rates[who]["prefill tokens/s"] = p * t / pre
+        if smp is not None:
+            rates[who]["sample tokens/s"] = gen_tokens / smp
+            if pre is not None and smp > pre:
+                rates[who]["decode tokens/s"] = gen_tokens / (smp - pre)
+        if trn is not None:
+            rates[who]["LoRA fwd+bwd tokens/s"] = len(data) * width / trn
+    for who in ("ours", "torch"):
+        if not rates[who]:
+            continue
+        line = ", ".join(f"{k} {v:,.1f}" for k, v in rates[who].items())
+        print(f"  {who}: {line}")
+        runs = "; ".join(
+            f"{stage} " + "/".join(f"{s:.2f}" for s in values) + "s"
+            for stage, values in times[who].items()
+        )
+        print(f"    seconds per round: {runs}")
+    for key in rates["ours"]:
+        if key in rates["torch"]:
+            print(f"  ratio ours/PyTorch, {key}: {rates['ours'][key] / rates['torch'][key]:.2f}")
+    for who in ("ours", "torch"):
+        pre, trn = best(who, "prefill"), best(who, "train")
+        parts = []
+        if pre is not None:
+            gf = flops_prefill / pre / 1e9
+            parts.append(f"prefill {gf:.1f} GFLOP/s = {gf / peak:.0%}")
+        if trn is not None:
+            gf = flops_train / trn / 1e9
+            parts.append(f"LoRA fwd+bwd {gf:.1f} GFLOP/s = {gf / peak:.0%}")
+        if parts:
+            print(f"  {who} vs the JAX matmul: " + ", ".join(parts))
+    print("  peak RSS by phase (GB): " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
 
 
 def main() -> None:
@@ -265,6 +567,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up")
+    parser.add_argument("--stages", nargs="+", default=["prefill", "sample", "train"])
+    parser.add_argument("--torch-train-rows", type=int, default=16)
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     args = parser.parse_args()
     print(f"JAX {jax.__version__}, device {jax.devices()[0]}")
     for section in args.sections:
