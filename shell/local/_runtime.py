@@ -10,8 +10,11 @@ Conventions:
 - Budgets: a sampling call serves at most `max_batch_rows` rows and
   `max_batch_tokens // (prompt bucket + new-token bucket)` rows; a training call at most
   `max_train_tokens // length bucket` datums; both also keep the float32 attention scores of
-  one layer under `_ATTENTION_ELEMENTS`. Row counts are powers of two (at least 1), so chunking
-  reuses compiled shapes.
+  one layer under `_ATTENTION_ELEMENTS`, and a training call keeps the activations its
+  backward pass holds (`activation_floats_per_token`) under `_ACTIVATION_FLOATS` (4 GiB): a
+  SmolLM2 token holds ~2.4 MB of them, so the issue's GRPO batch (128 datums × 128 tokens) in
+  one call needed ~40 GB and was killed on a 24 GB machine; the toy models never reach this
+  bound. Row counts are powers of two (at least 1), so chunking reuses compiled shapes.
 - Checkpoints live under `checkpoint_dir / model_id / kind / name`; without a `checkpoint_dir`
   a fresh temporary directory (`rlpure-local-*`) is created on first use and removed when the
   interpreter exits (`atexit`; a killed process leaves it). A given `checkpoint_dir` is never
@@ -58,6 +61,16 @@ if TYPE_CHECKING:  # transformers is imported only where a pretrained tokenizer 
     """What `get_tokenizer()` returns: the toy models' byte tokenizer or a pretrained one."""
 
 _ATTENTION_ELEMENTS = 1 << 25  # float32 attention scores per layer per call (128 MiB)
+_ACTIVATION_FLOATS = 1 << 30  # float32 activations a training call keeps for its backward (4 GiB)
+
+
+def activation_floats_per_token(config: model_lib.ModelConfig, width: int) -> int:
+    """Float32 values the backward pass keeps per token at padded length `width` (an upper
+    estimate read off the VJP residuals of `rlpure.model.target_logprobs_fn`): per layer the
+    MLP's six `[F]` vectors, about ten `[E]`-sized ones (norms, q/k/v/o, residuals) and the
+    attention weights and scores `2 · H · width`; then the logits and their softmax `2 · V`."""
+    per_layer = 6 * config.d_ff + 10 * config.d_model + 2 * config.n_heads * width
+    return config.n_layers * per_layer + 2 * config.vocab_size
 
 
 def _floor_power_of_two(n: int) -> int:
@@ -181,12 +194,18 @@ class LocalRuntime:
         )
 
     def training_rows(self, config: model_lib.ModelConfig, width: int) -> int:
-        """Most datums per training call at padded length `width`: within `max_train_tokens`
-        and the attention budget (`rows × H × T²` floats of attention weights per layer), a
-        power of two (at least 1)."""
+        """Most datums per training call at padded length `width`: within `max_train_tokens`,
+        the attention budget (`rows × H × T²` floats of attention weights per layer) and the
+        activation budget (`rows × width × activation_floats_per_token`), a power of two (at
+        least 1)."""
         attention_per_row = config.n_heads * width * width
+        activations_per_row = width * activation_floats_per_token(config, width)
         return _floor_power_of_two(
-            min(self.max_train_tokens // width, _ATTENTION_ELEMENTS // attention_per_row)
+            min(
+                self.max_train_tokens // width,
+                _ATTENTION_ELEMENTS // attention_per_row,
+                _ACTIVATION_FLOATS // activations_per_row,
+            )
         )
 
     @property

@@ -47,6 +47,7 @@ from shell.local._runtime import LoadedModel, LocalRuntime
 from shell.local._sampling import LocalSamplingClient, sampler_params
 from shell.local._train_steps import (
     lora_forward_vjp,
+    lora_logprobs,
     loss_and_logprob_grad,
     merge_metrics,
     model_backward,
@@ -225,6 +226,17 @@ class LocalTrainingClient:
                     packed.input_D_T,
                     packed.inputs["target_tokens"],
                     config=self._config,
+                )
+            elif not backward:  # no gradient: no residuals either
+                assert self._model.params is not None
+                vjp = None
+                lp_D_T = lora_logprobs(
+                    self._params,
+                    self._model.params,
+                    packed.input_D_T,
+                    packed.inputs["target_tokens"],
+                    config=self._config,
+                    lora=self._lora,
                 )
             else:
                 assert self._model.params is not None
