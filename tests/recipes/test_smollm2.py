@@ -46,14 +46,14 @@ def _require_smollm2() -> None:
 
 
 def test_the_split_holds_out_problems_and_drops_the_fewshot_ones() -> None:
-    split = addition_split(jax.random.key(0), max_operand=9, num_test=40)
+    split = addition_split(jax.random.key(0), max_operand=9, num_test=50)
     shown = {question for question, _ in FEWSHOT}
     questions = [arithmetic.problem_question(p) for p in (*split.train, *split.test)]
     assert not shown & set(questions)
     assert not set(split.train) & set(split.test)
-    # 100 problems, "5+8" among them (in one half or the other), dropped.
-    assert len(split.train) + len(split.test) == 99
-    assert len(split.test) in (39, 40)
+    # 100 problems; "2+3", "6+7" and "4+0" (each in one half or the other) dropped.
+    assert len(split.train) + len(split.test) == 97
+    assert 47 <= len(split.test) <= 50
 
 
 def test_options_out_of_range_are_refused() -> None:
@@ -101,7 +101,8 @@ def test_only_a_bare_right_number_ended_by_im_end_is_correct() -> None:
     text = tokenizer.decode(list(prompt.to_ints()))
     assert text.startswith("<|im_start|>system\nReply with only the number.<|im_end|>\n")
     assert text.endswith("<|im_start|>user\n3+5<|im_end|>\n<|im_start|>assistant\n")
-    assert "12+7<|im_end|>\n<|im_start|>assistant\n19<|im_end|>" in text
+    assert "2+3<|im_end|>\n<|im_start|>assistant\n5<|im_end|>" in text
+    assert "4+0<|im_end|>\n<|im_start|>assistant\n4<|im_end|>" in text
     assert _step(env, "8<|im_end|>", tokenizer) == (1.0, {"format": 1.0, "correct": 1.0})
     assert _step(env, "9<|im_end|>", tokenizer) == (0.0, {"format": 1.0, "correct": 0.0})
     # Right number, wrong format: the strict grade gives nothing and the format penalty.

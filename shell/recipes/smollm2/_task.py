@@ -2,15 +2,24 @@
 
 Part of `rlpure train smollm2-addition` (see `shell.recipes.smollm2`). The envs and batches are
 the demo's (`shell.recipes.demo.ArithmeticEnv`, `ArithmeticDataset`) with a conversation
-prefix: a system message (`SYSTEM_PROMPT`) and two worked examples (`FEWSHOT`: `12+7` → `19`,
-`5+8` → `13`) before the question `"a+b"` (`rlpure.tasks.arithmetic.problem_question`), rendered by the
-`smollm2` chat renderer (ChatML). A response is well formed only if it ends on `<|im_end|>` and
+prefix: a system message (`SYSTEM_PROMPT`) and three worked examples (`FEWSHOT`: `2+3` → `5`,
+`6+7` → `13`, `4+0` → `4`) before the question `"a+b"`
+(`rlpure.tasks.arithmetic.problem_question`), rendered by the `smollm2` chat renderer (ChatML). A response is well formed only if it ends on `<|im_end|>` and
 its text is a bare integer (`rlpure.tasks.arithmetic.check_answer_format`: `"8"` or `"=8"`,
 nothing else, no spaces); it is correct only if that integer is the sum. Reward (`ProblemEnv`):
 `correct - format_coef * (1 - format)`.
 
 Problems the few-shot examples show are removed from both halves of the split
 (`addition_split`), so no held-out question is answered in its own prompt.
+
+Why these examples: the base model does not add in this format, it guesses, and what it guesses
+follows the examples' answers. After the earlier pair (`12+7` → `19`, `5+8` → `13`, both answers
+"1x") its greedy reply to all 100 single-digit problems was "12" 44 times and "10" 34 times
+(15% right, nearly all on sums 10-12). Sampled at temperature 0.7 the only groups with a right
+reply, hence the only ones GRPO trains on, were then mostly the sums the favourite guess fits,
+so a step could push "12" onto every problem: the collapse of seed 2 (held-out 0.18 -> 0.05).
+With answers of both one and two digits (5, 13, 4) the guesses spread (no reply over 17 of 100,
+18% right, spread over sums 0-16), and the right replies GRPO sees are spread too.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ __all__ = [
 SYSTEM_PROMPT = "Reply with only the number."
 """The system message of every prompt (it replaces SmolLM2's default one)."""
 
-FEWSHOT: tuple[tuple[str, str], ...] = (("12+7", "19"), ("5+8", "13"))
+FEWSHOT: tuple[tuple[str, str], ...] = (("2+3", "5"), ("6+7", "13"), ("4+0", "4"))
 """Worked examples `(question, answer)` shown before the question, as user/assistant turns."""
 
 
@@ -47,7 +56,7 @@ def addition_prefix(*, fewshot: bool = True) -> list[dict[str, str]]:
 
     Examples:
         >>> [m["role"] for m in addition_prefix()]
-        ['system', 'user', 'assistant', 'user', 'assistant']
+        ['system', 'user', 'assistant', 'user', 'assistant', 'user', 'assistant']
         >>> addition_prefix(fewshot=False)
         [{'role': 'system', 'content': 'Reply with only the number.'}]
     """
