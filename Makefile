@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_assembly.py
