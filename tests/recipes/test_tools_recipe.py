@@ -1,28 +1,37 @@
 """Tests of the tool-use agent demo (`shell.recipes.tools`, `rlpure agent`).
 
-The fast tests pin the format (`RoleColonToolRenderer`), the grading and the env's handling of
-good and bad tool calls with scripted model outputs; the slow one runs a deliberately tiny
-recipe (a short warm-up on tool-only transcripts, 2 GRPO steps) end to end on the local
-backend and checks that the model's tool calls ran and that the conversation page shows them.
-The accuracy figures of the real recipe come from running `rlpure agent` (see the README).
+The fast tests pin the format (`RoleColonToolRenderer` for the toy model, SmolLM2's `smollm2`
+ChatML with its system message for `--model smollm2`), the grading and the env's handling of
+good and bad tool calls with scripted model outputs; the slow ones run deliberately tiny
+recipes end to end on the local backend: the toy model (a short warm-up on tool-only
+transcripts, 2 GRPO steps; the model's tool calls ran and the conversation page shows them)
+and SmolLM2 (one LoRA warm-up step, one GRPO step). The accuracy figures of the real recipes
+come from running `rlpure agent` (see the README).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from pathlib import Path
 
 import jax
+import msgspec
 import pytest
 
 from rlpure.model import ByteTokenizer
 from shell.recipes import COMMANDS
 from shell.recipes.tools import (
+    AGENT_MODELS,
+    SMOLLM2_TOOL_PROMPT,
     AgentConfig,
     AgentGroupBuilder,
     RoleColonToolRenderer,
     ToolProblem,
+    add_agent_arguments,
+    agent_renderer,
+    conversation_prefix,
     corpus_conversations,
     grade_messages,
     run_agent,
@@ -179,3 +188,105 @@ def test_two_steps_end_to_end_run_the_tools_and_show_them(tmp_path: Path) -> Non
     page = (tmp_path / "iteration_000000" / "train.html").read_text()
     assert "&lt;tool_response&gt;" in page or "<tool_response>" in page
     assert (tmp_path / "iteration_000000" / "train_rollout_summaries.jsonl").exists()
+
+
+# --- SmolLM2 (`rlpure agent --model smollm2`) ---------------------------------------------------
+
+SMOLLM2 = AGENT_MODELS["smollm2"]
+
+
+def _require_smollm2() -> None:
+    from shell.errors import ConfigError
+    from shell.local._models import PACKAGED_MODELS, packaged_model_path
+
+    try:
+        packaged_model_path(SMOLLM2.base_model, PACKAGED_MODELS[SMOLLM2.base_model])
+    except ConfigError as err:
+        pytest.skip(str(err))
+
+
+def test_the_model_flag_picks_a_preset_and_flags_override_it() -> None:
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    args = parser.parse_args(["--model", "smollm2", "--rl-steps", "3"])
+    assert (args.model, args.rl_steps, args.group_size) == ("smollm2", 3, None)
+    assert SMOLLM2.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (SMOLLM2.lora_rank, AGENT_MODELS["toy"].system_prompt) == (32, "")
+    assert conversation_prefix(AGENT_MODELS["toy"]) == []
+    assert conversation_prefix(SMOLLM2) == [{"role": "system", "content": SMOLLM2_TOOL_PROMPT}]
+    assert isinstance(agent_renderer("rlpure/tiny", TOKENIZER), RoleColonToolRenderer)
+
+
+def test_smollm2_episodes_use_its_chat_template_and_run_the_tool() -> None:
+    _require_smollm2()
+    from shell.tokenizer_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(SMOLLM2.base_model)
+    renderer = agent_renderer(SMOLLM2.base_model, tokenizer)
+    builder = AgentGroupBuilder(
+        PROBLEM, renderer, 1, max_turns=2, convo_prefix=tuple(conversation_prefix(SMOLLM2))
+    )
+    (env,) = asyncio.run(builder.make_envs())
+    assert isinstance(env, EnvFromMessageEnv)
+    initial = asyncio.run(env.initial_observation())
+    assert isinstance(initial, tuple)
+    first, stop = initial
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert list(stop) == [im_end]
+    messages = [
+        {"role": "system", "content": SMOLLM2_TOOL_PROMPT},
+        {"role": "user", "content": PROBLEM.question},
+    ]
+    # SmolLM2's own template, string for string
+    template = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(first.to_ints()) == template
+    action = tokenizer.encode(f"{CALL}<|im_end|>", add_special_tokens=False)
+    result = asyncio.run(env.step(action))
+    assert not result.episode_done and result.reward == 0.0
+    second = result.next_observation.to_ints()
+    assert second[: first.length + len(action)] == first.to_ints() + action  # one datum
+    assert tokenizer.decode(second).endswith(
+        "<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+    )
+    final = asyncio.run(
+        env.step(tokenizer.encode("\\boxed{408}<|im_end|>", add_special_tokens=False))
+    )
+    assert final.episode_done and final.reward == 1.0
+    [(_, metrics)] = asyncio.run(builder.compute_group_rewards([], [env]))
+    assert metrics == {"correct": 1.0, "format": 1.0, "used_tool": 1.0}
+    # The warm-up transcripts train the assistant turns (the call and the answer) only.
+    (transcript,) = corpus_conversations(jax.random.key(0), [PROBLEM], p_tool=1.0)
+    tokens, weights_T = renderer.build_supervised_example(
+        conversation_prefix(SMOLLM2) + transcript, "all_assistant_messages"
+    )
+    trained = tokenizer.decode([t for t, w in zip(tokens.to_ints(), weights_T, strict=True) if w])
+    assert trained == f"{CALL}<|im_end|>\\boxed{{408}}<|im_end|>"
+
+
+@pytest.mark.slow
+def test_one_smollm2_step_warms_up_lora_and_trains(tmp_path: Path) -> None:
+    # One LoRA warm-up step on two transcripts, then one GRPO step of one problem x 2 episodes.
+    _require_smollm2()
+    config = msgspec.structs.replace(
+        SMOLLM2,
+        lora_rank=4,
+        num_train=2,
+        num_test=1,
+        warmup_steps=1,
+        warmup_batch=2,
+        rl_steps=1,
+        groups_per_batch=1,
+        group_size=2,
+        max_tokens=24,
+        eval_every=1,
+    )
+    summary = run_agent(seed=0, log_dir=tmp_path, config=config, progress=False)
+    assert summary["base_model"] == SMOLLM2.base_model and summary["steps"] == 1
+    (warmup,) = [json.loads(line) for line in (tmp_path / "warmup_metrics.jsonl").open()]
+    assert 0 < warmup["loss_per_token"] < 10
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [r for r in rows if r["step"] == 0 and "env/all/used_tool" in r]
+    assert step["env/all/total_episodes"] == 2 and step["tokens/trained"] > 0
+    assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
+    page = (tmp_path / "iteration_000000" / "train.html").read_text()
+    assert "im_start" in page  # the conversation, in SmolLM2's chat template

@@ -39,14 +39,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import msgspec
+
 from shell.commands import Command
 from shell.config import MAX_SEED, check_log_dir
 from shell.errors import ConfigError
 from shell.recipes.tools._renderer import RoleColonToolRenderer
 from shell.recipes.tools._run import (
+    AGENT_MODELS,
+    SMOLLM2_TOOL_PROMPT,
     SUMMARY_FILE,
     WARMUP_METRICS_FILE,
     AgentConfig,
+    agent_renderer,
+    conversation_prefix,
     run_agent,
     run_agent_async,
 )
@@ -61,7 +67,9 @@ from shell.recipes.tools._task import (
 from shell.training import hold_log_dir
 
 __all__ = [
+    "AGENT_MODELS",
     "COMMAND",
+    "SMOLLM2_TOOL_PROMPT",
     "SUMMARY_FILE",
     "WARMUP_METRICS_FILE",
     "AgentConfig",
@@ -71,6 +79,8 @@ __all__ = [
     "ToolProblem",
     "add_agent_arguments",
     "agent_main",
+    "agent_renderer",
+    "conversation_prefix",
     "corpus_conversations",
     "grade_messages",
     "run_agent",
@@ -79,36 +89,41 @@ __all__ = [
 ]
 
 
+_OPTION_HELP: dict[str, str] = {
+    "rl_steps": "GRPO steps",
+    "warmup_steps": "Supervised warm-up steps on the imperfect transcripts",
+    "groups_per_batch": "Problems per step",
+    "group_size": "Episodes per problem",
+    "eval_every": "Greedy held-out evaluation every N steps",
+}
+"""Help of the numeric flags, one per `AgentConfig` field (default: the `--model` preset's)."""
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds `--seed`, `--log-dir` and the recipe's main knobs to `parser`."""
-    defaults = AgentConfig()
+    """Adds `--model`, `--seed`, `--log-dir` and the recipe's main knobs to `parser`."""
+    parser.add_argument(
+        "--model",
+        choices=sorted(AGENT_MODELS),
+        default="toy",
+        help="toy: the byte-level rlpure/tiny, fully fine-tuned; smollm2: the real "
+        "SmolLM2-135M-Instruct (packaged GGUF) with LoRA and its chat template (default toy).",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the whole run (default 0).")
     parser.add_argument(
         "--log-dir",
         type=Path,
         default=None,
         help="Where metrics.jsonl, the conversation pages and summary.json go "
-        "(default runs/agent-seed<N>).",
+        "(default runs/agent-seed<N>, runs/agent-smollm2-seed<N> with --model smollm2).",
     )
-    parser.add_argument("--rl-steps", type=int, default=defaults.rl_steps, help="GRPO steps.")
-    parser.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=defaults.warmup_steps,
-        help="Supervised warm-up steps on the imperfect transcripts.",
-    )
-    parser.add_argument(
-        "--groups-per-batch", type=int, default=defaults.groups_per_batch, help="Problems per step."
-    )
-    parser.add_argument(
-        "--group-size", type=int, default=defaults.group_size, help="Episodes per problem."
-    )
-    parser.add_argument(
-        "--eval-every",
-        type=int,
-        default=defaults.eval_every,
-        help="Greedy held-out evaluation every N steps.",
-    )
+    for name, text in _OPTION_HELP.items():
+        shown = ", ".join(f"{model} {getattr(c, name)}" for model, c in AGENT_MODELS.items())
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=None,
+            help=f"{text} (default: {shown}).",
+        )
     parser.add_argument("--quiet", action="store_true", help="Do not print per-step lines.")
 
 
@@ -118,21 +133,17 @@ def agent_main(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: an option out of range or an unusable `--log-dir`, before any work.
     """
-    config = AgentConfig(
-        rl_steps=args.rl_steps,
-        warmup_steps=args.warmup_steps,
-        groups_per_batch=args.groups_per_batch,
-        group_size=args.group_size,
-        eval_every=args.eval_every,
-    )
+    given = {name: getattr(args, name) for name in _OPTION_HELP if getattr(args, name) is not None}
+    config = msgspec.structs.replace(AGENT_MODELS[args.model], **given)
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"agent --seed: must lie in [0, 2**63 - 1], got {args.seed}")
-    log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/agent-seed{args.seed}")
+    name = "agent" if args.model == "toy" else f"agent-{args.model}"
+    log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/{name}-seed{args.seed}")
     check_log_dir(log_dir)
     with hold_log_dir(log_dir):
         summary = run_agent(seed=args.seed, log_dir=log_dir, config=config, progress=not args.quiet)
     print(
-        f"rlpure agent (seed {summary['seed']}): held-out greedy accuracy "
+        f"rlpure agent ({args.model}, seed {summary['seed']}): held-out greedy accuracy "
         f"{summary['accuracy_before']} -> {summary['accuracy_after']}, tool use "
         f"{summary['tool_use_before']} -> {summary['tool_use_after']} in {summary['steps']} "
         f"GRPO steps, {summary['wall_s']:.1f} s; files in {log_dir}"
@@ -142,7 +153,8 @@ def agent_main(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "agent",
-    help="Offline tool-use agent demo: warm up a tiny model, then GRPO it to use a calculator.",
+    help="Offline tool-use agent demo: warm up a model (toy or SmolLM2), then GRPO it to use "
+    "a calculator.",
     run=agent_main,
     add_arguments=add_agent_arguments,
 )

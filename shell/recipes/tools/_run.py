@@ -27,16 +27,28 @@ import msgspec
 import numpy as np
 import tinker
 
-from rlpure.model import ByteTokenizer
 from shell.config import TrainConfig
 from shell.errors import ConfigError
+from shell.model_info import get_recommended_renderer_name
 from shell.recipes.demo import BaseModelServiceClient
+from shell.recipes.smollm2 import SMOLLM2_MODEL
 from shell.recipes.tools._renderer import RoleColonToolRenderer
 from shell.recipes.tools._task import AgentDataset, corpus_conversations, split_tool_problems
-from shell.renderers import Message, TrainOnWhat
+from shell.renderers import Message, Renderer, TrainOnWhat, get_renderer
+from shell.tokenizer_utils import Tokenizer, get_tokenizer
 from shell.training import METRICS_FILE, read_jsonl, recipe_options, train
 
-__all__ = ["SUMMARY_FILE", "WARMUP_METRICS_FILE", "AgentConfig", "run_agent", "run_agent_async"]
+__all__ = [
+    "AGENT_MODELS",
+    "SMOLLM2_TOOL_PROMPT",
+    "SUMMARY_FILE",
+    "WARMUP_METRICS_FILE",
+    "AgentConfig",
+    "agent_renderer",
+    "conversation_prefix",
+    "run_agent",
+    "run_agent_async",
+]
 
 SUMMARY_FILE = "summary.json"
 """Held-out accuracy before and after GRPO, tool use, the time split and the recipe."""
@@ -48,7 +60,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The agent demo's recipe (defaults: the measured one).
 
     Attributes:
-        base_model: local model config (`rlpure.model.MODEL_CONFIGS`).
+        base_model: the local backend's model: a toy config (`rlpure.model.MODEL_CONFIGS`,
+            full fine-tuning, `role_colon` with tool calls) or a pretrained chat model (LoRA,
+            its recommended chat renderer).
+        lora_rank: LoRA rank (ignored by the toy models, which train every weight).
+        system_prompt: the system message of every conversation (empty: none), where a chat
+            model is told about the tool.
         min_operand: smallest operand.
         max_operand: largest operand.
         num_train: training problems.
@@ -61,6 +78,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         groups_per_batch: problems per GRPO step.
         group_size: episodes per problem.
         rl_lr: Adam learning rate of GRPO.
+        temperature: sampling temperature of the GRPO episodes (evaluation is greedy).
         max_tokens: sampled tokens per assistant turn.
         max_turns: assistant turns per episode.
         eval_every: greedy test evaluation every N steps (and at 0 and the end).
@@ -69,6 +87,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     base_model: str = "rlpure/tiny"
+    lora_rank: int = 32
+    system_prompt: str = ""
     min_operand: int = 10
     max_operand: int = 99
     num_train: int = 4000
@@ -81,6 +101,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     groups_per_batch: int = 8
     group_size: int = 8
     rl_lr: float = 3e-4
+    temperature: float = 1.0
     max_tokens: int = 96
     max_turns: int = 3
     eval_every: int = 5
@@ -98,6 +119,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_tokens",
             "max_turns",
             "eval_every",
+            "lora_rank",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"AgentConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -114,13 +136,68 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"AgentConfig.{name}: expected a finite value > 0, got {value}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(
+                f"AgentConfig.temperature: expected a finite value >= 0, got {self.temperature}"
+            )
 
+
+SMOLLM2_TOOL_PROMPT = (
+    "You can use a calculator tool. To call it, write:\n<tool_call>\n"
+    '{"name": "calculator", "arguments": {"expr": "2*3"}}\n</tool_call>\n'
+    "After the result, give the answer as \\boxed{N}."
+)
+"""SmolLM2's system message: the tool and its Hermes call syntax, in 60 tokens.
+
+`smollm2`'s `create_conversation_prefix_with_tools` (the Qwen/Hermes declaration with the JSON
+schema) takes 205 tokens, which would make every episode ~280 tokens: 16 such datums in one
+`forward_backward` exceeded 20 GB on the local backend here. SmolLM2-135M ignores either
+declaration zero-shot (no tool call in 16 samples of each), so the warm-up teaches the call."""
+
+AGENT_MODELS: dict[str, AgentConfig] = {
+    "toy": AgentConfig(),
+    "smollm2": AgentConfig(
+        base_model=SMOLLM2_MODEL,
+        lora_rank=32,
+        system_prompt=SMOLLM2_TOOL_PROMPT,
+        num_test=16,
+        p_tool=0.4,
+        warmup_steps=12,
+        warmup_batch=8,
+        warmup_lr=2e-3,
+        rl_steps=6,
+        groups_per_batch=4,
+        group_size=4,
+        rl_lr=1e-4,
+        temperature=1.0,
+        max_tokens=40,
+        max_turns=2,
+        eval_every=6,
+    ),
+}
+"""The recipe per `rlpure agent --model`: the toy model's (the measured one) and SmolLM2's."""
 
 AGENT_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every", "num_groups_to_log"})
 """AgentConfig fields a resumed run may change."""
 
 
-def _shifted_datum(renderer: RoleColonToolRenderer, messages: list[Message]) -> tinker.Datum:
+def agent_renderer(base_model: str, tokenizer: Tokenizer) -> Renderer:
+    """The conversation format for `base_model`: its recommended renderer
+    (`shell.model_info`), with `role_colon` replaced by `RoleColonToolRenderer` (the toy
+    models: a byte tokenizer, no chat markers). SmolLM2-Instruct gets `smollm2` (its own
+    ChatML template; Hermes `<tool_call>` blocks, tool results as role `tool`)."""
+    name = get_recommended_renderer_name(base_model)
+    if name == "role_colon":
+        return RoleColonToolRenderer(tokenizer)
+    return get_renderer(name, tokenizer)
+
+
+def conversation_prefix(config: AgentConfig) -> list[Message]:
+    """The messages before each question: the system message, if `config.system_prompt`."""
+    return [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+
+
+def _shifted_datum(renderer: Renderer, messages: list[Message]) -> tinker.Datum:
     """A `cross_entropy` datum of one transcript (position `i` predicts token `i + 1`)."""
     model_input, weights_T = renderer.build_supervised_example(
         messages, TrainOnWhat.ALL_ASSISTANT_MESSAGES
@@ -140,6 +217,8 @@ def _warmup_key(config: AgentConfig, seed: int) -> str:
         name: getattr(config, name)
         for name in (
             "base_model",
+            "lora_rank",
+            "system_prompt",
             "min_operand",
             "max_operand",
             "num_train",
@@ -156,9 +235,17 @@ def _warmup_key(config: AgentConfig, seed: int) -> str:
 
 
 async def _warm_up(
-    *, config: AgentConfig, seed: int, corpus_key: jax.Array, problems: Any, log_dir: Path
+    *,
+    config: AgentConfig,
+    seed: int,
+    corpus_key: jax.Array,
+    problems: Any,
+    renderer: Renderer,
+    log_dir: Path,
+    progress: bool,
 ) -> tuple[str, bool, float]:
-    """`(state_path, cached, final_loss_per_token)` of the warmed-up model."""
+    """`(state_path, cached, final_loss_per_token)` of the warmed-up model (full weights for
+    a toy model, LoRA adapters of rank `config.lora_rank` for a pretrained one)."""
     from shell.local import LocalServiceClient
 
     entry = log_dir / "warmup" / _warmup_key(config, seed)
@@ -169,12 +256,20 @@ async def _warm_up(
         if (state / "manifest.json").exists():
             return str(state), True, float(record["final_loss_per_token"])
     service = LocalServiceClient(seed=seed, checkpoint_dir=entry)
-    trainer = await service.create_lora_training_client(base_model=config.base_model)
-    renderer = RoleColonToolRenderer(trainer.get_tokenizer())
+    trainer = await service.create_lora_training_client(
+        base_model=config.base_model, rank=config.lora_rank
+    )
     pick_key, style_key = jax.random.split(corpus_key)
     num_docs = config.warmup_steps * config.warmup_batch
     index = np.asarray(jax.random.randint(pick_key, (num_docs,), 0, len(problems))).tolist()
-    corpus = corpus_conversations(style_key, [problems[i] for i in index], p_tool=config.p_tool)
+    prefix = conversation_prefix(config)
+    corpus = [
+        prefix + messages
+        for messages in corpus_conversations(
+            style_key, [problems[i] for i in index], p_tool=config.p_tool
+        )
+    ]
+    report_every = max(1, config.warmup_steps // 10)
     adam = tinker.AdamParams(learning_rate=config.warmup_lr, beta1=0.9, beta2=0.95, eps=1e-8)
     records: list[dict[str, float]] = []
     loss_per_token = float("nan")
@@ -189,6 +284,12 @@ async def _warm_up(
         num_tokens = sum(float(d.loss_fn_inputs["weights"].to_numpy().sum()) for d in data)
         loss_per_token = float(fb.metrics["loss:sum"]) / num_tokens
         records.append({"step": step, "loss_per_token": loss_per_token})
+        if progress and ((step + 1) % report_every == 0 or step + 1 == config.warmup_steps):
+            print(
+                f"warm-up step {step + 1}/{config.warmup_steps}: loss per token "
+                f"{loss_per_token:.4f}",
+                flush=True,
+            )
     (log_dir / WARMUP_METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     saved = await trainer.save_state("warmup", overwrite=True)
     entry.mkdir(parents=True, exist_ok=True)
@@ -232,12 +333,19 @@ async def run_agent_async(
         num_test=config.num_test,
     )
     warmup_start = time.perf_counter()
+    tokenizer = get_tokenizer(config.base_model)
+    renderer = agent_renderer(config.base_model, tokenizer)
+    prefix = conversation_prefix(config)
     state_path, cached, warmup_loss = await _warm_up(
-        config=config, seed=seed, corpus_key=corpus_key, problems=train_problems, log_dir=log_dir
+        config=config,
+        seed=seed,
+        corpus_key=corpus_key,
+        problems=train_problems,
+        renderer=renderer,
+        log_dir=log_dir,
+        progress=progress,
     )
     warmup_s = time.perf_counter() - warmup_start
-    tokenizer = ByteTokenizer()
-    renderer = RoleColonToolRenderer(tokenizer)
     dataset = AgentDataset(
         train_problems,
         renderer,
@@ -247,6 +355,7 @@ async def run_agent_async(
         key=rl_key,
         max_turns=config.max_turns,
         format_coef=config.format_coef,
+        convo_prefix=prefix,
     )
     test_dataset = AgentDataset(
         test_problems,
@@ -257,18 +366,20 @@ async def run_agent_async(
         key=None,
         max_turns=config.max_turns,
         format_coef=config.format_coef,
+        convo_prefix=prefix,
     )
     train_config = TrainConfig(
         log_dir=str(log_dir),
         backend="local",
         base_model=config.base_model,
+        lora_rank=config.lora_rank,
         seed=seed,
         max_steps=config.rl_steps,
         learning_rate=config.rl_lr,
         adam_eps=1e-8,
         loss_fn="importance_sampling",
         max_tokens=config.max_tokens,
-        temperature=1.0,
+        temperature=config.temperature,
         advantage_estimator="group_centered",
         eval_every=config.eval_every,
         eval_temperature=0.0,
@@ -297,6 +408,7 @@ async def run_agent_async(
     tool_before, tool_after = _before_after(metrics_path, "test/env/all/used_tool")
     summary: dict[str, Any] = {
         "seed": seed,
+        "base_model": config.base_model,
         "accuracy_before": before,
         "accuracy_after": after,
         "tool_use_before": tool_before,

@@ -207,6 +207,9 @@ class AgentGroupBuilder(EnvGroupBuilder):
         group_size: envs in the group.
         max_turns: assistant turns per episode.
         format_coef: penalty of a final answer without `\\boxed{}`.
+        tools: the tools the env runs.
+        convo_prefix: messages before the question (a chat model's system message declaring
+            the tools; empty for the toy model, which learns the call from its warm-up alone).
     """
 
     problem: ToolProblem
@@ -215,6 +218,7 @@ class AgentGroupBuilder(EnvGroupBuilder):
     max_turns: int = 3
     format_coef: float = 0.1
     tools: tuple[FunctionTool, ...] = field(default=(calculator,))
+    convo_prefix: tuple[Message, ...] = ()
 
     async def make_envs(self) -> Sequence[Env]:
         problem, format_coef = self.problem, self.format_coef
@@ -229,7 +233,7 @@ class AgentGroupBuilder(EnvGroupBuilder):
             build_agent_tool_env(
                 self.renderer,
                 list(self.tools),
-                [{"role": "user", "content": problem.question}],
+                [*self.convo_prefix, {"role": "user", "content": problem.question}],
                 reward_fn,
                 max_turns=self.max_turns,
                 failed_parse_reward=-format_coef,
@@ -267,6 +271,7 @@ class AgentDataset(RLDataset):
         key: JAX key (None: one batch of the first `groups_per_batch` problems, in order).
         max_turns: assistant turns per episode.
         format_coef: penalty of a final answer without `\\boxed{}`.
+        convo_prefix: messages before each question (`AgentGroupBuilder.convo_prefix`).
     """
 
     def __init__(
@@ -280,6 +285,7 @@ class AgentDataset(RLDataset):
         key: jax.Array | None,
         max_turns: int = 3,
         format_coef: float = 0.1,
+        convo_prefix: Sequence[Message] = (),
     ) -> None:
         if not 1 <= groups_per_batch <= len(problems):
             raise ValueError(
@@ -294,6 +300,7 @@ class AgentDataset(RLDataset):
         self.key = key
         self.max_turns = max_turns
         self.format_coef = format_coef
+        self.convo_prefix = tuple(convo_prefix)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -309,6 +316,7 @@ class AgentDataset(RLDataset):
                 self.group_size,
                 max_turns=self.max_turns,
                 format_coef=self.format_coef,
+                convo_prefix=self.convo_prefix,
             )
             for i in chosen
         ]
