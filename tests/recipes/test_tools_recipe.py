@@ -277,7 +277,7 @@ def test_one_smollm2_step_warms_up_lora_and_trains(tmp_path: Path) -> None:
         rl_steps=1,
         groups_per_batch=1,
         group_size=2,
-        max_tokens=24,
+        max_tokens=16,
         eval_every=1,
     )
     summary = run_agent(seed=0, log_dir=tmp_path, config=config, progress=False)

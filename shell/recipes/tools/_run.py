@@ -1,8 +1,10 @@
 """The agent demo's run: a supervised warm-up, then GRPO with the calculator env, then a summary.
 
 Part of `rlpure agent` (see `shell.recipes.tools`). `run_agent_async` splits the problems,
-warms the random toy model up on the imperfect corpus (`_task.corpus_conversations`, weight 1
-on the assistant turns and the `"User:"` that ends each), and runs `shell.training.train` on
+warms the model up on the imperfect corpus (`_task.corpus_conversations` after the
+`system_prompt`; weight 1 on the assistant turns and what ends each: `"User:"` for the toy
+model, `<|im_end|>` for a chat model; every weight of a toy model, LoRA adapters of a
+pretrained one), and runs `shell.training.train` on
 the local backend, every training client starting from the warmed-up state
 (`shell.recipes.demo.BaseModelServiceClient`). The loop writes `metrics.jsonl`,
 `samples.jsonl`, `reward_curve.png` and, per step, `iteration_NNNNNN/train.html` +

@@ -203,7 +203,8 @@ class AgentGroupBuilder(EnvGroupBuilder):
 
     Attributes:
         problem: the question.
-        renderer: renders the conversation (`RoleColonToolRenderer` for the toy model).
+        renderer: renders the conversation (`agent_renderer`: `RoleColonToolRenderer` for the
+            toy model, `smollm2` for SmolLM2).
         group_size: envs in the group.
         max_turns: assistant turns per episode.
         format_coef: penalty of a final answer without `\\boxed{}`.
