@@ -19,8 +19,8 @@ training loop (`shell.training.train`) and its logs. The recipe:
    sequence and the prefix property (one datum per episode). SmolLM2 gets its recommended
    renderer, `smollm2` (its own ChatML template, `<|im_end|>` the stop token, tool results as
    role `tool`), and a system message (`SMOLLM2_TOOL_PROMPT`) that names the tool and shows
-   one Hermes call; zero-shot it never calls the tool (0 of 16 samples at temperature 0.7,
-   none greedily, with this prompt or with the renderer's full Hermes declaration).
+   one Hermes call; zero-shot it never calls the tool, with this prompt or with the renderer's
+   full Hermes declaration (`SMOLLM2_TOOL_PROMPT` says what was sampled).
 3. **Warm-up** (`_run`): a random toy model cannot call tools, so, as `rlpure demo` pretrains
    its base model, it first fits a corpus of transcripts that is imperfect on purpose: a
    fraction `p_tool` calls the calculator and copies its result (right), the rest answer at

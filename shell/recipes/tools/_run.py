@@ -152,9 +152,11 @@ SMOLLM2_TOOL_PROMPT = (
 """SmolLM2's system message: the tool and its Hermes call syntax, in 60 tokens.
 
 `smollm2`'s `create_conversation_prefix_with_tools` (the Qwen/Hermes declaration with the JSON
-schema) takes 205 tokens, which would make every episode ~280 tokens: 16 such datums in one
-`forward_backward` exceeded 20 GB on the local backend here. SmolLM2-135M ignores either
-declaration zero-shot (no tool call in 16 samples of each), so the warm-up teaches the call."""
+schema) takes 205 tokens, which makes every episode ~280 tokens instead of ~130: twice the
+training compute of a step on the CPU (and 16 such datums in one `forward_backward` exceeded
+20 GB on the local backend before its activations were bounded). SmolLM2-135M ignores either
+declaration zero-shot (no tool call in 4 greedy + 16 samples at temperature 0.7 with this
+prompt, 4 greedy + 6 at temperature 1 with the full one), so the warm-up teaches the call."""
 
 AGENT_MODELS: dict[str, AgentConfig] = {
     "toy": AgentConfig(),
