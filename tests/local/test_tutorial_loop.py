@@ -44,12 +44,14 @@ class LoopResult(NamedTuple):
         skipped: groups skipped because every sample got the same reward.
         num_datums: datums trained per step (0: the step had no signal and did not train).
         losses: `loss:sum` of each step that trained.
+        probe_logprobs: the probe datum's logprobs at each step that trained.
     """
 
     mean_rewards: list[float]
     skipped: int
     num_datums: list[int]
     losses: list[float]
+    probe_logprobs: list[np.ndarray]
 
 
 async def tutorial_loop(
@@ -61,12 +63,16 @@ async def tutorial_loop(
     adam_params: tinker.AdamParams,
     steps: int,
     group_size: int,
+    probe: tinker.Datum | None = None,
 ) -> LoopResult:
     """Tutorial 104's loop: sample a group per prompt, centre its rewards, train on the datums.
 
-    `score` maps a sampled sequence's tokens to its reward.
+    `score` maps a sampled sequence's tokens to its reward. `probe` (not the tutorial's): a
+    datum with zero advantages trained beside the batch of each step (no gradient); its
+    logprobs at each step come back in `LoopResult.probe_logprobs`, so a test sees the
+    weights move without another compiled call.
     """
-    result = LoopResult([], 0, [], [])
+    result = LoopResult([], 0, [], [], [])
     skipped = 0
     for _ in range(steps):
         sampling_client = await training_client.save_weights_and_get_sampling_client_async()
@@ -110,18 +116,21 @@ async def tutorial_loop(
         result.num_datums.append(len(datums))
         if not datums:
             continue
+        batch = datums if probe is None else [*datums, probe]
         fwd_bwd_future = await training_client.forward_backward_async(
-            datums, loss_fn="importance_sampling"
+            batch, loss_fn="importance_sampling"
         )
         optim_future = await training_client.optim_step_async(adam_params)
         fwd_bwd_result = await fwd_bwd_future.result_async()
         await optim_future.result_async()
-        assert len(fwd_bwd_result.loss_fn_outputs) == len(datums)
-        for datum, output in zip(datums, fwd_bwd_result.loss_fn_outputs, strict=True):
+        assert len(fwd_bwd_result.loss_fn_outputs) == len(batch)
+        for datum, output in zip(batch, fwd_bwd_result.loss_fn_outputs, strict=True):
             assert len(output["logprobs"].tolist()) == datum.model_input.length
             assert np.isfinite(output["logprobs"].to_numpy()).all()
         assert np.isfinite(fwd_bwd_result.metrics["loss:sum"])
         result.losses.append(float(fwd_bwd_result.metrics["loss:sum"]))
+        if probe is not None:
+            result.probe_logprobs.append(fwd_bwd_result.loss_fn_outputs[-1]["logprobs"].to_numpy())
     return result._replace(skipped=skipped)
 
 
@@ -178,7 +187,7 @@ def test_tutorial_loop_on_smollm2_builds_datums_and_trains():
     _require_packaged_smollm2()
     from shell import model_info, renderers
 
-    async def run() -> tuple[LoopResult, list[float | None], list[float | None]]:
+    async def run() -> LoopResult:
         service_client = LocalServiceClient(seed=0)
         training_client = await service_client.create_lora_training_client_async(
             base_model=SMOLLM2, rank=8
@@ -203,17 +212,21 @@ def test_tutorial_loop_on_smollm2_builds_datums_and_trains():
             message, _ = renderer.parse_response(list(tokens))
             return brevity_reward(renderers.get_text_content(message))
 
-        probe = tinker.ModelInput.from_ints(
-            renderer.build_supervised_example(
-                [
-                    {"role": "user", "content": questions[0]},
-                    {"role": "assistant", "content": "A banana."},
-                ]
-            )[0].to_ints()
+        conversation = renderer.build_supervised_example(
+            [
+                {"role": "user", "content": questions[0]},
+                {"role": "assistant", "content": "A banana."},
+            ]
+        )[0].to_ints()
+        zeros = np.zeros(len(conversation) - 1, np.float32)
+        probe = tinker.Datum(
+            model_input=tinker.ModelInput.from_ints(conversation[:-1]),
+            loss_fn_inputs={
+                "target_tokens": TensorData.from_numpy(np.array(conversation[1:])),
+                "logprobs": TensorData.from_numpy(zeros),
+                "advantages": TensorData.from_numpy(zeros),
+            },
         )
-        before = await (
-            await training_client.save_weights_and_get_sampling_client_async()
-        ).compute_logprobs_async(probe)
         result = await tutorial_loop(
             training_client,
             prompts,
@@ -224,17 +237,13 @@ def test_tutorial_loop_on_smollm2_builds_datums_and_trains():
             adam_params=tinker.AdamParams(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8),
             steps=2,
             group_size=4,
+            probe=probe,
         )
-        after = await (
-            await training_client.save_weights_and_get_sampling_client_async()
-        ).compute_logprobs_async(probe)
-        return result, before, after
+        return result
 
-    result, before, after = asyncio.run(run())
+    result = asyncio.run(run())
     assert result.num_datums == [8, 8], result  # 2 groups x 4 samples, no tie
     assert len(result.losses) == 2 and np.isfinite(result.losses).all()
     assert all(0.0 < r <= 1.0 for r in result.mean_rewards)
-    assert before[0] is None and after[0] is None
-    before_T, after_T = np.array(before[1:], float), np.array(after[1:], float)
-    assert np.isfinite(before_T).all() and np.isfinite(after_T).all()
-    assert np.abs(after_T - before_T).max() > 1e-4  # the two updates moved the weights
+    before_T, after_T = result.probe_logprobs
+    assert np.abs(after_T - before_T).max() > 1e-4  # the first update moved the weights
