@@ -37,6 +37,7 @@ from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint
+from shell.local._compile_cache import enable_compilation_cache
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._rest import LocalRestClient
 from shell.local._runtime import LoadedModel, LocalRuntime
@@ -97,6 +98,10 @@ class LocalServiceClient:
         max_train_tokens: most `datums × length bucket` per jitted training call; larger
             `forward_backward` batches run in chunks (gradients add up, metrics merge by
             suffix), so long sequences do not exhaust memory.
+
+    Making a service turns on JAX's persistent compilation cache for the process (programs
+    compiled by earlier runs are read back from `~/.cache/rlpure/jax`; `shell.local._compile_cache`
+    says when it does not, and `RLPURE_COMPILATION_CACHE=off` turns it off).
 
     Unlike the SDK, which warns about unknown keywords and ignores them, an unknown keyword
     is a `TypeError` here (a misspelt `checkpoint_dir` must not silently lose checkpoints).
@@ -175,6 +180,8 @@ class LocalServiceClient:
         )
         self._sampling_clients = 0
         self._closed = False
+        # XLA programs compiled by earlier processes are read back from disk (shell.local._compile_cache)
+        enable_compilation_cache()
 
     @property
     def model_configs(self) -> Mapping[str, model_lib.ModelConfig]:
