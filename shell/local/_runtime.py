@@ -30,6 +30,9 @@ Conventions:
   paths, the packaged SmolLM2, the offline Hugging Face cache) and keeps the result, a
   `LoadedModel`: config, tokenizer and, for a pretrained model, its weights, read once and
   shared by every training and sampling client of the service (they never copy or mutate it).
+  A pretrained checkpoint's weights are also shared across the services of one process
+  (`_shared_weights`: read once while the file is unchanged), so a second
+  `LocalServiceClient()` on SmolLM2 skips the ~10 s read.
 - `next_sample_request_index()` counts the `sample` requests of every sampling client of the
   service (it names the returned sequences, `local-{request}-{sample}`).
 """
@@ -41,7 +44,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +74,39 @@ def activation_floats_per_token(config: model_lib.ModelConfig, width: int) -> in
     attention weights and scores `2 · H · width`; then the logits and their softmax `2 · V`."""
     per_layer = 6 * config.d_ff + 10 * config.d_model + 2 * config.n_heads * width
     return config.n_layers * per_layer + 2 * config.vocab_size
+
+
+_SHARED_WEIGHTS: dict[tuple[str, int, int, model_lib.ModelConfig], model_lib.Params] = {}
+_SHARED_WEIGHTS_MAX = 2  # checkpoints kept (SmolLM2's float32 weights are ~540 MB)
+
+
+def _shared_weights(
+    path: Path, config: model_lib.ModelConfig, load: Callable[[], model_lib.Params]
+) -> model_lib.Params:
+    """The weights of the checkpoint at `path`, read once per process while it is unchanged.
+
+    Keyed by the resolved path, its size and modification time (of the file, or of the
+    directory's newest entry) and the config, so every service of a process (each test, each
+    `LocalServiceClient()` of a script) shares one read of SmolLM2 (~10 s to dequantise)
+    instead of reading it again; the arrays are immutable and no client mutates them. The
+    last `_SHARED_WEIGHTS_MAX` checkpoints are kept.
+    """
+    resolved = path.resolve()
+    entries = [resolved, *resolved.iterdir()] if resolved.is_dir() else [resolved]
+    stats = [entry.stat() for entry in entries]
+    key = (
+        str(resolved),
+        sum(stat.st_size for stat in stats),
+        max(stat.st_mtime_ns for stat in stats),
+        config,
+    )
+    params = _SHARED_WEIGHTS.pop(key, None)
+    if params is None:
+        params = load()
+    _SHARED_WEIGHTS[key] = params  # most recently used last
+    while len(_SHARED_WEIGHTS) > _SHARED_WEIGHTS_MAX:
+        del _SHARED_WEIGHTS[next(iter(_SHARED_WEIGHTS))]
+    return params
 
 
 def _floor_power_of_two(n: int) -> int:
@@ -165,10 +201,16 @@ class LocalRuntime:
             resolved = resolve_base_model(name, toy_configs=self.model_configs)
             config = resolved.model_config()
             tokenizer = resolved.load_tokenizer()
+            params = None
+            if resolved.kind != "toy":
+                assert resolved.path is not None
+                params = _shared_weights(
+                    resolved.path, config, lambda: resolved.load_params(config)
+                )
             loaded = LoadedModel(
                 name=name,
                 config=config,
-                params=None if resolved.kind == "toy" else resolved.load_params(config),
+                params=params,
                 tokenizer=tokenizer,
                 eos_token_ids=(model_lib.EOS_ID,)
                 if resolved.kind == "toy"

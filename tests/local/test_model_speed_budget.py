@@ -5,7 +5,8 @@ The issue's GRPO batch on SmolLM2 (128 datums × 128 tokens) went into one jitte
 ~40 GB, killed on a 24 GB machine. `LocalRuntime.training_rows` now also bounds the activations
 a call keeps; the toy models never reach that bound, so their chunking is unchanged. A LoRA
 `forward` (no gradient) runs a forward-only executable: the same logprobs as
-`forward_backward`'s, with no VJP residuals.
+`forward_backward`'s, with no VJP residuals. The services of one process share a
+checkpoint's weights (read once while its files are unchanged).
 """
 
 from __future__ import annotations
@@ -93,3 +94,24 @@ def test_lora_forward_runs_no_vjp_and_matches_forward_backward(tmp_path: Path) -
     )
     assert forward.metrics["loss:sum"] == pytest.approx(both.metrics["loss:sum"], rel=1e-6)
     assert jax.tree_util.tree_leaves(trainer._grads)  # forward_backward still accumulates
+
+
+def test_services_of_one_process_share_a_checkpoints_weights(tmp_path: Path) -> None:
+    tokenizer = train_tokenizer()
+    config = hf_config("llama", vocab_size=len(tokenizer))
+    write_hf_directory(tmp_path, config, random_hf_tensors(config, seed=2), tokenizer)
+    first = LocalServiceClient(seed=0)._runtime.base_model(str(tmp_path))
+    second = LocalServiceClient(seed=1)._runtime.base_model(str(tmp_path))
+    assert first.params is not None and second.params is first.params  # read once
+    write_hf_directory(tmp_path, config, random_hf_tensors(config, seed=3), tokenizer)
+    third = LocalServiceClient(seed=0)._runtime.base_model(str(tmp_path))
+    assert third.params is not first.params  # the files changed: read again
+    changed = [
+        not np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(first.params),
+            jax.tree_util.tree_leaves(third.params),
+            strict=True,
+        )
+    ]
+    assert any(changed)
