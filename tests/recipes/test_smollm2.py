@@ -69,6 +69,9 @@ def test_the_recipe_is_registered_with_its_defaults() -> None:
         "local",
         0.0,
     )
+    # The measured defaults (see shell.recipes.smollm2): lr 1e-3 over-sharpened, 3e-4 stayed flat.
+    assert (config.lora_rank, config.learning_rate, config.max_tokens) == (8, 5e-4, 4)
+    assert (Smollm2Options().groups_per_batch, Smollm2Options().num_test) == (8, 50)
 
 
 def _step(env: ProblemEnv, text: str, tokenizer: Any) -> tuple[float, dict[str, float]]:
