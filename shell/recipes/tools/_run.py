@@ -169,17 +169,22 @@ AGENT_MODELS: dict[str, AgentConfig] = {
         warmup_steps=12,
         warmup_batch=8,
         warmup_lr=2e-3,
-        rl_steps=6,
+        rl_steps=4,
         groups_per_batch=4,
         group_size=4,
         rl_lr=1e-4,
         temperature=1.0,
         max_tokens=40,
         max_turns=2,
-        eval_every=6,
+        eval_every=4,
     ),
 }
-"""The recipe per `rlpure agent --model`: the toy model's (the measured one) and SmolLM2's."""
+"""The recipe per `rlpure agent --model`: the toy model's (the measured one) and SmolLM2's.
+
+SmolLM2's GRPO learning rate: a prototype at 5e-4 (seed 0, this warm-up) raised the training
+reward from 0.19 to 0.93 in one step (tool use 0.19 -> 1.0), and at the next step the model
+called the calculator again on its own result until `max_turns` (reward -0.03; held-out
+accuracy 0.06 -> 0.0 with tool use 0.0 -> 1.0); 1e-4 moves a fifth as far per step."""
 
 AGENT_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every", "num_groups_to_log"})
 """AgentConfig fields a resumed run may change."""
