@@ -184,7 +184,11 @@ AGENT_MODELS: dict[str, AgentConfig] = {
 SmolLM2's GRPO learning rate: a prototype at 5e-4 (seed 0, this warm-up) raised the training
 reward from 0.19 to 0.93 in one step (tool use 0.19 -> 1.0), and at the next step the model
 called the calculator again on its own result until `max_turns` (reward -0.03; held-out
-accuracy 0.06 -> 0.0 with tool use 0.0 -> 1.0); 1e-4 moves a fifth as far per step."""
+accuracy 0.06 -> 0.0 with tool use 0.0 -> 1.0); 1e-4 moves a fifth as far per step.
+Measured at these defaults (`rlpure agent --model smollm2`, seed 0, 2 CPU cores at load ~1.9,
+warm-up reused from the prototype, where it took 217 s at load ~2-4): held-out greedy accuracy
+0.0625 -> 1.0 (16 problems), tool use 0.0 -> 1.0, training reward 0.19, 0.50, 0.75, 0.88;
+GRPO 298 s (50-84 s a step)."""
 
 AGENT_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every", "num_groups_to_log"})
 """AgentConfig fields a resumed run may change."""
