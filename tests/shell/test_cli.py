@@ -19,6 +19,7 @@ from shell.commands import Command, TrainRecipe, by_name
 from shell.config import FIELD_HELP, TrainConfig, build_config, load_config_file
 from shell.errors import ConfigError
 from shell.recipes import COMMANDS, TRAIN_RECIPES, gsm8k, toy
+from shell.recipes.smollm2 import SMOLLM2_CONFIG_DEFAULTS
 from shell.training import load_checkpoints, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -332,7 +333,10 @@ def test_gsm8k_help_shows_the_real_defaults_per_backend(
     assert "(default: 256; 16 on --backend local)" in text
     assert "(default: 'Qwen/Qwen3.5-9B-Base'; 'rlpure/tiny' on --backend local)" in text
     train_text = " ".join(_help(["train", "--help"], capsys).split())
-    assert "(default: 256; gsm8k --backend local: 16; smollm2-addition: 8; toy: 4)" in train_text
+    smollm2_max_tokens = SMOLLM2_CONFIG_DEFAULTS["max_tokens"]  # the recipe's own default
+    assert (
+        f"(default: 256; gsm8k --backend local: 16; smollm2-addition: {smollm2_max_tokens}; toy: 4)"
+    ) in train_text
 
 
 def test_recipe_options_may_go_in_the_config_file_and_flags_win(tmp_path: Path) -> None:
