@@ -38,7 +38,8 @@ Conventions:
   `config.dtype`.
 - LoRA (`rlpure.model._lora`): every entry point takes optional `adapters` and a static
   `lora` config and computes `x W + (α / R) (x A) B` for each adapted matrix, unmerged, so
-  gradients with respect to `adapters` never form a full weight gradient.
+  gradients with respect to `adapters` never form a full weight gradient (`_lora_delta`, whose
+  VJP is written out for XLA's CPU layouts).
 - Token arrays are `[B, T]` int32, **right-padded**: row `b` is real on `[0, length_b)`.
   Attention is causal, so padding after a position never changes that position's output and
   needs no mask in training; callers mask padded positions out of any reduction.
@@ -306,9 +307,60 @@ def _linear(
         f"bt{i},{i}{o}->bt{o}", x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32
     )
     if target.a_name in adapters:
-        xa_B_T_R = jnp.einsum(f"bt{i},{i}r->btr", x.astype(jnp.float32), adapters[target.a_name])
-        y = y + scale * jnp.einsum(f"btr,r{o}->bt{o}", xa_B_T_R, adapters[target.b_name])
+        a, b = adapters[target.a_name], adapters[target.b_name]
+        n_in, n_out = math.prod(a.shape[:-1]), math.prod(b.shape[1:])
+        bsz, t = x.shape[:2]
+        delta_B_T_O = _lora_delta(
+            x.astype(jnp.float32).reshape(bsz, t, n_in), a.reshape(n_in, -1), b.reshape(-1, n_out)
+        )
+        y = y + scale * delta_B_T_O.reshape(y.shape)
     return y
+
+
+def _rank_first(x_B_T_R: jax.Array) -> jax.Array:
+    """`x_B_T_R` transposed to `[R, B, T]` and materialised: the barrier keeps XLA from folding
+    the transpose back into the dot that reads it (see `_lora_delta`)."""
+    moved_R_B_T: jax.Array = jax.lax.optimization_barrier(  # type: ignore[no-untyped-call]
+        jnp.moveaxis(x_B_T_R, -1, 0)
+    )
+    return moved_R_B_T
+
+
+@jax.custom_vjp
+def _lora_delta(x_B_T_I: jax.Array, a_I_R: jax.Array, b_R_O: jax.Array) -> jax.Array:
+    """The unscaled LoRA term `(x A) B`, float32 `[B, T, O]`, of float32 `x_B_T_I` (`I`, `O`: a
+    target's input and output axes, flattened).
+
+    Its VJP is the textbook one (`dxA = dy Bᵀ`, `dB = (xA)ᵀ dy`, `dA = xᵀ dxA`, `dx = dxA Aᵀ`),
+    written by hand for speed only: left to autodiff, XLA's CPU layout assignment serves the
+    two token contractions (`dB`, `dA`) by writing the large operand (`dy`, up to `[B, T, F]`)
+    transposed, a strided copy that took 15% of SmolLM2's LoRA `forward_backward`
+    (`benchmarks/bench_local_model.py`). Here the small operands (`xA`, `dxA`, `[B, T, R]`) are
+    the ones transposed, explicitly.
+    """
+    xa_B_T_R = jnp.einsum("bti,ir->btr", x_B_T_I, a_I_R)
+    return jnp.einsum("btr,ro->bto", xa_B_T_R, b_R_O)
+
+
+def _lora_delta_forward(
+    x_B_T_I: jax.Array, a_I_R: jax.Array, b_R_O: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    xa_B_T_R = jnp.einsum("bti,ir->btr", x_B_T_I, a_I_R)
+    return jnp.einsum("btr,ro->bto", xa_B_T_R, b_R_O), (x_B_T_I, a_I_R, b_R_O, xa_B_T_R)
+
+
+def _lora_delta_backward(
+    residuals: tuple[jax.Array, ...], dy_B_T_O: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    x_B_T_I, a_I_R, b_R_O, xa_B_T_R = residuals
+    dxa_B_T_R = jnp.einsum("bto,ro->btr", dy_B_T_O, b_R_O)
+    db_R_O = jnp.einsum("rbt,bto->ro", _rank_first(xa_B_T_R), dy_B_T_O)
+    da_I_R = jnp.einsum("rbt,bti->ri", _rank_first(dxa_B_T_R), x_B_T_I).T
+    dx_B_T_I = jnp.einsum("btr,ir->bti", dxa_B_T_R, a_I_R)
+    return dx_B_T_I, da_I_R, db_R_O
+
+
+_lora_delta.defvjp(_lora_delta_forward, _lora_delta_backward)
 
 
 def _qkv(
@@ -416,9 +468,8 @@ def _unembed(
             preferred_element_type=jnp.float32,
         )
     if UNEMBED_TARGET.a_name in adapters:
-        xa_B_T_R = jnp.einsum("bte,er->btr", h_B_T_E, adapters[UNEMBED_TARGET.a_name])
-        logits_B_T_V = logits_B_T_V + scale * jnp.einsum(
-            "btr,rv->btv", xa_B_T_R, adapters[UNEMBED_TARGET.b_name]
+        logits_B_T_V = logits_B_T_V + scale * _lora_delta(
+            h_B_T_E, adapters[UNEMBED_TARGET.a_name], adapters[UNEMBED_TARGET.b_name]
         )
     return logits_B_T_V
 
