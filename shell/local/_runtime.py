@@ -69,9 +69,13 @@ _ACTIVATION_FLOATS = 1 << 30  # float32 activations a training call keeps for it
 
 def activation_floats_per_token(config: model_lib.ModelConfig, width: int) -> int:
     """Float32 values the backward pass keeps per token at padded length `width` (an upper
-    estimate read off the VJP residuals of `rlpure.model.target_logprobs_fn`): per layer the
-    MLP's six `[F]` vectors, about ten `[E]`-sized ones (norms, q/k/v/o, residuals) and the
-    attention weights and scores `2 · H · width`; then the logits and their softmax `2 · V`."""
+    estimate read off the VJP residuals of `rlpure.model.target_logprobs_fn`): per layer six
+    `[F]` vectors for the MLP, about ten `[E]`-sized ones (norms, q/k/v/o, residuals) and the
+    attention weights and scores `2 · H · width`; then the logits and their softmax `2 · V`.
+    The MLP keeps three `[F]` vectors since its SwiGLU VJP is written by hand (autodiff kept
+    six); six are still counted, which keeps a SmolLM2 call at 8 rows of 128 tokens and its
+    peak memory where they were: 16 rows measured no faster (`benchmarks/bench_local_model.py`).
+    """
     per_layer = 6 * config.d_ff + 10 * config.d_model + 2 * config.n_heads * width
     return config.n_layers * per_layer + 2 * config.vocab_size
 

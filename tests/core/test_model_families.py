@@ -305,6 +305,29 @@ def test_lora_term_hand_written_vjp_equals_autodiff() -> None:
         np.testing.assert_allclose(hand(x, a, w, cotangent), plain(x, a, w, cotangent), rtol=1e-5)
 
 
+def test_swiglu_hand_written_vjp_equals_autodiff() -> None:
+    # `_swiglu`'s VJP is written by hand (to keep fewer residuals); it must equal autodiff's
+    # gradient of `silu(g) · u`, at large |g| (saturated sigmoid) too.
+    from rlpure.model._transformer import _swiglu
+
+    rng = np.random.default_rng(8)
+    gate = jnp.asarray(np.concatenate([rng.standard_normal(60), [-30.0, -8.0, 0.0, 8.0, 30.0]]))
+    gate = gate.astype(jnp.float32).reshape(5, 13)
+    up, d_act = (jnp.asarray(rng.standard_normal((5, 13)), jnp.float32) for _ in range(2))
+
+    def hand(g: jax.Array, u: jax.Array) -> jax.Array:
+        return jnp.sum(_swiglu(g, u) * d_act)
+
+    def plain(g: jax.Array, u: jax.Array) -> jax.Array:
+        return jnp.sum(jax.nn.silu(g) * u * d_act)
+
+    got = jax.jit(jax.grad(hand, argnums=(0, 1)))(gate, up)
+    want = jax.grad(plain, argnums=(0, 1))(gate, up)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(_swiglu(gate, up), jax.nn.silu(gate) * up)
+
+
 def test_lora_param_counts_match_tinkers_table() -> None:
     # tinker_cookbook.hyperparam_utils: meta-llama/Llama-3.2-1B per rank: mlp 491,520,
     # attn 212,992, unembed 130,304 (shapes only: eval_shape allocates nothing).
