@@ -57,6 +57,7 @@ from shell.recipes.demo._base_model import (
     PretrainResult,
     pretrain_base_model,
     pretraining_datum,
+    supervised_step,
 )
 from shell.recipes.demo._config import DemoConfig, demo_keys
 from shell.recipes.demo._run import PRETRAIN_METRICS_FILE, SUMMARY_FILE, run_demo, run_demo_async
@@ -79,6 +80,7 @@ __all__ = [
     "pretraining_datum",
     "run_demo",
     "run_demo_async",
+    "supervised_step",
 ]
 
 

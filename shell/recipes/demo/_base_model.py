@@ -39,6 +39,7 @@ __all__ = [
     "PretrainResult",
     "pretrain_base_model",
     "pretraining_datum",
+    "supervised_step",
 ]
 
 # Named for the demo's public module, so the demo's log lines read as before the split.
@@ -65,6 +66,25 @@ def pretraining_datum(renderer: Renderer, question: str, answer: str) -> tinker.
             "weights": tinker.TensorData.from_numpy(np.asarray(example.weights_T[1:], np.float32)),
         },
     )
+
+
+async def supervised_step(
+    trainer: TrainingClient,
+    data: list[tinker.Datum],
+    adam: tinker.AdamParams,
+    learning_rate: float,
+) -> float:
+    """One cross-entropy step on `data` at `learning_rate` (the other Adam settings from
+    `adam`): `forward_backward` and `optim_step` submitted back to back, as the cookbook's
+    supervised loop pipelines them. Returns the loss per weighted token (`loss:sum` over the
+    sum of the datums' `weights`). Shared by the demo's pretraining and the tool-use recipe's
+    warm-up."""
+    fb_future = trainer.forward_backward(data, "cross_entropy")
+    optim_future = trainer.optim_step(adam.model_copy(update={"learning_rate": learning_rate}))
+    fb = await fb_future
+    await optim_future
+    num_tokens = sum(float(d.loss_fn_inputs["weights"].to_numpy().sum()) for d in data)
+    return float(fb.metrics["loss:sum"]) / num_tokens
 
 
 class PretrainResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,12 +212,7 @@ async def pretrain_base_model(
         ]
         # Linear decay to 0: the last steps settle on the corpus distribution.
         lr = config.pretrain_lr * (1.0 - step / config.pretrain_steps)
-        fb_future = trainer.forward_backward(data, "cross_entropy")
-        optim_future = trainer.optim_step(adam.model_copy(update={"learning_rate": lr}))
-        fb = await fb_future
-        await optim_future
-        num_tokens = sum(float(d.loss_fn_inputs["weights"].to_numpy().sum()) for d in data)
-        loss_per_token = float(fb.metrics["loss:sum"]) / num_tokens
+        loss_per_token = await supervised_step(trainer, data, adam, lr)
         records.append({"step": step, "loss_per_token": loss_per_token})
         if (step + 1) % 100 == 0 or step + 1 == config.pretrain_steps:
             logger.info(

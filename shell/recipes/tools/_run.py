@@ -32,7 +32,7 @@ import tinker
 from shell.config import TrainConfig
 from shell.errors import ConfigError
 from shell.model_info import get_recommended_renderer_name
-from shell.recipes.demo import BaseModelServiceClient
+from shell.recipes.demo import BaseModelServiceClient, supervised_step
 from shell.recipes.smollm2 import SMOLLM2_MODEL
 from shell.recipes.tools._renderer import RoleColonToolRenderer
 from shell.recipes.tools._task import AgentDataset, corpus_conversations, split_tool_problems
@@ -290,12 +290,7 @@ async def _warm_up(
         batch = corpus[step * config.warmup_batch : (step + 1) * config.warmup_batch]
         data = [_shifted_datum(renderer, messages) for messages in batch]
         lr = config.warmup_lr * (1.0 - step / config.warmup_steps)
-        fb_future = trainer.forward_backward(data, "cross_entropy")
-        optim_future = trainer.optim_step(adam.model_copy(update={"learning_rate": lr}))
-        fb = await fb_future
-        await optim_future
-        num_tokens = sum(float(d.loss_fn_inputs["weights"].to_numpy().sum()) for d in data)
-        loss_per_token = float(fb.metrics["loss:sum"]) / num_tokens
+        loss_per_token = await supervised_step(trainer, data, adam, lr)
         records.append({"step": step, "loss_per_token": loss_per_token})
         if progress and ((step + 1) % report_every == 0 or step + 1 == config.warmup_steps):
             print(
