@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,24 @@ def test_an_unreachable_tinker_service_is_reported_within_seconds(tmp_path: Path
     argv = [sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "tinker",
             "--log-dir", str(tmp_path / "run"), "--max-steps", "1"]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=25)
-    except subprocess.TimeoutExpired:  # still retrying, as it should: the SDK's policy
-        proc.kill()
-        _, stderr = proc.communicate(timeout=30)
+    lines: list[str] = []
+    warned = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for x in proc.stderr:
+            lines.append(x)
+            if "WARNING" in x:
+                warned.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    # Stop at the first warning (or after 25 s): the SDK would go on retrying, as it should.
+    warned.wait(timeout=25)
+    proc.kill()
+    proc.wait(timeout=30)
+    reader.join(timeout=30)
+    stderr = "".join(lines)
     line = next((x for x in stderr.splitlines() if "WARNING" in x), "")
     assert "Traceback" not in stderr, stderr
     assert "WARNING" in line and "127.0.0.1:9" in line and "retrying" in line, line
