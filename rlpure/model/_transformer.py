@@ -5,11 +5,12 @@ from it with a KV cache and `rlpure.model._optimizer` trains it with AdamW; the 
 `rlpure.model` exports all three. It is pure (no IO, no global mutable state, randomness only
 through explicit keys) and every entry point is jitted.
 
-Axes (STYLE's table; `J` and `G` are new here):
+Axes (STYLE's table; `J`, `G`, `I` and `O` are new here):
     B rows of a batch, T token positions, S key/value positions (`T` in a full forward pass,
     the cache length when decoding), L layers, H query heads, N key/value heads, G query heads
     per key/value head (`H / N`), C head width, E model width, F feed-forward width,
-    V vocabulary, R LoRA rank, J rotary frequencies (`C / 2` channel pairs).
+    V vocabulary, R LoRA rank, J rotary frequencies (`C / 2` channel pairs), I and O a LoRA
+    target's input and output axes flattened into one (as in `rlpure.model._lora`).
 
 Conventions:
 - Families (`ModelConfig.family`, see `rlpure.model._config`): token embedding → `n_layers`
