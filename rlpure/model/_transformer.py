@@ -339,8 +339,7 @@ def _lora_delta(x_B_T_I: jax.Array, a_I_R: jax.Array, b_R_O: jax.Array) -> jax.A
     (`benchmarks/bench_local_model.py`). Here the small operands (`xA`, `dxA`, `[B, T, R]`) are
     the ones transposed, explicitly.
     """
-    xa_B_T_R = jnp.einsum("bti,ir->btr", x_B_T_I, a_I_R)
-    return jnp.einsum("btr,ro->bto", xa_B_T_R, b_R_O)
+    return _lora_delta_forward(x_B_T_I, a_I_R, b_R_O)[0]
 
 
 def _lora_delta_forward(
@@ -459,7 +458,7 @@ def _swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     zero-filled `[L, B, T, F]` stack written every call, and dropping those three made
     SmolLM2's LoRA `forward_backward` ~14% faster (`benchmarks/bench_local_model.py`).
     """
-    return jax.nn.silu(gate) * up
+    return _swiglu_forward(gate, up)[0]
 
 
 def _swiglu_forward(gate: jax.Array, up: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
