@@ -7,8 +7,10 @@
 
 Measured (`rlpure train smollm2-addition --seed N`, defaults: LoRA rank 8, lr 5e-4, 10 steps of
 8 problems x 8 samples at temperature 0.7, about 48 held-out problems, greedy): seed 0 0.188 ->
-0.896 (9/48 -> 43/48) in 864 s (2 shared CPU cores, load ~3.6), seed 1 0.184 -> 0.408 (9/49 ->
-20/49) in 518 s (load ~2.4), seed 2 0.184 -> 0.592 (9/49 -> 29/49) in 471 s (load ~1.8). What was wrong before, and the evidence:
+0.896 (9/48 -> 43/48) in 487 s, seed 1 0.184 -> 0.408 (9/49 -> 20/49) in 412 s, seed 2 0.184 ->
+0.592 (9/49 -> 29/49) in 415 s (2 CPU cores, one seed after another, at 6789b2b's numerics;
+before its hand-written VJPs the same accuracies took 864 s, 518 s and 471 s on a busier
+machine). What was wrong before, and the evidence:
 - the worked examples `12+7` -> `19`, `5+8` -> `13` made the base model guess "12" (44 of the
   100 problems) or "10" (34), so GRPO's few informative groups were those sums and seed 2
   collapsed onto "12" (0.179 -> 0.051); with the current examples (`_task`) seed 2 at the old
