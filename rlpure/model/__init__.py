@@ -11,7 +11,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
 - `_hf_names`: `config_from_hf` and `params_from_hf`, Hugging Face `config.json` and
   state-dict names to ours (pure; the shell reads the files).
 - `_sampling`: `sample_tokens` (KV-cached decoding with stop tokens/sequences, temperature,
-  top-k/top-p) and its `SampleBatch` / `SampleOutput` records.
+  top-k/top-p) and its `SampleBatch` / `SampleOutput` records; `stop_string_end`, where a
+  stop string ends a completion's decoded text (host side).
 - `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW)
   and its `AdamUpdate` result.
 - `_tokenizer`: `ByteTokenizer` (256 bytes + BOS/EOS/PAD) and its special ids.
@@ -34,7 +35,7 @@ from rlpure.model._optimizer import (
     apply_adam_update,
     init_optimizer_state,
 )
-from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens
+from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens, stop_string_end
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
     MODEL_CONFIGS,
@@ -90,6 +91,7 @@ __all__ = [
     "params_from_hf",
     "prefill",
     "sample_tokens",
+    "stop_string_end",
     "target_logprobs",
     "target_logprobs_fn",
 ]

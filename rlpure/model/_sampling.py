@@ -32,6 +32,7 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -44,7 +45,13 @@ from rlpure.model._config import ModelConfig
 from rlpure.model._lora import LoraConfig
 from rlpure.model._transformer import NEG_INF, KVCache, Params, decode_step, prefill
 
-__all__ = ["SampleBatch", "SampleOutput", "sample_tokens", "tempered_token_logprobs"]
+__all__ = [
+    "SampleBatch",
+    "SampleOutput",
+    "sample_tokens",
+    "stop_string_end",
+    "tempered_token_logprobs",
+]
 
 
 class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -327,3 +334,58 @@ def sample_tokens(
         num_tokens_B=final.num_B,
         stopped_B=final.stopped_B,
     )
+
+
+# --- stop strings, on decoded text (host side) ------------------------------------------------
+
+
+def stop_string_end(
+    tokens_M: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]
+) -> int | None:
+    """The length of the shortest prefix of a completion whose decoded text contains one of
+    `stop_strings`, or `None` when its whole text contains none.
+
+    This is how a stop *string* ends a sample on Tinker (and vLLM): on the generated text,
+    however the model spelled it in tokens. `sample_tokens` only matches a stop string's own
+    encoding, inside the loop, so the sampler cuts each completion with this afterwards; the
+    token that completes the string is kept (as `sample_tokens` keeps a stop sequence).
+
+    Binary search over prefix lengths (`O(log M)` decodes), exact when the text of a prefix is
+    a prefix of the text (up to a trailing incomplete character): `decode` must not rewrite
+    earlier text when a token is appended (e.g. Hugging Face's `clean_up_tokenization_spaces`).
+
+    Args:
+        tokens_M: the completion's token ids (`M` of them), prompt excluded.
+        stop_strings: non-empty strings.
+        decode: token ids to text (special tokens written out, so a stop string may name one).
+
+    Returns:
+        `n` in `[1, M]` with a stop string in `decode(tokens_M[:n])` and in no shorter prefix's
+        text, or `None`.
+
+    Examples:
+        >>> pieces = ("x", "ab", "c", "d")  # token id -> its text
+        >>> decode = lambda ids: "".join(pieces[i] for i in ids)
+        >>> stop_string_end([1, 2, 3], ["bc"], decode)  # "ab" + "c" spells "bc"
+        2
+        >>> stop_string_end([1, 2, 3], ["z"], decode) is None
+        True
+    """
+    if any(not s for s in stop_strings):
+        raise ValueError("stop_string_end: empty stop string")
+    tokens = list(tokens_M)
+
+    def contains_stop(n: int) -> bool:
+        text = decode(tokens[:n])
+        return any(s in text for s in stop_strings)
+
+    if not stop_strings or not contains_stop(len(tokens)):
+        return None
+    lo, hi = 1, len(tokens)  # the answer is in [lo, hi]; contains_stop(hi) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if contains_stop(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi

@@ -273,6 +273,40 @@ def test_stop_tokens_sequences_and_lengths() -> None:
     assert EOS_ID < VOCAB_SIZE
 
 
+_PIECES = ("a", "b", "ab", "ba", "c", "", "abc", "<|s|>")  # token id -> its text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, len(_PIECES) - 1), max_size=12),
+    stops=st.lists(st.text("abc<|s>", min_size=1, max_size=4), min_size=1, max_size=3),
+)
+def test_stop_string_end_is_the_first_prefix_whose_text_holds_a_stop(
+    tokens: list[int], stops: list[str]
+) -> None:
+    def decode(ids: list[int]) -> str:
+        return "".join(_PIECES[i] for i in ids)
+
+    # The slow reference: every prefix, shortest first.
+    want = next(
+        (n for n in range(1, len(tokens) + 1) if any(s in decode(tokens[:n]) for s in stops)),
+        None,
+    )
+    assert M.stop_string_end(tokens, stops, decode) == want
+
+
+def test_stop_string_end_spans_tokens_and_refuses_an_empty_stop() -> None:
+    def decode(ids: list[int]) -> str:
+        return "".join(_PIECES[i] for i in ids)
+
+    # "bc" is spelled by "ab" + "c" (ids 2, 4): neither token alone holds it.
+    assert M.stop_string_end([0, 2, 4, 1], ["bc"], decode) == 3
+    assert M.stop_string_end([0, 2, 4, 1], ["x"], decode) is None
+    assert M.stop_string_end([], ["a"], decode) is None
+    with pytest.raises(ValueError, match="empty stop string"):
+        M.stop_string_end([0], ["a", ""], decode)
+
+
 def test_same_seeds_same_samples_and_rows_are_independent() -> None:
     prompts = _prompts(6)
     first = _sample(_batch(prompts))

@@ -167,6 +167,13 @@ def test_save_and_load_state_hold_adapters_only_and_refuse_another_base(
     )
 
 
+def _text(tokenizer: Any, tokens: list[int]) -> str:
+    """Decoded text as stop strings see it (special tokens written out, no space clean-up)."""
+    return str(
+        tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    )
+
+
 def test_sampling_options(service: LocalServiceClient, llama_dir: Path) -> None:
     trainer = _trainer(service, llama_dir)
     sampler = trainer.save_weights_and_get_sampling_client().result()
@@ -191,11 +198,24 @@ def test_sampling_options(service: LocalServiceClient, llama_dir: Path) -> None:
     cut = sampler.sample(prompt, 1, by_id).result().sequences[0]
     assert cut.stop_reason == "stop" and cut.tokens[-1] == stop_id
     assert cut.tokens == g1[0].tokens[: len(cut.tokens)]
-    text = str(tokenizer.decode(g1[0].tokens[1:3]))
-    by_text = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[text])
-    cut_text = sampler.sample(prompt, 1, by_text).result().sequences[0]
-    if tokenizer.encode(text, add_special_tokens=False) == g1[0].tokens[1:3]:
-        assert cut_text.stop_reason == "stop" and cut_text.tokens == g1[0].tokens[:3]
+    # Stop strings end the completion on its decoded text, token that completes them kept.
+    # (Seeded draws: a row's stream depends on its seed and step only, so a cut sample is a
+    # prefix of the free one; seed 9 draws multi-character tokens from this random model.)
+    free = types.SamplingParams(max_tokens=12, temperature=1.0, seed=9, stop=[])
+    tokens = sampler.sample(prompt, 1, free).result().sequences[0].tokens
+    assert tokenizer.eos_token_id not in tokens  # EOS would end the cut samples first
+    pieces = [_text(tokenizer, [t]) for t in tokens]
+    # a string that starts inside one token and ends inside the next: its own encoding is
+    # not what the model emitted, so only the text check can find it
+    at = next(i for i in range(1, len(tokens) - 1) if len(pieces[i]) >= 2 and pieces[i + 1])
+    inside = pieces[at][1:] + pieces[at + 1][:1]
+    assert tokenizer.encode(inside, add_special_tokens=False) != tokens[at : at + 2]
+    for stop in (_text(tokenizer, tokens[1:3]), inside):
+        want = next(n for n in range(1, 13) if stop in _text(tokenizer, tokens[:n]))
+        by_text = types.SamplingParams(max_tokens=12, temperature=1.0, seed=9, stop=[stop])
+        cut_text = sampler.sample(prompt, 1, by_text).result().sequences[0]
+        assert cut_text.stop_reason == "stop" and cut_text.tokens == tokens[:want], stop
+        assert cut_text.logprobs is not None and len(cut_text.logprobs) == want
     # tempered logprobs: at temperature 1 they equal the model's logprobs of the sample
     seq = first.sequences[0]
     full = types.ModelInput.from_ints(prompt.to_ints() + seq.tokens)
