@@ -34,6 +34,7 @@ from shell.training._logs import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
     SAMPLES_FILE,
+    eval_metric_before_after,
     headline_eval_metrics,
     read_jsonl,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "TrainResult",
     "TrainStepOutput",
     "checked_last_checkpoint",
+    "eval_metric_before_after",
     "evaluate",
     "headline_eval_metrics",
     "hold_log_dir",

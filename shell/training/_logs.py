@@ -351,6 +351,22 @@ def headline_eval_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def eval_metric_before_after(
+    metrics_path: str | os.PathLike[str], key: str
+) -> tuple[float | None, float | None]:
+    """An evaluation metric before and after a run, from its `metrics.jsonl`: the step-0 row's
+    `key` (evaluated before any training) and the last final evaluation's (`final_eval`);
+    `None` for one the file does not hold (no such rows, or a missing file).
+
+    Raises:
+        LogFileError: see `read_jsonl`.
+    """
+    records = [r for r in read_jsonl(metrics_path) if r.get(key) is not None]
+    before = next((r[key] for r in records if r["step"] == 0 and not r.get("final_eval")), None)
+    finals = [r[key] for r in records if r.get("final_eval")]
+    return before, (finals[-1] if finals else None)
+
+
 class RunProgress:
     """A rich progress bar over training steps, printing the per-step line above it.
 

@@ -50,6 +50,7 @@ from shell.training import (
 )
 from shell.training._logs import (
     RunProgress,
+    eval_metric_before_after,
     format_progress_line,
     plot_reward_curve,
     read_jsonl,
@@ -787,6 +788,27 @@ def test_truncation_keeps_earlier_lines_and_drops_a_torn_last_line(tmp_path: Pat
     assert not (tmp_path / "metrics.jsonl.tmp").exists()
     assert truncate_jsonl_by_step(path, keep_below=5) == 0
     assert truncate_jsonl_by_step(tmp_path / "missing.jsonl", keep_below=0) == 0
+
+
+def test_eval_metric_before_after_reads_step_zero_and_the_last_final_eval(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    key = "test/env/all/correct"
+    rows = [
+        {"step": 0, key: 0.25},
+        {"step": 1, "reward": 1.0},  # no eval this step
+        {"step": 2, key: 0.5},
+        {"step": 3, key: 0.7, "final_eval": True},  # a first run's end, since resumed
+        {"step": 5, key: 0.75, "final_eval": True},
+        {"step": 5, "tokens/cumulative/sampled": 9},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert eval_metric_before_after(path, key) == (0.25, 0.75)
+    assert eval_metric_before_after(path, "test/env/all/used_tool") == (None, None)
+    path.write_text(json.dumps({"step": 0, key: 0.0}) + "\n")  # killed before its final eval
+    assert eval_metric_before_after(path, key) == (0.0, None)
+    assert eval_metric_before_after(tmp_path / "missing.jsonl", key) == (None, None)
 
 
 def test_a_corrupt_line_before_the_last_is_an_error(tmp_path: Path) -> None:

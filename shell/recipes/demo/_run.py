@@ -27,7 +27,13 @@ from shell.config import TrainConfig
 from shell.recipes.demo._arithmetic import ArithmeticDataset
 from shell.recipes.demo._base_model import BaseModelServiceClient, pretrain_base_model
 from shell.recipes.demo._config import DemoConfig, demo_keys
-from shell.training import METRICS_FILE, checked_last_checkpoint, read_jsonl, recipe_options, train
+from shell.training import (
+    METRICS_FILE,
+    checked_last_checkpoint,
+    eval_metric_before_after,
+    recipe_options,
+    train,
+)
 
 __all__ = [
     "DEMO_RESUME_MAY_CHANGE",
@@ -42,16 +48,6 @@ SUMMARY_FILE = "summary.json"
 """Accuracy before and after GRPO, the time split and the recipe, in the log dir."""
 PRETRAIN_METRICS_FILE = "pretrain_metrics.jsonl"
 """One JSON object per base-model pretraining step, in the log dir."""
-
-
-def _accuracy_before_after(metrics_path: Path) -> tuple[float | None, float | None]:
-    key = "test/env/all/correct"
-    records = [r for r in read_jsonl(metrics_path) if r.get(key) is not None]
-    if not records:
-        return None, None
-    before = next((r[key] for r in records if r["step"] == 0 and not r.get("final_eval")), None)
-    finals = [r[key] for r in records if r.get("final_eval")]
-    return before, (finals[-1] if finals else None)
 
 
 DEMO_RESUME_MAY_CHANGE = frozenset({"rl_steps", "eval_every"})
@@ -156,7 +152,7 @@ async def run_demo_async(
         recipe_options=recipe_options,
     )
     rl_seconds = time.perf_counter() - rl_start
-    before, after = _accuracy_before_after(log_dir / METRICS_FILE)
+    before, after = eval_metric_before_after(log_dir / METRICS_FILE, "test/env/all/correct")
     wall_s = time.perf_counter() - start
     ran = result.end_step - result.start_step
     summary: dict[str, Any] = {

@@ -39,8 +39,8 @@ from shell.training import (
     METRICS_FILE,
     TrainResult,
     checked_last_checkpoint,
+    eval_metric_before_after,
     open_training_client,
-    read_jsonl,
     recipe_options,
     train,
 )
@@ -148,14 +148,6 @@ def smollm2_recipe_options(options: Smollm2Options) -> dict[str, Any]:
     )
 
 
-def _accuracy_before_after(metrics_path: Path) -> tuple[float | None, float | None]:
-    key = "test/env/all/correct"
-    rows = [r for r in read_jsonl(metrics_path) if r.get(key) is not None]
-    before = next((r[key] for r in rows if r["step"] == 0 and not r.get("final_eval")), None)
-    finals = [r[key] for r in rows if r.get("final_eval")]
-    return before, (finals[-1] if finals else None)
-
-
 async def run_smollm2(
     config: TrainConfig,
     *,
@@ -228,7 +220,7 @@ async def run_smollm2(
     )
     rl_s = time.perf_counter() - rl_start
     log_dir = Path(config.log_dir)
-    before, after = _accuracy_before_after(log_dir / METRICS_FILE)
+    before, after = eval_metric_before_after(log_dir / METRICS_FILE, "test/env/all/correct")
     summary: dict[str, Any] = {
         "seed": config.seed,
         "base_model": config.base_model,

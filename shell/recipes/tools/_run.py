@@ -38,7 +38,7 @@ from shell.recipes.tools._renderer import RoleColonToolRenderer
 from shell.recipes.tools._task import AgentDataset, corpus_conversations, split_tool_problems
 from shell.renderers import Message, Renderer, TrainOnWhat, get_renderer
 from shell.tokenizer_utils import Tokenizer, get_tokenizer
-from shell.training import METRICS_FILE, read_jsonl, recipe_options, train
+from shell.training import METRICS_FILE, eval_metric_before_after, recipe_options, train
 
 __all__ = [
     "AGENT_MODELS",
@@ -308,13 +308,6 @@ async def _warm_up(
     return str(saved.path), False, loss_per_token
 
 
-def _before_after(metrics_path: Path, key: str) -> tuple[float | None, float | None]:
-    records = [r for r in read_jsonl(metrics_path) if r.get(key) is not None]
-    before = next((r[key] for r in records if r["step"] == 0 and not r.get("final_eval")), None)
-    finals = [r[key] for r in records if r.get("final_eval")]
-    return before, (finals[-1] if finals else None)
-
-
 async def run_agent_async(
     *, seed: int, log_dir: Path, config: AgentConfig | None = None, progress: bool = True
 ) -> dict[str, Any]:
@@ -412,8 +405,8 @@ async def run_agent_async(
     )
     rl_s = time.perf_counter() - rl_start
     metrics_path = log_dir / METRICS_FILE
-    before, after = _before_after(metrics_path, "test/env/all/correct")
-    tool_before, tool_after = _before_after(metrics_path, "test/env/all/used_tool")
+    before, after = eval_metric_before_after(metrics_path, "test/env/all/correct")
+    tool_before, tool_after = eval_metric_before_after(metrics_path, "test/env/all/used_tool")
     summary: dict[str, Any] = {
         "seed": seed,
         "base_model": config.base_model,
