@@ -42,12 +42,19 @@ from rlpure import model as model_lib
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
-from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks, to_float
+from shell.local._inputs import (
+    PackedData,
+    check_data,
+    loss_config_key,
+    pack_rows,
+    plan_chunks,
+    to_float,
+)
 from shell.local._runtime import LoadedModel, LocalRuntime
 from shell.local._sampling import LocalSamplingClient, sampler_params
 from shell.local._train_steps import (
-    lora_forward_vjp,
     lora_logprobs,
+    lora_loss_and_grad,
     loss_and_logprob_grad,
     merge_metrics,
     model_backward,
@@ -220,46 +227,9 @@ class LocalTrainingClient:
         metric_chunks = []
         for chunk in chunks:
             packed = pack_rows(checked, chunk)
-            if self._lora is None:
-                lp_D_T, vjp = model_forward_vjp(
-                    self._params,
-                    packed.input_D_T,
-                    packed.inputs["target_tokens"],
-                    config=self._config,
-                )
-            elif not backward:  # no gradient: no residuals either
-                assert self._model.params is not None
-                vjp = None
-                lp_D_T = lora_logprobs(
-                    self._params,
-                    self._model.params,
-                    packed.input_D_T,
-                    packed.inputs["target_tokens"],
-                    config=self._config,
-                    lora=self._lora,
-                )
-            else:
-                assert self._model.params is not None
-                lp_D_T, vjp = lora_forward_vjp(
-                    self._params,
-                    self._model.params,
-                    packed.input_D_T,
-                    packed.inputs["target_tokens"],
-                    config=self._config,
-                    lora=self._lora,
-                )
-            out, dlp_D_T = loss_and_logprob_grad(
-                lp_D_T,
-                packed.inputs,
-                packed.valid_D_T,
-                loss_fn=loss_fn,
-                loss_config=loss_config,
-                with_grad=backward,
-            )
-            if backward:
-                if grads is None:
-                    grads = zeros_like_tree(self._params)
-                grads = model_backward(vjp, dlp_D_T, grads)
+            if backward and grads is None:
+                grads = zeros_like_tree(self._params)
+            out, grads = self._chunk_loss(packed, loss_fn, loss_config, grads, backward=backward)
             chunk_lp_D_T = np.asarray(out.target_logprobs_D_T, np.float32)
             for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
                 lp_D[d] = chunk_lp_D_T[row, :n]
@@ -271,6 +241,61 @@ class LocalTrainingClient:
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics=metrics
         )
+
+    def _chunk_loss(
+        self,
+        packed: PackedData,
+        loss_fn: str,
+        loss_config: tuple[tuple[str, float], ...],
+        grads: model_lib.Params | None,
+        *,
+        backward: bool,
+    ) -> tuple[Any, model_lib.Params | None]:
+        """One chunk's loss output, and `grads` plus the chunk's gradient when `backward`: the
+        jitted stages of `shell.local._train_steps` (three for a toy model, one for LoRA)."""
+        targets_D_T = packed.inputs["target_tokens"]
+        vjp = None
+        if self._lora is None:
+            lp_D_T, vjp = model_forward_vjp(
+                self._params, packed.input_D_T, targets_D_T, config=self._config
+            )
+        else:
+            base = self._model.params
+            assert base is not None
+            if backward:
+                fused: tuple[Any, model_lib.Params] = lora_loss_and_grad(
+                    self._params,
+                    base,
+                    packed.input_D_T,
+                    targets_D_T,
+                    packed.inputs,
+                    packed.valid_D_T,
+                    grads,
+                    config=self._config,
+                    lora=self._lora,
+                    loss_fn=loss_fn,
+                    loss_config=loss_config,
+                )
+                return fused
+            lp_D_T = lora_logprobs(  # no gradient: no residuals either
+                self._params,
+                base,
+                packed.input_D_T,
+                targets_D_T,
+                config=self._config,
+                lora=self._lora,
+            )
+        out, dlp_D_T = loss_and_logprob_grad(
+            lp_D_T,
+            packed.inputs,
+            packed.valid_D_T,
+            loss_fn=loss_fn,
+            loss_config=loss_config,
+            with_grad=backward,
+        )
+        if backward:
+            grads = model_backward(vjp, dlp_D_T, grads)
+        return out, grads
 
     # -- optimiser --
 

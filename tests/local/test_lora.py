@@ -10,10 +10,12 @@ module-scoped service keeps the compiled shapes shared across the tests.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tinker import types
@@ -22,6 +24,9 @@ from rlpure import model as model_lib
 from rlpure.losses import LOSSES
 from shell.errors import CheckpointError
 from shell.local import LocalServiceClient, LocalTrainingClient
+from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks
+from shell.local._train_steps import lora_loss_and_grad, loss_and_logprob_grad, model_forward_vjp
+from tests.compile_count import count_compiles
 from tests.local.hf_fixtures import (
     hf_config,
     random_hf_tensors,
@@ -125,6 +130,73 @@ def test_every_loss_runs_through_lora(service: LocalServiceClient, llama_dir: Pa
         out = trainer.forward_backward([_inputs_for(loss_fn, datum)], loss_fn, config).result()  # type: ignore[arg-type]
         assert np.isfinite(out.metrics["loss:sum"]), loss_fn
     assert trainer._grads is not None
+
+
+def test_lora_forward_backward_equals_the_chain_rule_through_the_logprobs(
+    service: LocalServiceClient, llama_dir: Path
+) -> None:
+    """The one fused LoRA stage against the three-stage route (the toy models' and LoRA's
+    before): the VJP of the logprobs applied to the loss's gradient with respect to them. Two
+    losses (one with a config) stand for all: the stage is the same for each, and
+    `test_every_loss_runs_through_lora` runs every one through it."""
+    trainer = _trainer(service, llama_dir)
+    tokens = _tokens(trainer, "What is 12 + 34? The answer is 46.")
+    warm = _inputs_for("cross_entropy", _datum(tokens))
+    trainer.forward_backward([warm], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B != 0 from here
+    adapters, base, config, lora = trainer.params, trainer.base_params, trainer.config, trainer.lora
+    assert base is not None and lora is not None
+    for loss_fn in ("cross_entropy", "dro"):
+        loss_config = dict.fromkeys(LOSSES[loss_fn].required_config, 0.2)
+        data = [
+            _inputs_for(loss_fn, _datum(tokens[: n + 1], advantage=a))
+            for n, a in ((len(tokens) - 1, 0.5), (7, -1.0), (3, 2.0))
+        ]
+        trainer._grads = None
+        with count_compiles() as compiled:
+            out = trainer.forward_backward(data, loss_fn, loss_config).result()  # type: ignore[arg-type]
+        assert compiled.traces_of(model_forward_vjp) == 0  # LoRA runs its own single stage
+        checked = check_data(data, loss_fn, config)
+        (chunk,) = plan_chunks(checked.length_D, rows_for_width=lambda width: 8)
+        packed = pack_rows(checked, chunk)
+        input_D_T = jnp.asarray(packed.input_D_T)
+        target_D_T = jnp.asarray(packed.inputs["target_tokens"])
+        lp_D_T, vjp = jax.vjp(
+            partial(model_lib.target_logprobs_fn, base, input_D_T, target_D_T, config, lora=lora),
+            adapters,
+        )
+        want, dlp_D_T = loss_and_logprob_grad(
+            lp_D_T,
+            packed.inputs,
+            packed.valid_D_T,
+            loss_fn=loss_fn,
+            loss_config=loss_config_key(loss_config),
+            with_grad=True,
+        )
+        (want_grads,) = vjp(dlp_D_T)
+        assert out.metrics["loss:sum"] == pytest.approx(float(want.metrics["loss:sum"]), rel=1e-6)
+        for d, (row, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
+            np.testing.assert_allclose(
+                out.loss_fn_outputs[row]["logprobs"].to_numpy(),
+                np.asarray(lp_D_T)[d, :n],
+                atol=1e-6,
+            )
+        got_leaves = jax.tree_util.tree_leaves(trainer._grads)
+        want_leaves = jax.tree_util.tree_leaves(want_grads)
+        assert any(np.abs(np.asarray(w)).max() > 0 for w in want_leaves), loss_fn
+        # float32 sums in another order: compare each leaf at its own scale
+        for got, w in zip(got_leaves, want_leaves, strict=True):
+            scale = float(np.abs(np.asarray(w)).max())
+            np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-5, atol=1e-5 * scale)
+        # a second call in the same buckets adds its gradient without compiling again
+        with count_compiles() as compiled:
+            trainer.forward_backward(data, loss_fn, loss_config).result()  # type: ignore[arg-type]
+        assert compiled.traces_of(lora_loss_and_grad) == 0
+        for got, w in zip(jax.tree_util.tree_leaves(trainer._grads), want_leaves, strict=True):
+            scale = float(np.abs(np.asarray(w)).max())
+            np.testing.assert_allclose(
+                np.asarray(got), 2 * np.asarray(w), rtol=1e-5, atol=2e-5 * scale
+            )
 
 
 def test_save_and_load_state_hold_adapters_only_and_refuse_another_base(

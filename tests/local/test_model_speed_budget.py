@@ -21,7 +21,7 @@ from tinker import types
 from rlpure import model as model_lib
 from shell.local import LocalServiceClient
 from shell.local._runtime import activation_floats_per_token
-from shell.local._train_steps import lora_forward_vjp, lora_logprobs
+from shell.local._train_steps import lora_logprobs, lora_loss_and_grad
 from tests.compile_count import count_compiles
 from tests.local.hf_fixtures import (
     hf_config,
@@ -84,7 +84,7 @@ def test_lora_forward_runs_no_vjp_and_matches_forward_backward(tmp_path: Path) -
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # adapters non-zero
     with count_compiles() as compiled:
         forward = trainer.forward([datum], "cross_entropy").result()
-    assert compiled.traces_of(lora_forward_vjp) == 0
+    assert compiled.traces_of(lora_loss_and_grad) == 0
     assert compiled.traces_of(lora_logprobs) == 1
     both = trainer.forward_backward([datum], "cross_entropy").result()
     np.testing.assert_allclose(
