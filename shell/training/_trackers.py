@@ -5,11 +5,13 @@ Conventions:
   `WandbLogger`): one W&B run per process (a resumed run is a new W&B run, as in the cookbook),
   `wandb.init(project=..., name=..., dir=LOG_DIR, config=...)`, the config logged once at init
   (`TrainConfig` as `config.json` holds it, plus `recipe_options`), and each row logged with
-  `wandb.log(row, step=step)`: the keys and values of the row written to metrics.jsonl, nothing
-  renamed or dropped. `WANDB_DIR`, when set, wins over the log dir; `WANDB_MODE=offline` logs
-  locally (`wandb sync` uploads later).
+  `wandb.log(metrics, step=step)`: the keys and values of the row written to metrics.jsonl
+  except its `step`, which is the tracker's own step axis (the cookbook logs its metrics dict,
+  which has no `step` key, at `step=`), nothing renamed. `WANDB_DIR`, when set, wins over the
+  log dir; `WANDB_MODE=offline` logs locally (`wandb sync` uploads later).
 - `TrainConfig.tensorboard_dir` writes TensorBoard event files (`tensorboardX`): every numeric
-  value of a row as a scalar at the row's step, the config once as a text summary.
+  value of a row (its `step` aside) as a scalar at the row's step, the config once as a text
+  summary.
 - Both are optional extras (`pip install 'rlpure[wandb]'`, `'rlpure[tensorboard]'`): asking
   for one that is not installed, or a W&B run that cannot start (no credentials online), is
   a one-line `ConfigError` raised by `open_trackers`, before the first step.
@@ -155,9 +157,11 @@ class Trackers:
         return bool(self._trackers)
 
     def log_metrics(self, row: Mapping[str, Any], *, step: int) -> None:
-        """Logs `row` (the dict written to metrics.jsonl) at `step` to every tracker."""
+        """Logs `row` (the dict written to metrics.jsonl) at `step` to every tracker, without
+        its `step` key (the trackers' own step axis)."""
+        metrics = {key: value for key, value in row.items() if key != "step"}
         for tracker in self._trackers:
-            tracker.log_metrics(row, step=step)
+            tracker.log_metrics(metrics, step=step)
 
     def finish(self, *, exit_code: int = 0) -> None:
         """Finishes every run once (later calls do nothing)."""

@@ -169,9 +169,12 @@ ROWS = [
 
 
 def _by_step(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The rows merged by step, without the `step` key (the trackers' own step axis)."""
     merged: dict[int, dict[str, Any]] = {}
     for row in rows:
-        merged.setdefault(int(row["step"]), {}).update(row)
+        merged.setdefault(int(row["step"]), {}).update(
+            {key: value for key, value in row.items() if key != "step"}
+        )
     return merged
 
 
@@ -201,7 +204,7 @@ def test_a_block_that_raises_finishes_the_run_as_failed(tmp_path: Path, offline:
         raise RuntimeError("boom")
     run = _offline_run(offline)
     assert run["exit_code"] == 1
-    assert run["history"] == {0: {"step": 0, "x": 1.5}}
+    assert run["history"] == {0: {"x": 1.5}}
     trackers.finish()  # finishing twice is harmless
 
 
@@ -263,8 +266,8 @@ def test_tensorboard_scalars_are_the_numeric_values_of_the_rows(tmp_path: Path) 
         for row in rows:
             trackers.log_metrics(row, step=int(row["step"]))
     assert _tensorboard_scalars(logdir) == {
-        0: {"step": 0.0, "env/all/reward/total": 0.25},
-        1: {"step": 1.0, "env/all/reward/total": 0.5, "tokens/sampled": 12.0},
+        0: {"env/all/reward/total": 0.25},
+        1: {"env/all/reward/total": 0.5, "tokens/sampled": 12.0},
     }
 
 
