@@ -2,7 +2,9 @@
 Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and byte tokenizer
 (pure JAX; `shell.local` runs them behind the Tinker client interface).
 
-- `_config`: `ModelConfig` (every family), `RopeScaling`, the named `MODEL_CONFIGS`.
+- `_config`: `ModelConfig` (every family), `RopeScaling` (and
+  `llama3_rope_scaling_from_factors`, recovering it from per-frequency divisors), the named
+  `MODEL_CONFIGS`.
 - `_transformer`: `init_params`, the causal `forward` pass, the KV-cached `prefill` and
   `decode_step`, `logits` and `target_logprobs` (training logprobs), each with optional LoRA
   adapters.
@@ -26,7 +28,7 @@ is traced.
 
 from __future__ import annotations
 
-from rlpure.model._config import RopeScaling
+from rlpure.model._config import RopeScaling, llama3_rope_scaling_from_factors
 from rlpure.model._hf_names import config_from_hf, params_from_hf
 from rlpure.model._lora import LoraConfig, count_lora_params, init_lora, merge_lora
 from rlpure.model._optimizer import (
@@ -52,6 +54,7 @@ from rlpure.model._transformer import (
     init_params,
     logits,
     prefill,
+    rope_inv_freq,
     target_logprobs,
     target_logprobs_fn,
 )
@@ -86,10 +89,12 @@ __all__ = [
     "init_lora",
     "init_optimizer_state",
     "init_params",
+    "llama3_rope_scaling_from_factors",
     "logits",
     "merge_lora",
     "params_from_hf",
     "prefill",
+    "rope_inv_freq",
     "sample_tokens",
     "stop_string_end",
     "target_logprobs",

@@ -17,11 +17,12 @@ Families:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Literal
 
 import msgspec
+import numpy as np
 
 from rlpure.model._tokenizer import VOCAB_SIZE
 
@@ -32,6 +33,7 @@ __all__ = [
     "ParamDtype",
     "RopeScaling",
     "get_model_config",
+    "llama3_rope_scaling_from_factors",
 ]
 
 Family = Literal["rlpure", "llama", "qwen2", "qwen3"]
@@ -59,6 +61,75 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+def llama3_rope_scaling_from_factors(
+    factors_J: Sequence[float] | np.ndarray, *, rope_base: float, head_dim: int
+) -> RopeScaling | None:
+    """Llama 3.1's `RopeScaling` recovered from per-frequency divisors `r_j` (llama.cpp's GGUF
+    tensor `rope_freqs.weight`: its rotary frequencies are `inv_freq_j / r_j`), or `None` when
+    every divisor is 1.
+
+    With `λ_j = 2π / inv_freq_j` the formula (`RopeScaling`) gives `r_j = 1` for short
+    wavelengths, `factor` for long ones, and `1 / r_j = (1 − s_j) / factor + s_j` between, where
+    `s_j = α / λ_j + β` is linear in `1 / λ_j` (`α = L0 / (high − low)`, `β = −low / (high −
+    low)`). So `factor = max_j r_j`, a least-squares line through the interpolated `s_j` gives
+    `α` and `β`, and of the three parameters only those two combinations matter: `L0 = −α / β`
+    rounded (exact with Llama 3.x's `low_freq_factor = 1`), then `low = −β L0 / α`, `high = low
+    + L0 / α`. The caller checks the result against the divisors.
+
+    Args:
+        factors_J: float `[J]` divisors (`J = head_dim / 2`), each ≥ 1.
+        rope_base: RoPE base (`rope_theta`).
+        head_dim: `C`, the rotary head width.
+
+    Returns:
+        The scaling, or `None` for all-ones divisors.
+
+    Raises:
+        ValueError: a length other than `head_dim / 2`, a divisor below 1 or not finite, or
+            fewer than two interpolated frequencies (the line is then not determined).
+
+    Examples:
+        >>> import numpy as np
+        >>> inv = 500000.0 ** (-np.arange(0, 128, 2) / 128)
+        >>> lam = 2 * np.pi / inv
+        >>> s = np.clip((8192 / lam - 1) / (4 - 1), 0, 1)
+        >>> r = 1 / ((1 - s) / 8 + s)  # Llama 3.1: factor 8, low 1, high 4, L0 8192
+        >>> llama3_rope_scaling_from_factors(r, rope_base=500000.0, head_dim=128)
+        RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    """
+    r_J = np.asarray(factors_J, np.float64)
+    if r_J.shape != (head_dim // 2,):
+        raise ValueError(
+            f"rope frequency factors: expected {head_dim // 2} values (head_dim / 2), got "
+            f"shape {r_J.shape}"
+        )
+    if not np.all(np.isfinite(r_J)) or r_J.min() < 1 - 1e-6:
+        raise ValueError("rope frequency factors: expected finite values >= 1")
+    factor = float(r_J.max())
+    if factor <= 1 + 1e-6:
+        return None
+    inv_J = rope_base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    between_J = (r_J > 1 + 1e-4) & (r_J < factor * (1 - 1e-4))
+    if between_J.sum() < 2:
+        raise ValueError(
+            f"rope frequency factors: {int(between_J.sum())} interpolated frequencies, need 2 "
+            "to recover Llama 3.1's low_freq_factor, high_freq_factor and original length"
+        )
+    s = (1 / r_J[between_J] - 1 / factor) / (1 - 1 / factor)
+    alpha, beta = np.polyfit(inv_J[between_J] / (2 * math.pi), s, 1)
+    if not (alpha > 0 and beta < 0):
+        raise ValueError("rope frequency factors: they do not fall with the wavelength")
+    original = max(1, round(-alpha / beta))
+    low = -beta * original / alpha
+    high = low + original / alpha
+    return RopeScaling(
+        factor=round(factor, 4),
+        low_freq_factor=round(float(low), 4),
+        high_freq_factor=round(float(high), 4),
+        original_max_position_embeddings=int(original),
+    )
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):

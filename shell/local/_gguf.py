@@ -22,6 +22,12 @@ Conventions:
   converter permutes the rows of Llama's `q_proj` (per query head) and `k_proj` (per key/value
   head) weights and biases. `unpermute_rope_rows` inverts `permute_rope_rows` (that converter's
   permutation) exactly; Qwen2/Qwen3 files use Hugging Face's rotation and are not permuted.
+- RoPE scaling: llama.cpp writes Llama 3.1's frequency scaling as a tensor `rope_freqs.weight`
+  of per-frequency divisors (no metadata field). `gguf_hf_config` recovers the `rope_scaling`
+  (`rope_type: "llama3"`) they follow (`rlpure.model.llama3_rope_scaling_from_factors`) and
+  checks that the model's frequencies from it equal `inv_freq_j / r_j` (relative 1e-4); the
+  tensor itself is not a weight. Other scalings (`rope.scaling.type` `linear`, `yarn`) are
+  refused.
 - Dequantisation is whatever `gguf.quants.dequantize` supports (F32, F16, BF16, Q4_0, Q4_1,
   Q5_0, Q5_1, Q8_0, the K-quants, IQ*, ...); any other type is a `ConfigError` naming the file,
   the tensor and the type. Every other problem the caller can fix (a missing or unreadable file,
@@ -41,6 +47,7 @@ import msgspec
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from rlpure import model as model_lib
 from shell.errors import ConfigError
 from shell.local._gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf_file
 from shell.local._hf import SUPPORTED_MODEL_TYPES, check_hf_config, check_hf_tensors
@@ -227,7 +234,7 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
     width / heads), `attention.layer_norm_rms_epsilon`, `rope.freq_base` (default 1e4),
     `context_length`, `vocab_size` (default: the tokenizer's or embedding's size); tied
     embeddings when the file has no `output.weight`; `bos_token_id` / `eos_token_id` from
-    `tokenizer.ggml.*`.
+    `tokenizer.ggml.*`; `rope_scaling` from a `rope_freqs.weight` tensor (module docstring).
 
     Args:
         file: the opened file (`open_gguf`).
@@ -239,7 +246,8 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: unsupported architecture, a missing or malformed field, partial rotary
-            embeddings or RoPE scaling (not read from GGUF here), each naming the file and field.
+            embeddings, a RoPE scaling other than Llama 3.1's, or a `rope_freqs.weight` that
+            follows no Llama 3.1 curve, each naming the file and the field or tensor.
     """
     arch = _field(file, "general.architecture", path)
     if arch not in SUPPORTED_MODEL_TYPES:
@@ -266,11 +274,11 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
             f"head width {head_dim}; partial rotary embeddings are not supported"
         )
     scaling = _field(file, f"{arch}.rope.scaling.type", path, required=False)
-    if (scaling not in (None, "none")) or "rope_freqs.weight" in names:
+    if scaling not in (None, "none"):
         raise ConfigError(
-            f"{path}: GGUF RoPE scaling ('{arch}.rope.scaling.type' = {scaling!r} or a "
-            "'rope_freqs.weight' tensor) is not read from GGUF; load the Hugging Face checkpoint "
-            "directory instead"
+            f"{path}: GGUF RoPE scaling '{arch}.rope.scaling.type' = {scaling!r} is not read "
+            "from GGUF (only Llama 3.1's, as a 'rope_freqs.weight' tensor); load the Hugging "
+            "Face checkpoint directory instead"
         )
     embed_rows = int(names["token_embd.weight"].shape[-1])
     tokens = file.fields.get("tokenizer.ggml.tokens")
@@ -297,7 +305,44 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
         if value is not None:
             config[name] = int(value)
     check_hf_config(config, source=str(path))
+    if _ROPE_FREQS in names:
+        rope_scaling = _llama3_rope_scaling(names[_ROPE_FREQS], config, path)
+        if rope_scaling is not None:
+            config["rope_scaling"] = rope_scaling
     return config
+
+
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+def _llama3_rope_scaling(
+    tensor: GGUFTensor, config: Mapping[str, Any], path: Path
+) -> dict[str, Any] | None:
+    """The `rope_scaling` dict (`rope_type: "llama3"`) a `rope_freqs.weight` tensor follows, or
+    None when its divisors are all 1; checked against the divisors themselves."""
+    factors_J = _dequantize(tensor, path).reshape(-1).astype(np.float64)
+    head_dim, theta = int(config["head_dim"]), float(config["rope_theta"])
+    try:
+        scaling = model_lib.llama3_rope_scaling_from_factors(
+            factors_J, rope_base=theta, head_dim=head_dim
+        )
+    except ValueError as error:
+        raise ConfigError(f"{path}: tensor {_ROPE_FREQS!r}: {error}") from None
+    if scaling is None:
+        return None
+    rope_scaling = {"rope_type": "llama3", **msgspec.structs.asdict(scaling)}
+    got_J = model_lib.rope_inv_freq(
+        model_lib.config_from_hf({**config, "rope_scaling": rope_scaling})
+    ).astype(np.float64)
+    want_J = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / factors_J
+    off = float(np.max(np.abs(got_J / want_J - 1)))
+    if off > 1e-4:
+        raise ConfigError(
+            f"{path}: tensor {_ROPE_FREQS!r} does not follow Llama 3.1's RoPE scaling (the "
+            f"closest, {scaling}, is off by {off:.1e} relative); load the Hugging Face "
+            "checkpoint directory instead"
+        )
+    return rope_scaling
 
 
 def _metadata_keys(arch: str) -> dict[str, str]:
@@ -372,6 +417,8 @@ def gguf_hf_tensors(checkpoint: GGUFCheckpoint) -> dict[str, np.ndarray]:
     }
     tensors: dict[str, np.ndarray] = {}
     for tensor in file.tensors:
+        if tensor.name == _ROPE_FREQS:  # RoPE scaling, read into the config (`gguf_hf_config`)
+            continue
         name = gguf_to_hf_name(tensor.name)
         if name is None:
             raise ConfigError(

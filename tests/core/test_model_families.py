@@ -12,8 +12,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import msgspec
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from rlpure import model as M
 from rlpure.buckets import bucket_size
@@ -353,3 +356,50 @@ def test_lora_param_counts_match_tinkers_table() -> None:
         )
         assert M.count_lora_params(shapes) == 8 * per_rank, flags
     assert M.LoraConfig(rank=8).scale == 4.0  # alpha 32 / rank 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    factor=st.floats(2.0, 64.0),
+    high=st.floats(1.5, 16.0),
+    original=st.integers(64, 1 << 17),
+    base=st.sampled_from([1e4, 5e5, 1e6]),
+    head_dim=st.sampled_from([16, 64, 128]),
+)
+def test_llama3_rope_scaling_is_recovered_from_its_frequency_divisors(
+    factor: float, high: float, original: int, base: float, head_dim: int
+) -> None:
+    """Round trip: divisors `r_j` made with Llama 3.1's formula (low_freq_factor 1, as every
+    Llama 3.x) give back the scaling, whose frequencies are `inv_freq_j / r_j`, whenever it is
+    determined: some frequency divided by the full `factor` and two strictly between."""
+    scaling = M.RopeScaling(
+        factor=factor,
+        low_freq_factor=1.0,
+        high_freq_factor=high,
+        original_max_position_embeddings=original,
+    )
+    plain = _config("llama", rope_base=base, head_width=head_dim)
+    inv_J = M.rope_inv_freq(plain).astype(np.float64)
+    scaled_J = M.rope_inv_freq(msgspec.structs.replace(plain, rope_scaling=scaling))
+    factors_J = inv_J / scaled_J.astype(np.float64)
+    wavelen_J = 2 * np.pi / inv_J
+    assume(np.any(wavelen_J > 1.001 * original))  # the plateau, at `factor`
+    inside_J = (factors_J > 1 + 1e-3) & (factors_J < factor * (1 - 1e-3))
+    assume(int(inside_J.sum()) >= 2)  # two points of the interpolating line
+    got = M.llama3_rope_scaling_from_factors(factors_J, rope_base=base, head_dim=head_dim)
+    assert got is not None
+    np.testing.assert_allclose(got.factor, factor, rtol=1e-4)
+    recovered_J = M.rope_inv_freq(msgspec.structs.replace(plain, rope_scaling=got))
+    np.testing.assert_allclose(recovered_J, scaled_J, rtol=1e-4)
+
+
+def test_llama3_rope_scaling_from_factors_refuses_what_it_cannot_determine() -> None:
+    ones = np.ones(8)
+    assert M.llama3_rope_scaling_from_factors(ones, rope_base=1e4, head_dim=16) is None
+    with pytest.raises(ValueError, match="expected 8 values"):
+        M.llama3_rope_scaling_from_factors(np.ones(7), rope_base=1e4, head_dim=16)
+    with pytest.raises(ValueError, match=">= 1"):
+        M.llama3_rope_scaling_from_factors(np.full(8, 0.5), rope_base=1e4, head_dim=16)
+    step = np.array([1.0] * 4 + [8.0] * 4)  # no interpolated frequency: the line is unknown
+    with pytest.raises(ValueError, match="0 interpolated frequencies, need 2"):
+        M.llama3_rope_scaling_from_factors(step, rope_base=1e4, head_dim=16)

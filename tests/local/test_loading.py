@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from rlpure import model as model_lib
 from shell.errors import ConfigError
 from shell.local._gguf import (
     gguf_hf_tensors,
@@ -374,6 +375,55 @@ def test_gguf_round_trip(
     assert (got_config["bos_token_id"], got_config["eos_token_id"]) == (1, 2)
     # F32 everywhere: exact, q/k rows back in Hugging Face order.
     _assert_same_tensors(model.load_tensors(), tensors)
+
+
+def _llama_cpp_rope_factors(config: dict[str, Any], scaling: dict[str, Any]) -> np.ndarray:
+    """float32 `[C / 2]` divisors as llama.cpp's converter writes `rope_freqs.weight` for a
+    `rope_type: "llama3"` config (its loop over frequencies, here vectorised)."""
+    head_dim = int(config["head_dim"])
+    inv = float(config["rope_theta"]) ** (-np.arange(0, head_dim, 2) / head_dim)
+    wavelen = 2 * np.pi / inv
+    old = scaling["original_max_position_embeddings"]
+    low, high, factor = scaling["low_freq_factor"], scaling["high_freq_factor"], scaling["factor"]
+    smooth = (old / wavelen - low) / (high - low)
+    between = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(
+        wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, between)
+    ).astype(np.float32)
+
+
+def test_gguf_llama3_rope_scaling_is_read_from_rope_freqs(
+    tmp_path: Path, llama: tuple[dict[str, Any], dict[str, np.ndarray]]
+) -> None:
+    config, tensors = llama
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 2048,
+    }
+    scaled = config | {"rope_scaling": scaling}
+    factors = _llama_cpp_rope_factors(config, scaling)
+    assert 1 < len(set(factors.tolist())) < len(factors)  # ones, eights and interpolated ones
+
+    def with_rope_freqs(name: str, divisors: np.ndarray) -> Path:
+        extra = {"rope_freqs.weight": (divisors, None)}
+        return write_gguf(tmp_path / name, config, tensors, None, extra_tensors=extra)
+
+    checkpoint = read_gguf(with_rope_freqs("llama3.gguf", factors))
+    assert checkpoint.hf_config["rope_scaling"] == scaling
+    want = model_lib.config_from_hf(scaled)
+    assert model_lib.config_from_hf(checkpoint.hf_config) == want
+    _assert_same_tensors(gguf_hf_tensors(checkpoint), tensors)  # the tensor is no weight
+    # all-ones divisors: no scaling; divisors that follow no Llama 3.1 curve: refused
+    ones = with_rope_freqs("ones.gguf", np.ones_like(factors))
+    assert "rope_scaling" not in read_gguf(ones).hf_config
+    bumpy = factors.copy()
+    bumpy[0] = 1.3  # the highest frequency should be left as it is (1)
+    bad = with_rope_freqs("bad.gguf", bumpy)
+    with pytest.raises(ConfigError, match=rf"{bad}: tensor 'rope_freqs.weight'"):
+        read_gguf(bad)
 
 
 def test_gguf_quantised_tensors(
