@@ -21,8 +21,10 @@ Conventions:
     on it, the training state only, with `rolling_ttl_seconds`, in a row marked `"rolling":
     true`; once it is recorded, the previous rolling state is deleted
     (`service_client.create_rest_client().delete_checkpoint_from_tinker_path`, as the cookbook;
-    a failed or impossible deletion is a warning, the TTL cleans up on Tinker). A run resumed
-    from a rolling row deletes that state too once it saved a newer one (the cookbook's
+    a failed or impossible deletion is a warning, the TTL cleans up on Tinker). A rolling save
+    that fails (the backend's error or an `OSError`) is a warning too and the run goes on, as
+    the cookbook's manager only logs it: a resume then starts from the save before it. A run
+    resumed from a rolling row deletes that state too once it saved a newer one (the cookbook's
     manager only deletes what its own process saved, and the local backend has no TTL);
   - **final**: after the last step, state and sampler weights with no TTL (kept
     indefinitely), name `"final"`, then the last rolling state is deleted.
@@ -639,6 +641,10 @@ class _DeletingRestClient(Protocol):
 _DELETE_ERRORS = (tinker.TinkerError, CheckpointError, ValueError, OSError)
 """What a failed deletion of a rolling state raises (the SDK's errors, the local backend's)."""
 
+_SAVE_ERRORS = (tinker.TinkerError, CheckpointError, OSError)
+"""What a failed save raises: the SDK's errors, the local backend's, a full or unwritable disk
+(`checkpoints.jsonl`). Only a rolling save's is caught (a warning); others stop the run."""
+
 
 class Checkpointer:
     """The periodic, rolling and final saves of one `train` call (the cookbook's
@@ -741,23 +747,35 @@ class Checkpointer:
         if kind is None:
             return None
         config = self._config
-        record = await save_checkpoint(
-            self._training_client,
-            log_dir=self._log_dir,
-            step=step,
-            rng_key_data=rng_key_data,
-            final=final,
-            kl_reference_path=kl_reference_path,
-            cumulative_tokens=cumulative_tokens,
-            discarded_tokens=discarded_tokens,
-            kind="state" if kind == "rolling" else "both",
-            ttl_seconds={
-                "final": None,
-                "periodic": config.ttl_seconds,
-                "rolling": config.rolling_ttl_seconds,
-            }[kind],
-            rolling=kind == "rolling",
-        )
+        try:
+            record = await save_checkpoint(
+                self._training_client,
+                log_dir=self._log_dir,
+                step=step,
+                rng_key_data=rng_key_data,
+                final=final,
+                kl_reference_path=kl_reference_path,
+                cumulative_tokens=cumulative_tokens,
+                discarded_tokens=discarded_tokens,
+                kind="state" if kind == "rolling" else "both",
+                ttl_seconds={
+                    "final": None,
+                    "periodic": config.ttl_seconds,
+                    "rolling": config.rolling_ttl_seconds,
+                }[kind],
+                rolling=kind == "rolling",
+            )
+        except _SAVE_ERRORS as error:
+            if kind != "rolling":
+                raise
+            logger.warning(
+                "the rolling checkpoint after step %d failed (%s: %s); the run goes on, and a "
+                "resume starts from the save before it",
+                step,
+                type(error).__name__,
+                error,
+            )
+            return None
         if kind != "periodic":
             await self._delete_previous_rolling()
         if kind == "rolling":

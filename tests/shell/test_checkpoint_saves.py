@@ -188,6 +188,44 @@ def test_a_service_without_a_rest_client_keeps_its_rolling_states_with_a_warning
     assert [r["name"] for r in _rows(tmp_path)] == ["000001", "000002", "final"]
 
 
+class _FailingSaveClient(_TtlRecordingClient):
+    """Refuses `save_state` for the checkpoint of one step, as a full disk would."""
+
+    def __init__(self, service: FakeServiceClient, *, fail_at: int) -> None:
+        super().__init__(service)
+        self.fail_at = fail_at
+
+    def save_state(  # type: ignore[override]
+        self, name: str, *args: Any, **kwargs: Any
+    ) -> FakeFuture[types.SaveWeightsResponse]:
+        if name.startswith(f"step_{self.fail_at:06d}_"):
+            raise OSError("No space left on device")
+        return super().save_state(name, *args, **kwargs)
+
+
+def test_a_failed_rolling_save_is_a_warning_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = _ServiceWithRest()
+    client = _FailingSaveClient(service, fail_at=2)
+    with caplog.at_level("WARNING"):
+        saved = _run(service, client, tmp_path, steps=range(1, 5), num_steps=4,
+                     rolling_save_every=1)  # fmt: skip
+    assert [r is None for r in saved] == [False, True, False, False]
+    assert "the rolling checkpoint after step 2 failed (OSError: No space left" in caplog.text
+    rows = _rows(tmp_path)
+    assert [r["name"] for r in rows] == ["000001", "000003", "final"]
+    # step 1's state stays the latest rolling one until step 3's is saved
+    assert service.deleted == [rows[0]["state_path"], rows[1]["state_path"]]
+    # a periodic or final save that fails still stops the run
+    cases: list[dict[str, Any]] = [{"save_every": 2}, {}]
+    for options in cases:
+        failing = _FailingSaveClient(service, fail_at=2)
+        with pytest.raises(OSError, match="No space left"):
+            _run(service, failing, tmp_path / str(len(options)), steps=range(1, 3),
+                 num_steps=2 if not options else 4, **options)  # fmt: skip
+
+
 def test_nothing_is_due_without_cadences_nor_at_the_last_step(tmp_path: Path) -> None:
     service = FakeServiceClient()
     saved = _run(service, _TtlRecordingClient(service), tmp_path, steps=range(1, 4),
