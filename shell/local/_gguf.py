@@ -334,7 +334,7 @@ def _llama3_rope_scaling(
     got_J = model_lib.rope_inv_freq(
         model_lib.config_from_hf({**config, "rope_scaling": rope_scaling})
     ).astype(np.float64)
-    want_J = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim) / factors_J
+    want_J = model_lib.rope_inv_freq(model_lib.config_from_hf(config)) / factors_J
     off = float(np.max(np.abs(got_J / want_J - 1)))
     if off > 1e-4:
         raise ConfigError(
