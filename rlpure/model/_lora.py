@@ -27,7 +27,9 @@ Adapter pytree: `{"layers": {stem_a_I_R, stem_b_R_O, ...}, "unembed_a_E_R", "une
 (e.g. `wq_a_E_R` `[L, E, R]` and `wq_b_R_H_C` `[L, R, H, C]`, stacked over layers like the
 base params); adapters are float32 whatever the base dtype. `rlpure.model._transformer` applies
 them without merging (`forward(..., adapters=, lora=)`: the backward pass then never forms a
-full `[I, O]` weight gradient); `merge_lora` folds them into a params copy for sampling.
+full `[I, O]` weight gradient; only the unembedding's adapter is merged on the fly when a call
+has at least `E` positions, with a hand-written VJP); `merge_lora` folds them into a params
+copy for sampling.
 """
 
 from __future__ import annotations

@@ -308,6 +308,37 @@ def test_lora_term_hand_written_vjp_equals_autodiff() -> None:
         np.testing.assert_allclose(hand(x, a, w, cotangent), plain(x, a, w, cotangent), rtol=1e-5)
 
 
+def test_merged_unembedding_hand_written_vjp_equals_autodiff() -> None:
+    # `_adapted_unembed` merges the unembedding's adapter before the matmul and writes its VJP
+    # by hand; values and gradients (h, the base matrix, A, B) must be those of the unmerged
+    # `h W + scale (h A) B`, tied (`W = embed_V_Eᵀ`) and untied, at ragged shapes and rank 1.
+    from rlpure.model._transformer import _adapted_unembed
+
+    rng = np.random.default_rng(9)
+    for b, t, e, r, v in ((2, 3, 5, 4, 7), (1, 2, 3, 1, 2), (3, 4, 6, 2, 33)):
+        h, a, bb = (
+            jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, t, e), (e, r), (r, v))
+        )
+        dlogits = jnp.asarray(rng.standard_normal((b, t, v)), jnp.float32)
+        for tied in (True, False):
+            w = jnp.asarray(rng.standard_normal((v, e) if tied else (e, v)), jnp.float32)
+
+            def hand(h: jax.Array, w: jax.Array, a: jax.Array, bb: jax.Array) -> jax.Array:
+                return jnp.sum(_adapted_unembed(h, w, a, bb, 0.75, tied) * dlogits)  # noqa: B023
+
+            def plain(h: jax.Array, w: jax.Array, a: jax.Array, bb: jax.Array) -> jax.Array:
+                w_E_V = w.T if tied else w  # noqa: B023
+                logits = h @ w_E_V + 0.75 * jnp.einsum("bte,er,rv->btv", h, a, bb)
+                return jnp.sum(logits * dlogits)  # noqa: B023
+
+            got = jax.jit(jax.grad(hand, argnums=(0, 1, 2, 3)))(h, w, a, bb)
+            want = jax.grad(plain, argnums=(0, 1, 2, 3))(h, w, a, bb)
+            for g, x, name in zip(got, want, ("h", "W", "A", "B"), strict=True):
+                assert g.shape == x.shape, (name, tied)
+                np.testing.assert_allclose(np.asarray(g), np.asarray(x), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(hand(h, w, a, bb), plain(h, w, a, bb), rtol=1e-5)
+
+
 def test_swiglu_hand_written_vjp_equals_autodiff() -> None:
     # `_swiglu`'s VJP is written by hand (to keep fewer residuals); it must equal autodiff's
     # gradient of `silu(g) · u`, at large |g| (saturated sigmoid) too.
