@@ -425,6 +425,15 @@ def _attend(
     return out_B_T_N_G_C.reshape(b, t, h, c)
 
 
+# `_attend` for the full causal pass: differentiated, its backward recomputes the scores and
+# softmax from the queries, keys and values (kept anyway) instead of keeping two `[B, N, G, T,
+# T]` arrays per layer, each a zero-filled `[L, ...]` stack under the layer scan (282 MB per
+# 8 × 128-token SmolLM2 call). Same gradients bit for bit; in alternating A/Bs of SmolLM2's
+# LoRA `forward_backward` 3% and 9% faster (median of 6 and 8 rounds). Undifferentiated, the
+# same as `_attend`.
+_attend_recomputed = jax.checkpoint(_attend, static_argnums=(4,))
+
+
 def _finish_block(
     layer: Params,
     x_B_T_E: jax.Array,
@@ -606,7 +615,7 @@ def _run_blocks(
         layer, ad = layer_and_adapters
         q_B_T_H_C, k_B_T_N_C, v_B_T_N_C = _qkv(layer, x_B_T_E, positions_B_T, config, ad, scale)
         k_B_T_N_C, v_B_T_N_C = k_B_T_N_C.astype(dtype), v_B_T_N_C.astype(dtype)
-        attn_B_T_H_C = _attend(q_B_T_H_C, k_B_T_N_C, v_B_T_N_C, allowed_B_T_S, dtype)
+        attn_B_T_H_C = _attend_recomputed(q_B_T_H_C, k_B_T_N_C, v_B_T_N_C, allowed_B_T_S, dtype)
         x_B_T_E = _finish_block(layer, x_B_T_E, attn_B_T_H_C, config, ad, scale)
         return x_B_T_E, (k_B_T_N_C, v_B_T_N_C)
 
