@@ -55,6 +55,7 @@ __all__ = [
     "init_lora",
     "lora_targets",
     "merge_lora",
+    "merged_unembedding",
 ]
 
 Params = dict[str, Any]
@@ -216,6 +217,18 @@ def _delta(a: jax.Array, b: jax.Array, target: LoraTarget, scale: float) -> jax.
     return delta.reshape(*a.shape[:n_in], *b.shape[1:])
 
 
+def merged_unembedding(
+    w: jax.Array, a_E_R: jax.Array, b_R_V: jax.Array, scale: float, *, tied: bool
+) -> jax.Array:
+    """The unembedding with its adapter folded in, in `w`'s layout and dtype: `embed_V_E +
+    scale (A B)ᵀ` when `tied` (`w` is the token embedding), else `unembed_E_V + scale A B`,
+    summed in float32. `merge_lora` merges with it for samplers, `rlpure.model._transformer`
+    for a training call (`_adapted_unembed`)."""
+    spec = "er,rv->ve" if tied else "er,rv->ev"
+    delta = scale * jnp.einsum(spec, a_E_R, b_R_V)
+    return (w.astype(jnp.float32) + delta).astype(w.dtype)
+
+
 @partial(jax.jit, static_argnames=("config", "lora"))
 def merge_lora(
     params: Params, adapters: Params, *, config: ModelConfig, lora: LoraConfig
@@ -249,8 +262,11 @@ def merge_lora(
     merged["layers"] = layers
     if lora.train_unembed:
         base_E_V = params["embed_V_E"].T if config.tie_embeddings else params["unembed_E_V"]
-        delta_E_V = _delta(
-            adapters[UNEMBED_TARGET.a_name], adapters[UNEMBED_TARGET.b_name], UNEMBED_TARGET, scale
+        merged["unembed_E_V"] = merged_unembedding(
+            base_E_V,
+            adapters[UNEMBED_TARGET.a_name],
+            adapters[UNEMBED_TARGET.b_name],
+            scale,
+            tied=False,
         )
-        merged["unembed_E_V"] = (base_E_V.astype(jnp.float32) + delta_E_V).astype(base_E_V.dtype)
     return merged

@@ -72,7 +72,7 @@ from rlpure.model._config import (
     RopeScaling,
     get_model_config,
 )
-from rlpure.model._lora import LORA_TARGETS, UNEMBED_TARGET, LoraConfig
+from rlpure.model._lora import LORA_TARGETS, UNEMBED_TARGET, LoraConfig, merged_unembedding
 
 __all__ = [
     "MODEL_CONFIGS",
@@ -517,17 +517,6 @@ def _unembed_matmul(h_B_T_E: jax.Array, w: jax.Array, tied: bool) -> jax.Array:
     return jnp.einsum(spec, h_B_T_E.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
-def _merged_unembedding(
-    w: jax.Array, a_E_R: jax.Array, b_R_V: jax.Array, scale: float, tied: bool
-) -> jax.Array:
-    """The unembedding with its adapter folded in, in `w`'s layout and dtype: `embed_V_E +
-    scale (A B)ᵀ` when `tied`, else `unembed_E_V + scale A B`, summed in float32 (as
-    `rlpure.model._lora.merge_lora` merges it for samplers)."""
-    spec = "er,rv->ve" if tied else "er,rv->ev"
-    delta = scale * jnp.einsum(spec, a_E_R, b_R_V)
-    return (w.astype(jnp.float32) + delta).astype(w.dtype)
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _adapted_unembed(
     h_B_T_E: jax.Array, w: jax.Array, a_E_R: jax.Array, b_R_V: jax.Array, scale: float, tied: bool
@@ -548,7 +537,7 @@ def _adapted_unembed(
 def _adapted_unembed_forward(
     h_B_T_E: jax.Array, w: jax.Array, a_E_R: jax.Array, b_R_V: jax.Array, scale: float, tied: bool
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    merged = _merged_unembedding(w, a_E_R, b_R_V, scale, tied)
+    merged = merged_unembedding(w, a_E_R, b_R_V, scale, tied=tied)
     return _unembed_matmul(h_B_T_E, merged, tied), (h_B_T_E, a_E_R, b_R_V, merged)
 
 
