@@ -59,6 +59,7 @@ from shell.local import LocalServiceClient
 from shell.local._inputs import check_data, length_bucket, loss_config_key, row_bucket
 from shell.local._models import resolve_base_model
 from shell.local._train_steps import (
+    CHUNKS_PER_CALL,
     loss_and_logprob_grad,
     model_backward,
     model_forward_vjp,
@@ -341,7 +342,7 @@ def _torch_baseline(
     args: argparse.Namespace,
     *,
     cores: int,
-    rows_per_call: int,
+    rows_per_chunk: int,
     prompts_P_T: np.ndarray,
     tokens_D_W: np.ndarray,
     advantages_D_W: np.ndarray,
@@ -357,7 +358,7 @@ def _torch_baseline(
     resolved = resolve_base_model(args.model)
     tmodel = _torch_model(resolved.source, resolved.kind)
     lora = _TorchLora(tmodel, args.rank)
-    torch_rows = min(rows_per_call, args.torch_train_rows)
+    torch_rows = min(rows_per_chunk, args.torch_train_rows)
     torch_note = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, "
         f"training {torch_rows} rows per backward call"
@@ -435,7 +436,7 @@ def bench_model(args: argparse.Namespace) -> None:
         )
         for row, adv in zip(tokens_D_W, advantages_D_W, strict=True)
     ]
-    rows_per_call = trainer._runtime.training_rows(config, length_bucket(width))
+    rows_per_chunk = trainer._runtime.training_rows(config, length_bucket(width))
 
     def ours_prefill() -> Any:
         return model_lib.prefill(
@@ -467,7 +468,7 @@ def bench_model(args: argparse.Namespace) -> None:
     torch_fns, torch_note = _torch_baseline(
         args,
         cores=cores,
-        rows_per_call=rows_per_call,
+        rows_per_chunk=rows_per_chunk,
         prompts_P_T=prompts_P_T,
         tokens_D_W=tokens_D_W,
         advantages_D_W=advantages_D_W,
@@ -505,8 +506,8 @@ def bench_model(args: argparse.Namespace) -> None:
     )
     print(
         f"  GRPO batch: {p} prompts × {g} samples, {t} prompt + {m} sampled tokens; LoRA rank "
-        f"{args.rank}; training {len(data)} datums × {width} tokens, {rows_per_call} rows per "
-        f"jitted call; best of {args.rounds} alternating rounds (round 0 = warm-up)"
+        f"{args.rank}; training {len(data)} datums × {width} tokens, {rows_per_chunk} rows per "
+        f"chunk, up to {CHUNKS_PER_CALL} chunks per jitted call; best of {args.rounds} alternating rounds (round 0 = warm-up)"
     )
     print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
     # glibc's allocator settings move both sides' times (README, "Speed"): say which ran.

@@ -8,7 +8,8 @@ Conventions:
 - Token ids are int64 on the host and must lie in `[0, vocab_size)`.
 - `check_data` validates a `forward_backward` batch; `plan_chunks` splits it into jitted calls
   (longest datums first, each chunk padded to its own length bucket and a power-of-two row
-  count within the memory budget); `pack_rows` packs one chunk. Tinker's shifted alignment is
+  count within the memory budget); `group_chunks` gathers consecutive chunks of one shape for
+  one call to loop over; `pack_rows` packs one chunk. Tinker's shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
   `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
   to `[D, T]`: `D` a power of two, `T` a `length_bucket` (16, then two sizes per doubling), so
@@ -37,6 +38,7 @@ __all__ = [
     "TrainChunk",
     "check_data",
     "check_token_range",
+    "group_chunks",
     "length_bucket",
     "loss_config_key",
     "model_input_tokens",
@@ -252,6 +254,31 @@ def plan_chunks(length_D: np.ndarray, *, rows_for_width: Callable[[int], int]) -
         chunks.append(TrainChunk(index_D=index, rows=rows, width=width))
         start += len(index)
     return chunks
+
+
+def group_chunks(chunks: Sequence[TrainChunk], *, limit: int) -> list[tuple[TrainChunk, ...]]:
+    """`chunks` in order, cut into runs of one shape `(rows, width)` of at most `limit` chunks
+    each: what one jitted call can loop over.
+
+    Examples:
+        >>> chunks = plan_chunks(np.array([900, 1000, 950, 20]), rows_for_width=lambda w: 1)
+        >>> [[(c.rows, c.width) for c in group] for group in group_chunks(chunks, limit=2)]
+        [[(1, 1024), (1, 1024)], [(1, 1024)], [(1, 24)]]
+    """
+    if limit < 1:
+        raise ValueError(f"group_chunks: limit must be at least 1, got {limit}")
+    groups: list[tuple[TrainChunk, ...]] = []
+    for chunk in chunks:
+        last = groups[-1] if groups else ()
+        if (
+            last
+            and len(last) < limit
+            and (last[0].rows, last[0].width) == (chunk.rows, chunk.width)
+        ):
+            groups[-1] = (*last, chunk)
+        else:
+            groups.append((chunk,))
+    return groups
 
 
 def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:

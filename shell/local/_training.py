@@ -45,6 +45,7 @@ from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._inputs import (
     PackedData,
     check_data,
+    group_chunks,
     loss_config_key,
     pack_rows,
     plan_chunks,
@@ -53,6 +54,7 @@ from shell.local._inputs import (
 from shell.local._runtime import LoadedModel, LocalRuntime
 from shell.local._sampling import LocalSamplingClient, sampler_params
 from shell.local._train_steps import (
+    CHUNKS_PER_CALL,
     lora_logprobs,
     lora_loss_and_grad,
     loss_and_logprob_grad,
@@ -225,15 +227,24 @@ class LocalTrainingClient:
         grads = self._grads
         lp_D: list[np.ndarray] = [np.empty(0, np.float32)] * len(checked.tokens_D)
         metric_chunks = []
-        for chunk in chunks:
-            packed = pack_rows(checked, chunk)
+        lora_backward = backward and self._lora is not None
+        for group in group_chunks(chunks, limit=CHUNKS_PER_CALL if lora_backward else 1):
+            packs = [pack_rows(checked, chunk) for chunk in group]
             if backward and grads is None:
                 grads = zeros_like_tree(self._params)
-            out, grads = self._chunk_loss(packed, loss_fn, loss_config, grads, backward=backward)
-            chunk_lp_D_T = np.asarray(out.target_logprobs_D_T, np.float32)
-            for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
-                lp_D[d] = chunk_lp_D_T[row, :n]
-            metric_chunks.append({key: float(value) for key, value in out.metrics.items()})
+            if lora_backward:
+                assert grads is not None
+                results, grads = self._lora_backward_call(packs, loss_fn, loss_config, grads)
+            else:
+                out, grads = self._chunk_loss(
+                    packs[0], loss_fn, loss_config, grads, backward=backward
+                )
+                results = [(out.target_logprobs_D_T, out.metrics)]
+            for packed, (chunk_lp_D_T, chunk_metrics) in zip(packs, results, strict=True):
+                chunk_lp_D_T = np.asarray(chunk_lp_D_T, np.float32)
+                for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
+                    lp_D[d] = chunk_lp_D_T[row, :n]
+                metric_chunks.append({key: float(value) for key, value in chunk_metrics.items()})
         if backward:
             self._grads = grads
         metrics = merge_metrics(metric_chunks)
@@ -241,6 +252,45 @@ class LocalTrainingClient:
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics=metrics
         )
+
+    def _lora_backward_call(
+        self,
+        packs: list[PackedData],
+        loss_fn: str,
+        loss_config: tuple[tuple[str, float], ...],
+        grads: model_lib.Params,
+    ) -> tuple[list[tuple[np.ndarray, dict[str, np.ndarray]]], model_lib.Params]:
+        """One `lora_loss_and_grad` call over `packs` (chunks of one shape, at most
+        `CHUNKS_PER_CALL`): each chunk's logprobs `[D, T]` and metrics, and `grads` plus their
+        gradient."""
+        base = self._model.params
+        assert base is not None
+
+        def stacked(arrays: list[np.ndarray]) -> np.ndarray:
+            out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
+            out_X[: len(arrays)] = arrays
+            return out_X
+
+        outs_X, grads = lora_loss_and_grad(
+            self._params,
+            base,
+            stacked([packed.input_D_T for packed in packs]),
+            {key: stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
+            stacked([packed.valid_D_T for packed in packs]),
+            np.int32(len(packs)),
+            grads,
+            config=self._config,
+            lora=self._lora,
+            loss_fn=loss_fn,
+            loss_config=loss_config,
+        )
+        lp_X_D_T = np.asarray(outs_X.target_logprobs_D_T, np.float32)
+        metrics_X = {key: np.asarray(value) for key, value in outs_X.metrics.items()}
+        results = [
+            (lp_X_D_T[x], {key: value[x] for key, value in metrics_X.items()})
+            for x in range(len(packs))
+        ]
+        return results, grads
 
     def _chunk_loss(
         self,
@@ -252,7 +302,8 @@ class LocalTrainingClient:
         backward: bool,
     ) -> tuple[Any, model_lib.Params | None]:
         """One chunk's loss output, and `grads` plus the chunk's gradient when `backward`: the
-        jitted stages of `shell.local._train_steps` (three for a toy model, one for LoRA)."""
+        jitted stages of `shell.local._train_steps` (three for a toy model; a LoRA model's
+        `forward` only, its `forward_backward` is `_lora_backward_call`)."""
         targets_D_T = packed.inputs["target_tokens"]
         vjp = None
         if self._lora is None:
@@ -262,21 +313,7 @@ class LocalTrainingClient:
         else:
             base = self._model.params
             assert base is not None
-            if backward:
-                fused: tuple[Any, model_lib.Params] = lora_loss_and_grad(
-                    self._params,
-                    base,
-                    packed.input_D_T,
-                    targets_D_T,
-                    packed.inputs,
-                    packed.valid_D_T,
-                    grads,
-                    config=self._config,
-                    lora=self._lora,
-                    loss_fn=loss_fn,
-                    loss_config=loss_config,
-                )
-                return fused
+            assert not backward, "a LoRA forward_backward runs in _lora_backward_call"
             lp_D_T = lora_logprobs(  # no gradient: no residuals either
                 self._params,
                 base,

@@ -25,7 +25,12 @@ from rlpure.losses import LOSSES
 from shell.errors import CheckpointError
 from shell.local import LocalServiceClient, LocalTrainingClient
 from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks
-from shell.local._train_steps import lora_loss_and_grad, loss_and_logprob_grad, model_forward_vjp
+from shell.local._train_steps import (
+    CHUNKS_PER_CALL,
+    lora_loss_and_grad,
+    loss_and_logprob_grad,
+    model_forward_vjp,
+)
 from tests.compile_count import count_compiles
 from tests.local.hf_fixtures import (
     hf_config,
@@ -294,3 +299,50 @@ def test_sampling_options(service: LocalServiceClient, llama_dir: Path) -> None:
     scored = sampler.compute_logprobs(full).result()[-len(seq.tokens) :]
     assert seq.logprobs is not None
     np.testing.assert_allclose(np.asarray(scored, np.float32), seq.logprobs, atol=1e-4)
+
+
+def test_lora_chunks_looped_in_one_call_equal_one_call_per_datum(
+    service: LocalServiceClient, llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one datum per chunk, a batch of more chunks of one shape than one call loops over
+    (plus a shorter shape) gives every datum's logprobs, the summed metrics and the summed
+    gradient of one `forward_backward` per datum; and a call with a different number of
+    chunks of the same shapes compiles nothing new."""
+    trainer = _trainer(service, llama_dir)
+    trainer.forward_backward([_inputs_for("ppo", _datum([1, 2, 3]))], "ppo").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B != 0 from here
+    monkeypatch.setattr(trainer._runtime, "training_rows", lambda config, width: 1)
+    tokens = _tokens(trainer, "What is 12 + 34? The answer is 46, and 46 - 34 = 12.")
+    rng = np.random.default_rng(0)
+    lengths = [len(tokens)] * (CHUNKS_PER_CALL + 3) + [5, 6]  # 19 chunks of one shape, 2 of another
+    data = [_inputs_for("ppo", _datum(tokens[:n], advantage=float(rng.normal()))) for n in lengths]
+    trainer._grads = None
+    together = trainer.forward_backward(data, "ppo").result()
+    grads_together = trainer._grads
+    want_loss, want_grads = 0.0, None
+    for d, datum in enumerate(data):
+        trainer._grads = None
+        alone = trainer.forward_backward([datum], "ppo").result()
+        np.testing.assert_allclose(
+            together.loss_fn_outputs[d]["logprobs"].to_numpy(),
+            alone.loss_fn_outputs[0]["logprobs"].to_numpy(),
+            atol=1e-6,
+        )
+        want_loss += alone.metrics["loss:sum"]
+        want_grads = (
+            trainer._grads
+            if want_grads is None
+            else jax.tree_util.tree_map(jnp.add, want_grads, trainer._grads)
+        )
+    assert together.metrics["loss:sum"] == pytest.approx(want_loss, rel=1e-5)
+    for got, want in zip(
+        jax.tree_util.tree_leaves(grads_together),
+        jax.tree_util.tree_leaves(want_grads),
+        strict=True,
+    ):
+        scale = float(np.abs(np.asarray(want)).max())
+        assert scale > 0
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * scale)
+    with count_compiles() as compiled:
+        trainer.forward_backward(data[:5] + data[-1:], "ppo").result()
+    assert compiled.traces_of(lora_loss_and_grad) == 0
