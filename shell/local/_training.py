@@ -70,6 +70,14 @@ if TYPE_CHECKING:
 __all__ = ["LocalTrainingClient"]
 
 
+def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """Chunk arrays of one shape stacked `[CHUNKS_PER_CALL, ...]`, zeros after the last: the
+    inputs one LoRA call loops over."""
+    out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
+    out_X[: len(arrays)] = arrays
+    return out_X
+
+
 class LocalTrainingClient:
     """Trains a local model (the SDK's `TrainingClient`; full fine-tuning, see module doc)."""
 
@@ -227,19 +235,21 @@ class LocalTrainingClient:
         grads = self._grads
         lp_D: list[np.ndarray] = [np.empty(0, np.float32)] * len(checked.tokens_D)
         metric_chunks = []
-        lora_backward = backward and self._lora is not None
-        for group in group_chunks(chunks, limit=CHUNKS_PER_CALL if lora_backward else 1):
+        per_call = 1 if self._lora is None else CHUNKS_PER_CALL
+        for group in group_chunks(chunks, limit=per_call):
             packs = [pack_rows(checked, chunk) for chunk in group]
             if backward and grads is None:
                 grads = zeros_like_tree(self._params)
-            if lora_backward:
-                assert grads is not None
-                results, grads = self._lora_backward_call(packs, loss_fn, loss_config, grads)
-            else:
+            if self._lora is None:
                 out, grads = self._chunk_loss(
                     packs[0], loss_fn, loss_config, grads, backward=backward
                 )
                 results = [(out.target_logprobs_D_T, out.metrics)]
+            elif backward:
+                assert grads is not None
+                results, grads = self._lora_backward_call(packs, loss_fn, loss_config, grads)
+            else:
+                results = self._lora_forward_call(packs, loss_fn, loss_config)
             for packed, (chunk_lp_D_T, chunk_metrics) in zip(packs, results, strict=True):
                 chunk_lp_D_T = np.asarray(chunk_lp_D_T, np.float32)
                 for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
@@ -265,18 +275,12 @@ class LocalTrainingClient:
         gradient."""
         base = self._model.params
         assert base is not None
-
-        def stacked(arrays: list[np.ndarray]) -> np.ndarray:
-            out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
-            out_X[: len(arrays)] = arrays
-            return out_X
-
         outs_X, grads = lora_loss_and_grad(
             self._params,
             base,
-            stacked([packed.input_D_T for packed in packs]),
-            {key: stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
-            stacked([packed.valid_D_T for packed in packs]),
+            _stacked([packed.input_D_T for packed in packs]),
+            {key: _stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
+            _stacked([packed.valid_D_T for packed in packs]),
             np.int32(len(packs)),
             grads,
             config=self._config,
@@ -292,6 +296,39 @@ class LocalTrainingClient:
         ]
         return results, grads
 
+    def _lora_forward_call(
+        self,
+        packs: list[PackedData],
+        loss_fn: str,
+        loss_config: tuple[tuple[str, float], ...],
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        """A LoRA `forward` over `packs` (chunks of one shape, at most `CHUNKS_PER_CALL`): one
+        `lora_logprobs` call (no residuals), then each chunk's loss; per chunk its logprobs
+        `[D, T]` and metrics."""
+        base = self._model.params
+        assert base is not None
+        lp_X_D_T = lora_logprobs(
+            self._params,
+            base,
+            _stacked([packed.input_D_T for packed in packs]),
+            _stacked([packed.inputs["target_tokens"] for packed in packs]),
+            np.int32(len(packs)),
+            config=self._config,
+            lora=self._lora,
+        )
+        results = []
+        for x, packed in enumerate(packs):
+            out, _ = loss_and_logprob_grad(
+                lp_X_D_T[x],
+                packed.inputs,
+                packed.valid_D_T,
+                loss_fn=loss_fn,
+                loss_config=loss_config,
+                with_grad=False,
+            )
+            results.append((out.target_logprobs_D_T, out.metrics))
+        return results
+
     def _chunk_loss(
         self,
         packed: PackedData,
@@ -301,27 +338,12 @@ class LocalTrainingClient:
         *,
         backward: bool,
     ) -> tuple[Any, model_lib.Params | None]:
-        """One chunk's loss output, and `grads` plus the chunk's gradient when `backward`: the
-        jitted stages of `shell.local._train_steps` (three for a toy model; a LoRA model's
-        `forward` only, its `forward_backward` is `_lora_backward_call`)."""
-        targets_D_T = packed.inputs["target_tokens"]
-        vjp = None
-        if self._lora is None:
-            lp_D_T, vjp = model_forward_vjp(
-                self._params, packed.input_D_T, targets_D_T, config=self._config
-            )
-        else:
-            base = self._model.params
-            assert base is not None
-            assert not backward, "a LoRA forward_backward runs in _lora_backward_call"
-            lp_D_T = lora_logprobs(  # no gradient: no residuals either
-                self._params,
-                base,
-                packed.input_D_T,
-                targets_D_T,
-                config=self._config,
-                lora=self._lora,
-            )
+        """A toy model's (full fine-tuning) loss output on one chunk, and `grads` plus the
+        chunk's gradient when `backward`: the three jitted stages of `shell.local._train_steps`
+        (a LoRA model runs `_lora_backward_call` or `_lora_forward_call`)."""
+        lp_D_T, vjp = model_forward_vjp(
+            self._params, packed.input_D_T, packed.inputs["target_tokens"], config=self._config
+        )
         out, dlp_D_T = loss_and_logprob_grad(
             lp_D_T,
             packed.inputs,

@@ -27,6 +27,7 @@ from shell.local import LocalServiceClient, LocalTrainingClient
 from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks
 from shell.local._train_steps import (
     CHUNKS_PER_CALL,
+    lora_logprobs,
     lora_loss_and_grad,
     loss_and_logprob_grad,
     model_forward_vjp,
@@ -306,8 +307,8 @@ def test_lora_chunks_looped_in_one_call_equal_one_call_per_datum(
 ) -> None:
     """With one datum per chunk, a batch of more chunks of one shape than one call loops over
     (plus a shorter shape) gives every datum's logprobs, the summed metrics and the summed
-    gradient of one `forward_backward` per datum; and a call with a different number of
-    chunks of the same shapes compiles nothing new."""
+    gradient of one `forward_backward` per datum, and `forward` the same logprobs and loss;
+    calls with a different number of chunks of the same shapes compile nothing new."""
     trainer = _trainer(service, llama_dir)
     trainer.forward_backward([_inputs_for("ppo", _datum([1, 2, 3]))], "ppo").result()
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B != 0 from here
@@ -343,6 +344,16 @@ def test_lora_chunks_looped_in_one_call_equal_one_call_per_datum(
         scale = float(np.abs(np.asarray(want)).max())
         assert scale > 0
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * scale)
+    forward = trainer.forward(data, "ppo").result()  # `lora_logprobs` loops over chunks alike
+    for d in range(len(data)):
+        np.testing.assert_allclose(
+            forward.loss_fn_outputs[d]["logprobs"].to_numpy(),
+            together.loss_fn_outputs[d]["logprobs"].to_numpy(),
+            atol=1e-6,
+        )
+    assert forward.metrics["loss:sum"] == pytest.approx(together.metrics["loss:sum"], rel=1e-5)
     with count_compiles() as compiled:
         trainer.forward_backward(data[:5] + data[-1:], "ppo").result()
+        trainer.forward(data[:5] + data[-1:], "ppo").result()
     assert compiled.traces_of(lora_loss_and_grad) == 0
+    assert compiled.traces_of(lora_logprobs) == 0
