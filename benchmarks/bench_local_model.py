@@ -507,7 +507,8 @@ def bench_model(args: argparse.Namespace) -> None:
     print(
         f"  GRPO batch: {p} prompts × {g} samples, {t} prompt + {m} sampled tokens; LoRA rank "
         f"{args.rank}; training {len(data)} datums × {width} tokens, {rows_per_chunk} rows per "
-        f"chunk, up to {CHUNKS_PER_CALL} chunks per jitted call; best of {args.rounds} alternating rounds (round 0 = warm-up)"
+        f"chunk, up to {CHUNKS_PER_CALL} chunks per jitted call; best of {args.rounds} "
+        "alternating rounds (round 0 = warm-up)"
     )
     print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
     # glibc's allocator settings move both sides' times (README, "Speed"): say which ran.

@@ -29,7 +29,8 @@ returns when its one stage, backward included, is done.
 Conventions: arrays are padded `[D, T]` batches from `shell.local._inputs.pack_data`
 (position `i` predicts target `i`; `valid_D_T` masks padding). A batch too large for memory is
 split into row chunks whose gradients add up and whose metrics `merge_metrics` combines by
-their `name:reduction` suffix.
+their `name:reduction` suffix. The LoRA stages take chunks of one shape stacked `[X, D, T]`
+(`X`: the chunks one call loops over, `CHUNKS_PER_CALL`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def _summed_loss(
     return out.loss, out
 
 
-# Most chunks one `lora_loss_and_grad` call loops over (its inputs are padded to this many).
+# Most chunks one `lora_loss_and_grad` or `lora_logprobs` call loops over (their inputs are
+# padded to this many).
 CHUNKS_PER_CALL = 16
 
 
