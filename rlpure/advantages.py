@@ -9,7 +9,9 @@ Conventions:
   `MIN_GROUP_SIZE_BUCKET`), so a run compiles each estimator a handful of times, not per step.
 - Every estimator is a pure, jitted `jax.numpy` function `(rewards_P_G, valid_P_G) ->
   advantages_P_G` that computes ONE call for the whole batch and returns 0.0 at every invalid
-  (padding) entry. Padding never influences valid entries.
+  (padding) entry. Padding never influences valid entries. Each checks at trace time that
+  `valid_P_G` has the `[P, G]` shape of `rewards_P_G` (a `ValueError` naming both, never a
+  broadcast); the aggregations check `mask_D_T` against `advantages_D_T` the same way.
 - A group of one always gets advantage 0 (there is no baseline to compare against).
 - Numerics: float32 throughout, like the cookbook (`torch.tensor(rewards_G)` is float32). The
   default estimator, group centring, computes `R - (sum_g R) / G` with one float32 sum, one
@@ -40,6 +42,7 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
+from rlpure._checks import check_rank, check_shapes_equal
 from rlpure.buckets import bucket_size
 from rlpure.packing import DatumBatch
 from rlpure.records import TrajectoryGroup
@@ -168,6 +171,12 @@ def pack_rewards(groups_P: Sequence[TrajectoryGroup]) -> PackedRewards:
 # --- estimators on padded arrays (pure, jitted) ------------------------------------------------
 
 
+def _check_rewards(function: str, rewards_P_G: jax.Array, valid_P_G: jax.Array) -> None:
+    """Both `[P, G]` and of one shape; shapes are static, so this runs once per trace."""
+    check_rank(function, "rewards_P_G", rewards_P_G, "PG")
+    check_shapes_equal(function, ("rewards_P_G", rewards_P_G), ("valid_P_G", valid_P_G))
+
+
 def _group_sums(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Masked float32 sum and count of each row, `[P, 1]` each (count as float32)."""
     masked_P_G = jnp.where(valid_P_G, rewards_P_G, 0.0)
@@ -205,6 +214,9 @@ def group_centered_advantages(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> j
     Returns:
         float32 `[P, G]` advantages, 0.0 where `valid_P_G` is False.
 
+    Raises:
+        ValueError: `rewards_P_G` is not `[P, G]`, or `valid_P_G` has another shape.
+
     Examples:
         >>> import numpy as np
         >>> r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]], np.float32)
@@ -212,6 +224,7 @@ def group_centered_advantages(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> j
         >>> group_centered_advantages(r, v).tolist()
         [[0.5, -0.5, -0.5, 0.5], [0.5, -0.5, 0.0, 0.0]]
     """
+    _check_rewards("group_centered_advantages", rewards_P_G, valid_P_G)
     return _centered(rewards_P_G, valid_P_G)
 
 
@@ -249,7 +262,11 @@ def group_normalized_advantages(
 
     Returns:
         float32 `[P, G]` advantages, 0.0 where `valid_P_G` is False.
+
+    Raises:
+        ValueError: `rewards_P_G` is not `[P, G]`, or `valid_P_G` has another shape.
     """
+    _check_rewards("group_normalized_advantages", rewards_P_G, valid_P_G)
     # Constant groups are zeroed explicitly: with inexact float32 sums their centred values can
     # be a few ulps off 0, which a tiny std would blow up.
     constant_P_1 = _constant_rows(rewards_P_G, valid_P_G)[:, None]
@@ -290,12 +307,16 @@ def leave_one_out_advantages(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> ja
     Returns:
         float32 `[P, G]` advantages, 0.0 where `valid_P_G` is False or `G_p == 1`.
 
+    Raises:
+        ValueError: `rewards_P_G` is not `[P, G]`, or `valid_P_G` has another shape.
+
     Examples:
         >>> import numpy as np
         >>> r = np.array([[1.0, 0.0, 0.0, 1.0]], np.float32)
         >>> [round(a, 4) for a in leave_one_out_advantages(r, np.ones((1, 4), bool))[0].tolist()]
         [0.6667, -0.6667, -0.6667, 0.6667]
     """
+    _check_rewards("leave_one_out_advantages", rewards_P_G, valid_P_G)
     sum_P_1, count_P_1 = _group_sums(rewards_P_G, valid_P_G)
     others_mean_P_G = (sum_P_1 - rewards_P_G) / jnp.maximum(count_P_1 - 1.0, 1.0)
     return jnp.where(valid_P_G & (count_P_1 > 1.0), rewards_P_G - others_mean_P_G, 0.0)
@@ -316,7 +337,11 @@ def constant_reward_group_mask(rewards_P_G: jax.Array, valid_P_G: jax.Array) -> 
 
     Returns:
         bool `[P]`, True where every valid reward of the row equals every other.
+
+    Raises:
+        ValueError: `rewards_P_G` is not `[P, G]`, or `valid_P_G` has another shape.
     """
+    _check_rewards("constant_reward_group_mask", rewards_P_G, valid_P_G)
     return _constant_rows(rewards_P_G, valid_P_G)
 
 
@@ -414,6 +439,14 @@ def _like(result: jax.Array, template: np.ndarray | jax.Array) -> np.ndarray | j
     return result
 
 
+def _check_mask(function: str, batch: DatumBatch) -> None:
+    check_shapes_equal(
+        function,
+        ("batch.advantages_D_T", batch.advantages_D_T),
+        ("batch.mask_D_T", batch.mask_D_T),
+    )
+
+
 @jax.jit
 def _divide_by_sequence_mask_sum(advantages_D_T: jax.Array, mask_D_T: jax.Array) -> jax.Array:
     tokens_D_1 = jnp.sum(mask_D_T, axis=1, keepdims=True)
@@ -450,7 +483,11 @@ def aggregate_sequence_token_mean(batch: DatumBatch) -> DatumBatch:
 
     Returns:
         A new `DatumBatch` with rescaled `advantages_D_T` (same array type as given).
+
+    Raises:
+        ValueError: `batch.mask_D_T` and `batch.advantages_D_T` differ in shape.
     """
+    _check_mask("aggregate_sequence_token_mean", batch)
     scaled = _divide_by_sequence_mask_sum(batch.advantages_D_T, batch.mask_D_T)
     return msgspec.structs.replace(batch, advantages_D_T=_like(scaled, batch.advantages_D_T))
 
@@ -460,7 +497,11 @@ def aggregate_batch_token_mean(batch: DatumBatch) -> DatumBatch:
 
     With a token-summing loss this averages over every trained token of the batch. A batch with
     no trained token is returned unchanged (all its advantages are 0).
+
+    Raises:
+        ValueError: `batch.mask_D_T` and `batch.advantages_D_T` differ in shape.
     """
+    _check_mask("aggregate_batch_token_mean", batch)
     scaled = _divide_by_batch_mask_sum(batch.advantages_D_T, batch.mask_D_T)
     return msgspec.structs.replace(batch, advantages_D_T=_like(scaled, batch.advantages_D_T))
 

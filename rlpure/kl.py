@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from msgspec.structs import replace
 
+from rlpure._checks import check_rank, check_shapes_equal
 from rlpure.packing import DatumBatch
 
 __all__ = ["discounted_future_sum", "kl_penalty_advantages"]
@@ -61,10 +62,15 @@ def discounted_future_sum(values_D_T: ArrayLike, discount: ArrayLike) -> jax.Arr
     Returns:
         float `[D, T]`, same dtype as `values_D_T`.
 
+    Raises:
+        ValueError: `discount` is not a scalar (a `[D]` or `[T]` array would broadcast).
+
     Examples:
         >>> discounted_future_sum(jnp.array([[1.0, 2.0, 4.0]]), 0.5).tolist()
         [[3.0, 4.0, 4.0]]
     """
+    # Shapes are static: this check runs once per trace, before `gamma` could broadcast.
+    check_rank("discounted_future_sum", "discount", discount, "")
     values = jnp.asarray(values_D_T)
     gamma = jnp.asarray(discount, values.dtype)
 
@@ -115,8 +121,8 @@ def kl_penalty_advantages(
         `{"kl_policy_base": avg_d}` (a float scalar array).
 
     Raises:
-        ValueError: `ref_logprobs_D_T` shape differs from the batch's `[D, T]`; `discount`
-            outside [0, 1]; non-finite `coef`.
+        ValueError: `ref_logprobs_D_T`, or a `[D, T]` field of `batch`, has another shape than
+            `batch.logprobs_D_T` (naming both); `discount` outside [0, 1]; non-finite `coef`.
 
     Examples:
         >>> import numpy as np
@@ -136,17 +142,16 @@ def kl_penalty_advantages(
     discount = _check_number("discount", discount)
     if not 0.0 <= discount <= 1.0:
         raise ValueError(f"kl_penalty_advantages: discount must lie in [0, 1], got {discount}")
-    shape = batch.shape
-    ref_shape = jnp.shape(ref_logprobs_D_T)
-    if ref_shape != shape:
-        raise ValueError(
-            f"kl_penalty_advantages: ref_logprobs_D_T has shape {ref_shape}, expected {shape} "
-            "(the shape of DatumBatch.logprobs_D_T)"
-        )
-    for field in ("logprobs_D_T", "advantages_D_T", "mask_D_T"):
-        got = jnp.shape(getattr(batch, field))
-        if got != shape:
-            raise ValueError(f"DatumBatch.{field}: shape mismatch: got {got}, expected {shape}")
+    name = "kl_penalty_advantages"
+    check_rank(name, "batch.logprobs_D_T", batch.logprobs_D_T, "DT")
+    check_shapes_equal(
+        name,
+        ("batch.logprobs_D_T", batch.logprobs_D_T),
+        ("ref_logprobs_D_T", ref_logprobs_D_T),
+        ("batch.mask_D_T", batch.mask_D_T),
+        ("batch.advantages_D_T", batch.advantages_D_T),
+        ("batch.input_tokens_D_T", batch.input_tokens_D_T),
+    )
     advantages, kl_policy_base = _shaped_advantages(
         batch.logprobs_D_T,
         ref_logprobs_D_T,

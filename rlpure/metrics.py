@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from rlpure._checks import check_shapes_equal
 from rlpure.records import TrajectoryGroup
 
 __all__ = [
@@ -199,7 +200,9 @@ def kl_sample_train_metrics(
         `dict[str, float]` with the three keys above.
 
     Raises:
-        ValueError: shapes differ, or no position has `mask_D_T > 0` (the cookbook asserts).
+        ValueError: `training_logprobs_D_T` or `mask_D_T` has another shape than
+            `sampling_logprobs_D_T` (naming both), or no position has `mask_D_T > 0` (the
+            cookbook asserts).
 
     Examples:
         >>> m = kl_sample_train_metrics(jnp.array([[-1.0, -2.0]]), jnp.array([[-1.5, -1.0]]),
@@ -207,13 +210,12 @@ def kl_sample_train_metrics(
         >>> m["optim/kl_sample_train_v1"], m["optim/kl_sample_train_v2"], m["optim/entropy"]
         (-0.25, 0.3125, 1.5)
     """
-    shapes = {
-        "sampling_logprobs_D_T": jnp.shape(sampling_logprobs_D_T),
-        "training_logprobs_D_T": jnp.shape(training_logprobs_D_T),
-        "mask_D_T": jnp.shape(mask_D_T),
-    }
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"kl_sample_train_metrics: shape mismatch: {shapes}")
+    check_shapes_equal(
+        "kl_sample_train_metrics",
+        ("sampling_logprobs_D_T", sampling_logprobs_D_T),
+        ("training_logprobs_D_T", training_logprobs_D_T),
+        ("mask_D_T", mask_D_T),
+    )
     count, diff_sum, diff_sq_sum, q_sum = _kl_sample_train_sums(
         jnp.asarray(sampling_logprobs_D_T),
         jnp.asarray(training_logprobs_D_T),

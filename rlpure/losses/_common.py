@@ -6,8 +6,9 @@ and `compute_loss`); see `_functions` for the notation (`lp`, `q`, `A`, `r`).
 Conventions:
 - Every check takes the Tinker loss name first and puts it at the head of its message
   (`"ppo: input 'advantages' has shape (2, 1), expected (1, 2) ..."`), so an error names the
-  loss, the input and both shapes. Inputs must have the `[D, T]` shape of
-  `target_logprobs_D_T` and are cast to its (floating) dtype.
+  loss, the input and both shapes (`rlpure._checks`). Inputs must have the `[D, T]` shape of
+  `target_logprobs_D_T` and are cast to its (floating) dtype; they are checked before any
+  arithmetic, so a mis-shaped input or mask is refused, never broadcast.
 - Hyper-parameters are checked only when they are concrete Python numbers: under `jit` they
   may be traced, and then they pass unchecked.
 - `valid_mask_D_T` (bool/float `[D, T]`, nonzero on real positions; `None` = all) becomes a
@@ -28,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import msgspec
 from jax.typing import ArrayLike
+
+from rlpure._checks import check_rank, check_shapes_equal
 
 __all__ = [
     "LossOutput",
@@ -72,9 +75,8 @@ jax.tree_util.register_dataclass(
 
 def as_logprobs(loss: str, target_logprobs_D_T: ArrayLike) -> jax.Array:
     """`target_logprobs_D_T` as an array, checked to be floating `[D, T]`."""
+    check_rank(loss, "target_logprobs_D_T", target_logprobs_D_T, "DT")
     lp = jnp.asarray(target_logprobs_D_T)
-    if lp.ndim != 2:
-        raise ValueError(f"{loss}: target_logprobs_D_T must be [D, T], got shape {lp.shape}")
     if not jnp.issubdtype(lp.dtype, jnp.floating):
         raise TypeError(f"{loss}: target_logprobs_D_T must be floating, got dtype {lp.dtype}")
     return lp
@@ -82,26 +84,16 @@ def as_logprobs(loss: str, target_logprobs_D_T: ArrayLike) -> jax.Array:
 
 def as_input(loss: str, field: str, values: ArrayLike, lp: jax.Array) -> jax.Array:
     """Input `field` as an array of `lp`'s dtype, checked to have `lp`'s `[D, T]` shape."""
-    arr = jnp.asarray(values)
-    if arr.shape != lp.shape:
-        raise ValueError(
-            f"{loss}: input {field!r} has shape {arr.shape}, expected {lp.shape} "
-            "(the shape of target_logprobs_D_T)"
-        )
-    return arr.astype(lp.dtype)
+    check_shapes_equal(loss, ("target_logprobs_D_T", lp), (f"input {field!r}", values))
+    return jnp.asarray(values).astype(lp.dtype)
 
 
 def valid_mask(loss: str, valid_mask_D_T: ArrayLike | None, lp: jax.Array) -> jax.Array:
     """Bool `[D, T]` mask of real positions: `valid_mask_D_T != 0`, all True when `None`."""
     if valid_mask_D_T is None:
         return jnp.ones(lp.shape, bool)
-    valid = jnp.asarray(valid_mask_D_T)
-    if valid.shape != lp.shape:
-        raise ValueError(
-            f"{loss}: valid_mask_D_T has shape {valid.shape}, expected {lp.shape} "
-            "(the shape of target_logprobs_D_T)"
-        )
-    return valid != 0
+    check_shapes_equal(loss, ("target_logprobs_D_T", lp), ("valid_mask_D_T", valid_mask_D_T))
+    return jnp.asarray(valid_mask_D_T) != 0
 
 
 def check_finite(loss: str, key: str, value: Any) -> None:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import msgspec
 from jax.typing import ArrayLike
 
+from rlpure._checks import check_shapes_equal
 from rlpure.losses._common import LossOutput, as_logprobs
 from rlpure.losses._functions import (
     cispo_clipped_weight_loss,
@@ -215,13 +216,12 @@ def compute_loss(
         raise ValueError(
             f"{name}: missing loss_fn_inputs {missing} (required: {list(spec.required_inputs)})"
         )
-    for key, values in loss_fn_inputs.items():
-        shape = jnp.shape(values)
-        if shape != lp.shape:
-            raise ValueError(
-                f"{name}: input {key!r} has shape {shape}, expected {lp.shape} "
-                "(the shape of target_logprobs_D_T)"
-            )
+    check_shapes_equal(
+        name,
+        ("target_logprobs_D_T", lp),
+        *((f"input {key!r}", values) for key, values in loss_fn_inputs.items()),
+        ("valid_mask_D_T", valid_mask_D_T),
+    )
     config = dict(config or {})
     unknown = sorted(set(config) - spec.config_keys)
     if unknown:

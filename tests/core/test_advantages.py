@@ -5,10 +5,12 @@ trace count, and the loss-aggregation helpers."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -627,3 +629,53 @@ def test_aggregation_inside_jit() -> None:
 
     # sequence mean: datum 0 -> [1, 1], datum 1 -> [-0.25] * 4; then / 6 trained tokens.
     assert math.isclose(float(weighted(batch)), (2.0 - 1.0) / 6.0, rel_tol=1e-6)
+
+
+# --- shape checks: a mis-shaped mask is refused, not broadcast --------------------------------
+
+_CHECKED_ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray], jax.Array]] = {
+    "group_centered_advantages": group_centered_advantages,
+    "group_normalized_advantages": group_normalized_advantages,
+    "leave_one_out_advantages": leave_one_out_advantages,
+    "constant_reward_group_mask": constant_reward_group_mask,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CHECKED_ESTIMATORS))
+@pytest.mark.parametrize("valid_shape", [(1, 4), (8, 1), (4, 8)])
+def test_estimators_refuse_a_mis_shaped_valid_mask(name: str, valid_shape: tuple[int, int]) -> None:
+    """A `[1, G]` or `[P, 1]` mask used to broadcast silently against `[P, G]` rewards."""
+    rewards_P_G, _ = _padded(((1.0, 0.0, 1.0),), shape=(8, 4))
+    want = f"{name}: valid_P_G has shape {valid_shape}, expected (8, 4) (the shape of rewards_P_G)"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        _CHECKED_ESTIMATORS[name](rewards_P_G, np.ones(valid_shape, bool))
+    # The check runs at trace time, so it also holds inside a caller's `jit`.
+    with pytest.raises(ValueError, match=re.escape(want)):
+        jax.jit(_CHECKED_ESTIMATORS[name])(rewards_P_G, np.ones(valid_shape, bool))
+
+
+@pytest.mark.parametrize("name", sorted(_CHECKED_ESTIMATORS))
+def test_estimators_refuse_rewards_that_are_not_P_by_G(name: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"{name}: rewards_P_G must be [P, G]")):
+        _CHECKED_ESTIMATORS[name](np.zeros((2, 2, 4), F32), np.ones((2, 2, 4), bool))
+
+
+@pytest.mark.parametrize("mode", ["sequence_token_mean", "batch_token_mean"])
+@pytest.mark.parametrize("mask_shape", [(1, 4), (3, 1)])
+def test_aggregations_refuse_a_mis_shaped_mask(mode: str, mask_shape: tuple[int, int]) -> None:
+    """A `[1, T]` or `[D, 1]` mask used to broadcast (sequence mean) or be summed whole (batch
+    mean) without complaint."""
+    batch = _datum_batch(_GOLDEN_ADV, _GOLDEN_MASK)
+    bad = msgspec.structs.replace(batch, mask_D_T=np.ones(mask_shape, F32))
+    want = (
+        f"aggregate_{mode}: batch.mask_D_T has shape {mask_shape}, expected (3, 4) "
+        "(the shape of batch.advantages_D_T)"
+    )
+    function = {
+        "sequence_token_mean": aggregate_sequence_token_mean,
+        "batch_token_mean": aggregate_batch_token_mean,
+    }[mode]
+    with pytest.raises(ValueError, match=re.escape(want)):
+        function(bad)
+    with pytest.raises(ValueError, match=re.escape(want)):
+        aggregate_advantages(bad, mode=mode)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 import rlpure.kl as kl_module
 from rlpure.kl import discounted_future_sum, kl_penalty_advantages
@@ -231,3 +233,42 @@ def test_doctests():
     result = doctest.testmod(kl_module)
     assert result.failed == 0
     assert result.attempted > 0
+
+
+# --- shape checks: a mis-shaped argument is refused, not broadcast -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "shape"),
+    [("mask_D_T", (1, 5)), ("mask_D_T", (3, 1)), ("advantages_D_T", (3, 4))],
+)
+def test_mis_shaped_batch_field_names_it_and_both_shapes(field, shape):
+    batch, ref = golden_batch()
+    bad = replace(batch, **{field: np.zeros(shape, np.float32)})
+    want = (
+        f"kl_penalty_advantages: batch.{field} has shape {shape}, expected (3, 5) "
+        "(the shape of batch.logprobs_D_T)"
+    )
+    with pytest.raises(ValueError, match=re.escape(want)):
+        kl_penalty_advantages(bad, ref, coef=1.0)
+
+
+def test_mis_shaped_reference_names_it_also_inside_jit():
+    batch, ref = golden_batch()
+    want = (
+        "kl_penalty_advantages: ref_logprobs_D_T has shape (1, 5), expected (3, 5) "
+        "(the shape of batch.logprobs_D_T)"
+    )
+    with pytest.raises(ValueError, match=re.escape(want)):
+        jax.jit(lambda b, r: kl_penalty_advantages(b, r, coef=1.0)[0])(batch, ref[:1])
+
+
+def test_discounted_future_sum_refuses_a_non_scalar_discount():
+    """A `[D]` discount used to broadcast into a silent per-row discount."""
+    values = jnp.ones((2, 3))
+    want = "discounted_future_sum: discount must be a scalar, got shape (2,)"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        discounted_future_sum(values, jnp.array([0.5, 0.9]))
+    np.testing.assert_array_equal(  # a 0-d array is a scalar
+        discounted_future_sum(values, jnp.asarray(0.5)), discounted_future_sum(values, 0.5)
+    )

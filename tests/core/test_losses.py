@@ -11,6 +11,7 @@ import doctest
 import functools
 import inspect
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -663,3 +664,46 @@ def test_policy_loss_names_are_the_registered_losses_but_cross_entropy() -> None
     from rlpure.losses import PolicyLossName
 
     assert set(get_args(PolicyLossName)) == set(LOSSES) - {"cross_entropy"}
+
+
+# --- shape checks: every loss refuses a mis-shaped mask, naming it -----------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("mask_shape", [(1, 3), (2, 1)])
+def test_every_loss_refuses_a_mis_shaped_valid_mask(name, mask_shape):
+    """Called directly (not via `compute_loss`) and under `jit`: a `[1, T]` or `[D, 1]` mask
+    would broadcast in `jnp.where` without the check."""
+    spec = LOSSES[name]
+    lp = jnp.zeros((2, 3))
+    inputs = rl_inputs(lp, jnp.ones((2, 3)))
+    arrays = [inputs[key] for key in spec.array_inputs]
+    want = (
+        f"{name}: valid_mask_D_T has shape {mask_shape}, expected (2, 3) "
+        "(the shape of target_logprobs_D_T)"
+    )
+    bad = jnp.ones(mask_shape, bool)
+    config = REQUIRED_CONFIG.get(name, {})
+    with pytest.raises(ValueError, match=re.escape(want)):
+        spec.loss_fn(lp, *arrays, valid_mask_D_T=bad, **config)
+    with pytest.raises(ValueError, match=re.escape(want)):
+        jax.jit(lambda x: spec.loss_fn(x, *arrays, valid_mask_D_T=bad, **config).loss)(lp)
+    with pytest.raises(ValueError, match=re.escape(want)):
+        compute_loss(name, lp, inputs, config, valid_mask_D_T=bad)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_every_loss_input_is_shape_checked_by_name(name):
+    spec = LOSSES[name]
+    lp = jnp.zeros((2, 3))
+    inputs = rl_inputs(lp, jnp.ones((2, 3)))
+    config = REQUIRED_CONFIG.get(name, {})
+    for i, key in enumerate(spec.array_inputs):
+        arrays = [inputs[k] for k in spec.array_inputs]
+        arrays[i] = jnp.ones((1, 3))
+        want = (
+            f"{name}: input {key!r} has shape (1, 3), expected (2, 3) "
+            "(the shape of target_logprobs_D_T)"
+        )
+        with pytest.raises(ValueError, match=re.escape(want)):
+            spec.loss_fn(lp, *arrays, **config)

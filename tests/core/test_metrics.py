@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import json
 import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -302,7 +303,11 @@ def test_kl_sample_train_golden_and_padding_garbage():
 def test_kl_sample_train_errors():
     with pytest.raises(ValueError, match="no action tokens"):
         kl_sample_train_metrics(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((2, 3)))
-    with pytest.raises(ValueError, match="shape mismatch"):
+    with pytest.raises(
+        ValueError,
+        match=r"kl_sample_train_metrics: training_logprobs_D_T has shape \(2, 4\), "
+        r"expected \(2, 3\) \(the shape of sampling_logprobs_D_T\)",
+    ):
         kl_sample_train_metrics(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.ones((2, 3)))
 
 
@@ -378,3 +383,14 @@ def test_doctests():
     result = doctest.testmod(metrics_module)
     assert result.failed == 0
     assert result.attempted > 0
+
+
+@pytest.mark.parametrize("mask_shape", [(1, 3), (2, 1), (3,)])
+def test_kl_sample_train_refuses_a_mis_shaped_mask(mask_shape):
+    """A `[1, T]` or `[D, 1]` mask would broadcast in `jnp.where` without the check."""
+    want = (
+        f"kl_sample_train_metrics: mask_D_T has shape {mask_shape}, expected (2, 3) "
+        "(the shape of sampling_logprobs_D_T)"
+    )
+    with pytest.raises(ValueError, match=re.escape(want)):
+        kl_sample_train_metrics(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.ones(mask_shape))
