@@ -37,8 +37,8 @@ from rlpure.testing.reference import (
     reference_assemble_training_data,
     reference_group_centered_advantages,
 )
-from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
+from shell.to_cookbook import to_cookbook_groups
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def _run_seed(seed: int, log_dir: Path) -> tuple[dict[str, object], float]:
     code = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from shell.recipes.demo import run_demo\n"
+        "from shell.jobs.demo import run_demo\n"
         f"summary = run_demo(seed={seed}, log_dir=Path({str(log_dir)!r}), progress=False)\n"
         "print(json.dumps(summary))\n"
     )

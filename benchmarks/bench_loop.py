@@ -17,7 +17,7 @@ optimizer calls (startup excluded), compared with the floor `1 / max(sampling, t
 step can finish no faster than its slowest wait) and the serial rate
 `1 / (sampling + train)` (sync's bound). With tinker-cookbook installed (`.cbvenv`), the
 cookbook's own `rl.train.main` runs each mode on the same wrapper (its `tinker.ServiceClient`
-patched to the latency-injecting fake); ours runs through `shell.rl.train.main`. Both train a
+patched to the latency-injecting fake); ours runs through `shell.cookbook.rl.train.main`. Both train a
 cookbook-style env module, the cookbook's as written and ours through the port rule.
 
 The fake SDK, not the local backend, carries the latencies on purpose: the local backend does
@@ -54,8 +54,8 @@ from typing import Any, TypeVar
 import tinker
 
 from rlpure.model import ByteTokenizer
+from shell.cookbook.rl import train as our_train
 from shell.fakes import FakeSamplingClient, FakeServiceClient, FakeTrainingClient
-from shell.rl import train as our_train
 
 T = TypeVar("T")
 MODEL = "bench/loop"
@@ -140,7 +140,7 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 
 OUR_ENV = _module(
-    "bench_loop_env", re.sub(r"^from tinker_cookbook\b", "from shell", ENV_SOURCE, flags=re.M)
+    "bench_loop_env", re.sub(r"^from tinker_cookbook\b", "from shell.cookbook", ENV_SOURCE, flags=re.M)
 )
 
 

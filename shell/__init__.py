@@ -2,36 +2,37 @@
 
 Modules:
 - `shell.env`: environments and datasets; `shell.datasets`: epoch-cycled and interleaved
-  datasets; `shell.completers`: the sampler-facing token and message completers.
-- `shell.datums`: padded batches to `tinker.Datum`s; `shell.cookbook`: records to
+  datasets; `shell.completion`: the sampler-facing token and message completers.
+- `shell.datums`: padded batches to `tinker.Datum`s; `shell.to_cookbook`: records to
   tinker-cookbook's, for parity checks.
-- `shell.config`: `TrainConfig`; `shell.errors`: the project's exceptions.
+- `shell.config`: `TrainConfig`; `shell.errors`: the project's one exception family.
 - `shell.clients`: the client boundary — the `ServiceClient` / `TrainingClient` /
   `SamplingClient` protocols every backend satisfies, and `make_service_client`.
+- `shell.tokenizers`: tokenizers by model name; `shell.model_meta`: model metadata
+  (recommended renderers); `shell.run_dirs`: default run paths and existing log dirs.
 - `shell.commands` and `shell.cli`: the `rlpure` command line and its command records.
 
 Subpackages:
 - `shell.rollouts`: async group rollouts under failure strategies; `shell.limits`: the
   single-episode loop with rollout limits, parse-error and termination policies.
 - `shell.training`: the GRPO loop, the policy update, checkpoints, resuming and run logs;
-  `shell.eval`: evaluators (the test-set one, custom ones, `BenchmarkResult`).
+  `shell.evaluation`: evaluators (the test-set one, custom ones, `BenchmarkResult`).
+- `shell.chat`: chat-message renderers over `rlpure.render`; `shell.agents`: message envs,
+  tools and the tool-calling agent env; `shell.sandboxes`: code-execution sandboxes;
+  `shell.comparisons`: preference models and comparison datasets; `shell.logtree`: the
+  scope-structured HTML/JSON run logs.
 - `shell.local`: the local JAX backend that speaks the Tinker client interface.
-- `shell.fakes`: scripted envs, policies and a Tinker SDK stand-in, for tests.
-- `shell.recipes`: the recipes and commands the CLI offers (`toy`, `gsm8k`, `demo`).
-
-tinker-cookbook's module names, thin facades so cookbook code ports by rewriting its import
-prefix `tinker_cookbook.` to `shell.`: `shell.rl` (`types`, `problem_env`, `rollouts`,
-`train`, ...), `shell.renderers`, `shell.completers`, `shell.tokenizer_utils`,
-`shell.model_info`, `shell.exceptions`, `shell.utils`, `shell.preference`, `shell.cli_utils`,
-`shell.tool_use` (tools and the agent env), `shell.sandbox` (code-executing tools).
+- `shell.fakes`: scripted envs, policies and a Tinker SDK stand-in (tests, `--backend fake`).
+- `shell.jobs`: the jobs the CLI offers (`toy`, `gsm8k`, `smollm2`, `tools`, `demo`).
+- `shell.cookbook`: tinker-cookbook 0.6.1's module names as facades over the rooms above, so
+  cookbook code ports by rewriting `tinker_cookbook` to `shell.cookbook` in its imports.
 
 This facade re-exports the names most code needs: envs, rollouts, completers, datums, config,
 errors, the local clients and the training loop.
 """
 
-from shell.completers import TinkerTokenCompleter, TokenCompleter
+from shell.completion import TinkerTokenCompleter, TokenCompleter
 from shell.config import TrainConfig, build_config, load_config_file
-from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums, to_tinker_model_input
 from shell.env import (
     Env,
@@ -59,6 +60,7 @@ from shell.rollouts import (
     do_group_rollout,
     do_single_rollout,
 )
+from shell.to_cookbook import to_cookbook_groups
 from shell.training import TrainResult, evaluate, train, train_step
 
 __all__ = [

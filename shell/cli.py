@@ -2,7 +2,7 @@
 
 Conventions:
 - The commands (`rlpure demo`, ...) and training recipes (`rlpure train gsm8k`, ...) are the
-  `Command` / `TrainRecipe` records `shell.recipes` lists by explicit import; `main` and
+  `Command` / `TrainRecipe` records `shell.jobs` lists by explicit import; `main` and
   `build_parser` take other tables (`commands=`, `recipes=`) for a program of your own.
 - Every `TrainConfig` field is a `--flag` of `rlpure train` and of every recipe, documented
   from `shell.config.FIELD_HELP` with the defaults the recipe really uses. Precedence: defaults
@@ -45,7 +45,7 @@ from shell.config import (
     load_config_file,
 )
 from shell.errors import ConfigError, RlpureError
-from shell.recipes import COMMANDS, TRAIN_RECIPES
+from shell.jobs import COMMANDS, TRAIN_RECIPES
 from shell.training import (
     METRICS_FILE,
     TrainResult,

@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import tinker
 from tinker import types
@@ -38,9 +38,11 @@ from shell.errors import ConfigError
 __all__ = [
     "APIFuture",
     "BackendOptions",
+    "NamesItsBackend",
     "SamplingClient",
     "ServiceClient",
     "TrainingClient",
+    "backend_of",
     "describe_tinker_error",
     "make_service_client",
     "watch_tinker_retries",
@@ -201,11 +203,41 @@ class ServiceClient(Protocol):
         ...
 
 
+@runtime_checkable
+class NamesItsBackend(Protocol):
+    """A service client that says which `TrainConfig.backend` it is (the local backend says
+    `"local"`, the scripted stand-in `"fake"`); one that does not, such as the SDK's own
+    `tinker.ServiceClient`, is `"tinker"`. A wrapper that forwards attributes keeps its
+    service's answer."""
+
+    @property
+    def backend_kind(self) -> str:
+        """`"local"` or `"fake"`."""
+        ...
+
+
+def backend_of(service_client: object) -> Literal["local", "tinker", "fake"]:
+    """The `TrainConfig.backend` of `service_client`, read from what it declares
+    (`NamesItsBackend`), never from its class.
+
+    Raises:
+        ConfigError: a declared kind that is not a backend.
+    """
+    if not isinstance(service_client, NamesItsBackend):
+        return "tinker"
+    kind = service_client.backend_kind
+    if kind == "local":
+        return "local"
+    if kind == "fake":
+        return "fake"
+    raise ConfigError(f"service client declares backend_kind={kind!r}; expected 'local' or 'fake'")
+
+
 class BackendOptions(Protocol):
     """What `make_service_client` reads of a `shell.config.TrainConfig`.
 
     A protocol rather than `TrainConfig` itself because `shell.config` imports
-    `shell.rollouts`, which imports `shell.completers`, which imports this module's
+    `shell.rollouts`, which imports `shell.completion`, which imports this module's
     `SamplingClient`: naming `TrainConfig` here would close that cycle.
     """
 

@@ -2,7 +2,7 @@
 
 Conventions:
 - A recipe or command module builds one such record at import (`RECIPE = TrainRecipe(...)`,
-  `COMMAND = Command(...)`); `shell.recipes` lists them by explicit import, so a renamed or
+  `COMMAND = Command(...)`); `shell.jobs` lists them by explicit import, so a renamed or
   broken recipe fails loudly instead of vanishing from `--help`.
 - `by_name(items)` keys records by name and refuses duplicates; `rlpure train` is reserved.
 - A recipe's `defaults` (and `backend_defaults[backend]`) are `TrainConfig` fields (checked at

@@ -2,7 +2,7 @@
 
 The cookbook's `rl/dataset_utils.py` and `rl/interleaved.py` (tinker-cookbook 0.6.1), with its
 names, constructor signatures and orders, so a run that mixes or repeats datasets sees exactly
-the batches the cookbook's loop would (`shell.rl.dataset_utils` / `shell.rl.interleaved`
+the batches the cookbook's loop would (`shell.cookbook.rl.dataset_utils` / `shell.cookbook.rl.interleaved`
 re-export them).
 
 Conventions:

@@ -1,7 +1,7 @@
 """Environment API: `Env`, `EnvGroupBuilder`, `RLDataset`, `RLDatasetBuilder`, `ProblemEnv`.
 
 The names and signatures of tinker-cookbook 0.6.1's `rl/types.py` and `rl/problem_env.py`
-(`shell.rl.types` / `shell.rl.problem_env` re-export them); the records come from
+(`shell.cookbook.rl.types` / `shell.cookbook.rl.problem_env` re-export them); the records come from
 `rlpure.records`.
 
 Conventions:
@@ -179,7 +179,7 @@ class ProblemEnv(Env):
     `get_reference_answer`. Two kinds of renderer work:
     - rlpure's (`rlpure.render.get_renderer("role_colon", tok)`), whose `parse_response`
       returns a `ParsedResponse` (`.content`, `.is_stop_sequence`, `.is_clean`);
-    - the cookbook's API (`shell.renderers` or `tinker_cookbook.renderers`), whose
+    - the cookbook's API (`shell.chat` or `tinker_cookbook.renderers`), whose
       `parse_response` returns `(message, termination)`; the text is the message's string
       content, or the concatenated `text` parts of a list content (`get_text_content`).
     The observation is stored as an rlpure `ModelInput` whichever renderer built it.

@@ -19,12 +19,25 @@ from rlpure.records import RolloutError
 __all__ = [
     "AllTrajectoriesFailedError",
     "BelowMinViableGroupError",
+    "BenchmarkNotFoundError",
     "CheckpointError",
     "ConfigError",
+    "DataError",
+    "DataFormatError",
+    "DataValidationError",
     "EnvFailure",
+    "EvalError",
+    "EvalGradingError",
+    "EvalTimeoutError",
     "GroupRolloutError",
+    "RendererError",
     "RlpureError",
+    "SandboxError",
     "TrainingError",
+    "WeightsAdapterError",
+    "WeightsDownloadError",
+    "WeightsError",
+    "WeightsMergeError",
 ]
 
 
@@ -79,3 +92,55 @@ class AllTrajectoriesFailedError(GroupRolloutError):
 
 class BelowMinViableGroupError(AllTrajectoriesFailedError):
     """`MinViableGroup`: fewer rollouts than the floor succeeded after all retries."""
+
+
+class DataError(RlpureError, ValueError):
+    """Training or evaluation data is unusable (base of the data errors)."""
+
+
+class DataFormatError(DataError):
+    """Data is structurally malformed (a JSONL line without `messages`, too few tokens)."""
+
+
+class DataValidationError(DataError):
+    """Data is well-formed but breaks a logical constraint (a stream cannot seek backward)."""
+
+
+class RendererError(RlpureError, ValueError):
+    """A renderer is unknown, or messages cannot be rendered or a response parsed."""
+
+
+class WeightsError(RlpureError):
+    """Weights download, merge or export failed (grouping base, no stdlib parent)."""
+
+
+class WeightsDownloadError(WeightsError, RuntimeError):
+    """Weights could not be downloaded from Tinker storage."""
+
+
+class WeightsMergeError(WeightsError, ValueError):
+    """LoRA adapter weights are incompatible with the base model."""
+
+
+class WeightsAdapterError(WeightsError, ValueError):
+    """A LoRA adapter cannot be converted for serving."""
+
+
+class SandboxError(EnvFailure):
+    """A code-execution sandbox failed; an `EnvFailure`, so tolerant strategies retry it."""
+
+
+class EvalError(RlpureError, RuntimeError):
+    """A benchmark evaluation failed operationally (base of the eval errors)."""
+
+
+class EvalTimeoutError(EvalError, TimeoutError):
+    """One evaluation example exceeded its time limit."""
+
+
+class EvalGradingError(EvalError):
+    """The grader could not score a model response."""
+
+
+class BenchmarkNotFoundError(EvalError, KeyError):
+    """The requested benchmark is not in the registry."""

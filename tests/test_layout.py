@@ -115,24 +115,58 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-# Packages that mirror tinker-cookbook's module names, so cookbook code ports by an import-prefix
-# rewrite (STYLE.md): their names are the cookbook's (`rl/rollout_strategy.py`,
-# `rl/rollout_limits.py`, ...), not ours to regroup.
-COOKBOOK_MIRRORS = (
-    "shell/rl",
-    "shell/renderers",
-    "shell/utils",
-    "shell/preference",
-    "shell/eval",
-    "shell/tool_use",
-    "shell/sandbox",
-)
+# The package that mirrors tinker-cookbook's module names, so cookbook code ports by an import-prefix
+# rewrite (STYLE.md): its names are the cookbook's (`rl/rollout_strategy.py`, ...), not ours.
+COOKBOOK_MIRROR = "shell.cookbook"
+
+# tinker-cookbook 0.6.1's top-level modules and packages (`ls tinker_cookbook/`).
+COOKBOOK_TOP_LEVEL = frozenset(
+    {
+        "audio_processing_utils", "capture", "chat_app", "checkpoint_utils", "cli_utils",
+        "completers", "display", "distillation", "eval", "example_data", "exceptions",
+        "hyperparam_utils", "image_processing_utils", "inference", "model_info", "preference",
+        "recipes", "renderers", "rl", "sandbox", "scripts", "stores", "supervised",
+        "third_party", "tokenizer_utils", "tool_use", "utils", "weights", "xmux",
+    }
+)  # fmt: skip
+
+
+def _in_mirror(name: str) -> bool:
+    return name == COOKBOOK_MIRROR or name.startswith(COOKBOOK_MIRROR + ".")
+
+
+def test_shell_top_level_names_no_cookbook_module() -> None:
+    top = {path.stem if path.suffix == ".py" else path.name for path in (ROOT / "shell").iterdir()}
+    assert sorted(top & COOKBOOK_TOP_LEVEL) == []
+
+
+def test_nothing_outside_the_cookbook_mirror_imports_it() -> None:
+    leaks = {
+        name: sorted(t for t in _imports(name, path) if _in_mirror(t))
+        for name, path in MODULES.items()
+        if not _in_mirror(name)
+    }
+    assert {name: found for name, found in leaks.items() if found} == {}
+
+
+# The two product features built on the scripted stand-ins: `--backend fake` (the backend
+# factory) and the `toy` recipe (scripted envs, so it runs on any backend).
+SCRIPTED_BY_DESIGN = frozenset({"shell.clients", "shell.jobs.toy"})
+
+
+def test_production_code_imports_no_test_double() -> None:
+    leaks = {
+        name: sorted(t for t in _imports(name, path) if t.startswith("shell.fakes"))
+        for name, path in MODULES.items()
+        if not name.startswith("shell.fakes") and name not in SCRIPTED_BY_DESIGN
+    }
+    assert {name: found for name, found in leaks.items() if found} == {}
 
 
 def test_no_three_sibling_modules_share_a_prefix() -> None:
     siblings: dict[Path, Counter[str]] = {}
     for path in MODULES.values():
-        if path.parent.relative_to(ROOT).as_posix().startswith(COOKBOOK_MIRRORS):
+        if path.parent.relative_to(ROOT).as_posix().startswith("shell/cookbook"):
             continue
         stem = path.stem.lstrip("_")
         if path.name != "__init__.py" and "_" in stem:
@@ -163,7 +197,8 @@ def _bound_public_names(module: ModuleType, path: Path) -> set[str]:
     business."""
     names: set[str] = set()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(module.__name__):
+        own = module.__name__ if not _in_mirror(module.__name__) else ""  # a mirror re-exports
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(own):
             names.update(alias.asname or alias.name for alias in node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
@@ -172,7 +207,8 @@ def _bound_public_names(module: ModuleType, path: Path) -> set[str]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
     submodules = {m.name for m in pkgutil.iter_modules(module.__path__)}
-    return {n for n in names if not n.startswith("_") and n not in submodules}
+    public = {n for n in names if not n.startswith("_") or n == "__version__"}
+    return {n for n in public if n not in submodules}
 
 
 def _has_docstring(module: ModuleType, name: str) -> bool:

@@ -425,6 +425,9 @@ class FakeServiceClient:
         training_clients: the training clients created, in order.
     """
 
+    backend_kind = "fake"
+    """`shell.clients.NamesItsBackend`: this client is `TrainConfig.backend` `"fake"`."""
+
     def __init__(
         self,
         *,

@@ -1,7 +1,7 @@
 """Rollout limits, parse-error and termination policies, presets, and the rollout loop.
 
 tinker-cookbook 0.6.1's `rl/rollout_limits.py`, `rl/rollout_presets.py` and
-`rl/rollout_runner.py` (the `shell.rl.rollout_*` facades map onto this package):
+`rl/rollout_runner.py` (the `shell.cookbook.rl.rollout_*` facades map onto this package):
 
 - `RolloutLimits`, `ParseErrorPolicy`, `TerminationRewardPolicy` (chz records with the
   cookbook's fields, defaults and validation), `DEFAULT_LIMIT_STOP_REASONS`,

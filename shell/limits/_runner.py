@@ -60,7 +60,7 @@ from rlpure.records import (
     as_model_input,
     as_tokens_with_logprobs,
 )
-from shell.completers import TokenCompleter
+from shell.completion import TokenCompleter
 from shell.env import Env
 from shell.errors import RlpureError
 from shell.limits._policies import ParseErrorPolicy, RolloutLimits

@@ -118,6 +118,9 @@ class LocalServiceClient:
         {'recipe': 'x'}
     """
 
+    backend_kind = "local"
+    """`shell.clients.NamesItsBackend`: this client is `TrainConfig.backend` `"local"`."""
+
     def __init__(
         self,
         user_metadata: dict[str, str] | None = None,

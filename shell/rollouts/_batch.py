@@ -17,7 +17,7 @@ import msgspec
 from returns.result import Failure, Result, Success
 
 from rlpure.records import RolloutError, TrajectoryGroup
-from shell.completers import TokenCompleter
+from shell.completion import TokenCompleter
 from shell.env import EnvGroupBuilder
 from shell.limits import (
     TerminationRewardPolicy,

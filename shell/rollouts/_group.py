@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from rlpure.records import Metrics, TrajectoryGroup
 from shell.clients import SamplingClient
-from shell.completers import TinkerTokenCompleter, TokenCompleter
+from shell.completion import TinkerTokenCompleter, TokenCompleter
 from shell.env import EnvGroupBuilder
 from shell.errors import AllTrajectoriesFailedError
 from shell.limits import (

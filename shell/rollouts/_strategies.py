@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from rlpure.records import RolloutError, Trajectory
-from shell.completers import TokenCompleter
+from shell.completion import TokenCompleter
 from shell.env import Env, EnvGroupBuilder
 from shell.errors import BelowMinViableGroupError, ConfigError
 from shell.limits import (
@@ -85,7 +85,7 @@ class RolloutStrategy(ABC):
 def _cookbook_configuration_errors() -> tuple[type[BaseException], ...]:
     """tinker-cookbook's own `ConfigurationError`, when cookbook code is loaded in this process.
 
-    Ported code raises ours (`shell.exceptions.ConfigurationError` is `ConfigError`), but a
+    Ported code raises ours (`shell.cookbook.exceptions.ConfigurationError` is `ConfigError`), but a
     ported env may still call the cookbook's modules (its renderers), which raise theirs. It is
     looked up in `sys.modules`, never imported: if no cookbook module ran, none was raised.
     """

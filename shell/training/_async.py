@@ -77,7 +77,7 @@ from returns.result import Success
 
 from rlpure import metrics as metrics_lib
 from rlpure.records import TrajectoryGroup
-from shell.completers import TinkerTokenCompleter
+from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError

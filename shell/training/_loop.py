@@ -3,7 +3,7 @@
 Per step `i` (the cookbook's `do_sync_training`, as a library function recipes call):
 
 1. when `eval_every` divides `i` (before training): every evaluator — those of
-   `evaluator_builders`, then the test set's (`shell.eval.RLTestSetEvaluator`, sampling at
+   `evaluator_builders`, then the test set's (`shell.evaluation.RLTestSetEvaluator`, sampling at
    `eval_temperature`, 1.0 as the cookbook's) — concurrently on the current sampler, their
    metrics merged in that order;
 2. `dataset.get_batch(i % len(dataset))` (`shell.datasets.EpochCycledRLDataset`, as the
@@ -87,13 +87,13 @@ from rlpure import usage as usage_lib
 from rlpure.records import TrajectoryGroup
 from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
-from shell.completers import TinkerTokenCompleter
+from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.cost import rates_for_run
 from shell.datasets import EpochCycledRLDataset
 from shell.env import RLDataset
 from shell.errors import ConfigError
-from shell.eval import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
+from shell.evaluation import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
 from shell.timing import (
     TIMING_SPANS_FILE,
@@ -197,7 +197,7 @@ async def evaluate(
     prefix: str = "test/",
     seed: int | None = None,
 ) -> dict[str, float]:
-    """One evaluation over the whole test dataset (`shell.eval.RLTestSetEvaluator`).
+    """One evaluation over the whole test dataset (`shell.evaluation.RLTestSetEvaluator`).
 
     Samples at `config.eval_temperature` (1.0 by default, as the cookbook's evaluator; 0.0 is
     greedy) with `config.max_tokens`, under `strategy`.
@@ -408,7 +408,7 @@ async def train(
             run has `min(config.num_epochs * len(dataset), config.max_steps)` steps).
         service_client: `tinker.ServiceClient`, `LocalServiceClient` or `FakeServiceClient`
             (any `shell.clients.ServiceClient`).
-        test_dataset: evaluated (`shell.eval.RLTestSetEvaluator`, at
+        test_dataset: evaluated (`shell.evaluation.RLTestSetEvaluator`, at
             `config.eval_temperature`) every `config.eval_every` steps before training and
             after the last step (the final evaluation is logged as a `metrics.jsonl` line with
             `step = num_steps` and `final_eval = 1`).
@@ -429,7 +429,7 @@ async def train(
             any of them changed is refused like a changed config field. Leave out options a
             resumed run may change (e.g. the evaluation set's size).
         console: where the progress bar and per-step lines go (default: stdout).
-        evaluator_builders: zero-argument callables making `shell.eval.SamplingClientEvaluator`s
+        evaluator_builders: zero-argument callables making `shell.evaluation.SamplingClientEvaluator`s
             (the cookbook's `Config.evaluator_builders`): each is built once, at the start,
             and awaited with the current sampling client whenever the test set is evaluated
             (every `config.eval_every` steps and after the last; needs `eval_every > 0`).

@@ -3,7 +3,7 @@
 For step `i` of a run the loop writes, in `<log_dir>/iteration_NNNNNN/` (`iteration_dir`, the
 cookbook's six-digit naming):
 
-- `{base}.html` — a self-contained logtree page (`shell.utils.logtree`, inline CSS, no network)
+- `{base}.html` — a self-contained logtree page (`shell.logtree`, inline CSS, no network)
   of the first `num_groups_to_log` groups: one section per group (tags, rewards), one
   collapsed `<details>` per trajectory (a click expands it) whose summary line carries the total
   reward, final group reward, advantage and stop reason, and inside it each turn's decoded
@@ -45,8 +45,8 @@ import numpy as np
 from rlpure import advantages as advantages_lib
 from rlpure.advantages import Estimator
 from rlpure.records import Trajectory, TrajectoryGroup, Transition
-from shell.utils import logtree
-from shell.utils.logtree_formatters import CONVERSATION_CSS, ConversationFormatter
+from shell import logtree
+from shell.logtree._formatters import CONVERSATION_CSS, ConversationFormatter
 
 __all__ = [
     "PREVIOUS_TURNS",

@@ -37,7 +37,7 @@ from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, TrainingClient
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder
-from shell.eval import RLTestSetEvaluator, SamplingClientEvaluator
+from shell.evaluation import RLTestSetEvaluator, SamplingClientEvaluator
 from shell.limits import TerminationRewardPolicy
 from shell.rollouts import GroupOutcome, RolloutErrorCounter, RolloutStrategy
 from shell.timing import span

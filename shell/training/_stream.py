@@ -62,7 +62,7 @@ from rlpure import metrics as metrics_lib
 from rlpure.packing import DatumBatch
 from rlpure.records import TrajectoryGroup
 from shell.clients import APIFuture
-from shell.completers import TinkerTokenCompleter
+from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import ConfigError

@@ -884,7 +884,7 @@ def test_config_refused_by_the_model_names_the_file(tmp_path: Path, llama_dir: P
 def test_get_tokenizer_and_model_info_know_gguf_models(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    from shell import model_info, tokenizer_utils
+    from shell.cookbook import model_info, tokenizer_utils
 
     config = hf_config("llama", vocab_size=len(tokenizer))
     path = write_gguf(tmp_path / "m.gguf", config, random_hf_tensors(config), tokenizer)
@@ -900,7 +900,7 @@ def test_get_tokenizer_and_model_info_know_gguf_models(
 
 @pytest.mark.slow
 def test_get_tokenizer_of_packaged_smollm2() -> None:
-    from shell import tokenizer_utils
+    from shell.cookbook import tokenizer_utils
 
     tokenizer = tokenizer_utils.get_tokenizer(SMOLLM2)
     assert tokenizer.encode("Hello world!", add_special_tokens=False) == [19556, 905, 17]

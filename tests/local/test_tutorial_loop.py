@@ -185,7 +185,7 @@ def brevity_reward(text: str) -> float:
 @pytest.mark.slow
 def test_tutorial_loop_on_smollm2_builds_datums_and_trains():
     _require_packaged_smollm2()
-    from shell import model_info, renderers
+    from shell.cookbook import model_info, renderers
 
     async def run() -> LoopResult:
         service_client = LocalServiceClient(seed=0)

@@ -1,4 +1,4 @@
-"""The port rule, as tests apply it: a cookbook file with `tinker_cookbook` → `shell` in its imports.
+"""The port rule, as tests apply it: a cookbook file with `tinker_cookbook` → `shell.cookbook` in its imports.
 
 `ported_module("recipes/math_rl/arithmetic_env.py")` reads that file from the installed
 tinker-cookbook 0.6.1, rewrites the package name in its `import` / `from` statements and nothing
@@ -32,8 +32,8 @@ def require_cookbook() -> Path:
 
 
 def ported_source(source: str) -> str:
-    """`source` with the package name `tinker_cookbook` replaced by `shell` in its imports."""
-    return _IMPORT_PREFIX.sub(r"\1\2\3shell", source)
+    """`source` with the package name `tinker_cookbook` replaced by `shell.cookbook` in its imports."""
+    return _IMPORT_PREFIX.sub(r"\1\2\3shell.cookbook", source)
 
 
 def ported_module(relative_path: str) -> types.ModuleType:

@@ -1,4 +1,4 @@
-"""`shell.renderers`' chat renderers against tinker-cookbook 0.6.1's, token for token, and the ChatML
+"""`shell.cookbook.renderers`' chat renderers against tinker-cookbook 0.6.1's, token for token, and the ChatML
 renderer against SmolLM2-Instruct's own chat template, string for string.
 
 Tokenizers are built offline: byte-level BPEs trained with `tokenizers` on a small chat corpus,
@@ -14,7 +14,7 @@ thinking blocks, tool calls and tool results: the generation prompt of every pre
 supervised example and weights in every `TrainOnWhat` mode (and that both refuse the same
 conversations), stop sequences, the extension property, and `parse_response` of hand-written
 and of rendered responses (message, tool calls, unparsed tool calls, termination). The
-deliberate differences (module docstrings of `shell.renderers.qwen3` / `.llama3`) each have a
+deliberate differences (module docstrings of `shell.cookbook.renderers.qwen3` / `.llama3`) each have a
 test showing both behaviours.
 """
 
@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shell import renderers
-from shell.exceptions import RendererError
+from shell.cookbook import renderers
+from shell.cookbook.exceptions import RendererError
 
 cb_renderers = pytest.importorskip(
     "tinker_cookbook.renderers", reason="needs tinker-cookbook 0.6.1"
@@ -596,7 +596,7 @@ def test_qwen3_on_a_real_vocabulary_is_the_cookbooks(smollm2_tokenizer, name) ->
 
 
 def test_message_to_jsonable_is_the_cookbooks() -> None:
-    from shell.renderers import base
+    from shell.cookbook.renderers import base
 
     for messages in CONVERSATIONS:
         for ours, theirs in zip(_for("ours", messages), _for("cookbook", messages), strict=True):
@@ -629,7 +629,7 @@ def test_every_renderer_name_cookbook_code_imports_ports() -> None:
     import importlib
 
     root = Path(cb_renderers.__file__).parents[1]
-    not_offered = {"shell.renderers.tml_v0"}
+    not_offered = {"shell.cookbook.renderers.tml_v0"}
     missing = []
     for path in root.rglob("*.py"):
         if "renderers" in path.parts or "tests" in path.parts or path.name.startswith("test_"):
@@ -638,7 +638,7 @@ def test_every_renderer_name_cookbook_code_imports_ports() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                 "tinker_cookbook.renderers"
             ):
-                module_name = "shell" + (node.module or "")[len("tinker_cookbook") :]
+                module_name = "shell.cookbook" + (node.module or "")[len("tinker_cookbook") :]
                 if module_name in not_offered:
                     continue
                 module = importlib.import_module(module_name)

@@ -1,4 +1,4 @@
-"""`shell.completers` against tinker-cookbook 0.6.1's `completers` on the same fake sampler.
+"""`shell.cookbook.completers` against tinker-cookbook 0.6.1's `completers` on the same fake sampler.
 
 Same seed, same calls: the sampler sees the same prompts and sampling parameters (the per-call
 `max_tokens` cap, `context_window`), the actions are the same tokens and logprobs, and the
@@ -14,7 +14,7 @@ import pytest
 import tinker
 
 from rlpure.model import ByteTokenizer
-from shell import completers, renderers
+from shell.cookbook import completers, renderers
 from shell.fakes import FakeSamplingClient
 
 cb_completers = pytest.importorskip("tinker_cookbook.completers", reason="needs tinker-cookbook")

@@ -1,7 +1,7 @@
 """checkpoints.jsonl across rlpure and tinker-cookbook 0.6.1: each reads the other's rows and
 resumes at the right batch — `checkpoint_utils` on the fake SDK, then the cookbook's own
 `rl.train.main` (with `tinker.ServiceClient` swapped for `shell.local.LocalServiceClient`) and
-rlpure's `shell.rl.train.main` taking turns on one local log dir, periodic, rolling and final
+rlpure's `shell.cookbook.rl.train.main` taking turns on one local log dir, periodic, rolling and final
 rows included, and the cookbook's `main` resuming an rlpure run killed after a rolling save.
 
 The local cases train a micro model (`MICRO`) on the cookbook's arithmetic env (the cookbook's
@@ -187,7 +187,7 @@ def _cookbook_main(log_path: Path, max_steps: int, **overrides: Any) -> None:
 
 
 def _rlpure_main(log_path: Path, max_steps: int, *, module: Any = None, **overrides: Any) -> Any:
-    from shell.rl import train
+    from shell.cookbook.rl import train
     from tests.parity.porting import ported_module
 
     module = module or ported_module("recipes/math_rl/arithmetic_env.py")

@@ -1,7 +1,7 @@
 """Differential tests: the shell's cookbook helper modules against tinker-cookbook 0.6.1's.
 
-`shell.exceptions`, `shell.utils.{misc_utils,logtree,logtree_formatters}`, `shell.cli_utils`
-and `shell.preference` are driven with the same inputs as the cookbook's modules, and
+`shell.cookbook.exceptions`, `shell.cookbook.utils.{misc_utils,logtree,logtree_formatters}`, `shell.cookbook.cli_utils`
+and `shell.cookbook.preference` are driven with the same inputs as the cookbook's modules, and
 `rl/preference_envs.py` ported by the import rewrite is run beside the cookbook's own.
 Needs the cookbook (`make parity`); skipped otherwise.
 """
@@ -40,11 +40,11 @@ from tinker_cookbook.utils import logtree as cb_logtree  # noqa: E402
 from tinker_cookbook.utils import logtree_formatters as cb_formatters  # noqa: E402
 from tinker_cookbook.utils import misc_utils as cb_misc  # noqa: E402
 
-from shell import cli_utils, exceptions, renderers  # noqa: E402
-from shell.preference import preference_datasets  # noqa: E402
-from shell.preference import types as pref  # noqa: E402
-from shell.rl import types as rl_types  # noqa: E402
-from shell.utils import logtree, logtree_formatters, misc_utils  # noqa: E402
+from shell.cookbook import cli_utils, exceptions, renderers  # noqa: E402
+from shell.cookbook.preference import preference_datasets  # noqa: E402
+from shell.cookbook.preference import types as pref  # noqa: E402
+from shell.cookbook.rl import types as rl_types  # noqa: E402
+from shell.cookbook.utils import logtree, logtree_formatters, misc_utils  # noqa: E402
 
 # --- exceptions ----------------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ def test_iteration_dir_lookup_func_and_timed_match() -> None:
 def _normalize(node: Any) -> Any:
     """A trace dict with the run-dependent parts blanked (the subtitle's timestamp, the
     traceback text of an exception block) and the exception summary unescaped: the cookbook
-    inserts that summary as raw HTML, ours escapes it (deliberate, see `shell.utils.logtree`)."""
+    inserts that summary as raw HTML, ours escapes it (deliberate, see `shell.cookbook.utils.logtree`)."""
     if isinstance(node, list):
         return [_normalize(child) for child in node]
     if not isinstance(node, dict):

@@ -9,7 +9,7 @@ KL (`compute_post_kl`) and how evaluator metrics merge (`run_evaluations_paralle
 
 Not run here: the cookbook's checks inside `main` (KL reference required when
 `kl_penalty_coef > 0`, `stable_reinforce` with `kl_discount_factor > 0`) run only after it
-opens a Tinker session; `shell.rl.train.main` pins their messages (tests/shell/test_rl_facade.py)
+opens a Tinker session; `shell.cookbook.rl.train.main` pins their messages (tests/shell/test_rl_facade.py)
 and `TrainConfig` raises them at construction (tests/shell/test_loop_features.py).
 Skipped without the cookbook.
 """
@@ -33,11 +33,10 @@ from rlpure.model import ByteTokenizer
 from rlpure.packing import assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
 from shell.config import build_config
-from shell.cookbook import to_cookbook_groups
+from shell.cookbook.eval import SamplingClientEvaluator
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import ConfigError
-from shell.eval import SamplingClientEvaluator
 from shell.fakes import (
     FakeCheckpointStore,
     FakeSamplingClient,
@@ -48,6 +47,7 @@ from shell.fakes import (
     ScriptedGroupBuilder,
 )
 from shell.rollouts import FailFast
+from shell.to_cookbook import to_cookbook_groups
 from shell.training import evaluate, read_jsonl, resolve_num_steps, train
 from shell.training._policy_update import (
     check_provenance,

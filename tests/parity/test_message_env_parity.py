@@ -3,14 +3,14 @@
 `recipes/rl_numerics_check/env.py` builds an `AgentToolMessageEnv` subclass (one tool call per
 turn, a `@tool` method `read_page`, a grader) inside an `EnvFromMessageEnv` subclass. Here:
 
-- port: the file after the prefix rewrite alone trains two steps through `shell.rl.train.main`
+- port: the file after the prefix rewrite alone trains two steps through `shell.cookbook.rl.train.main`
   on the local backend (its WikiText loader swapped for a small corpus: the hub is offline);
 - differential: the cookbook's own module and the ported one, each with its library's `qwen3`
   renderer on the same tokenizer, step through the same scripted model outputs (tool calls, two
   calls in one turn, an unknown page, malformed JSON, a call to a missing tool, an answer, a
   truncated turn, a response without its stop token) and return the same rewards, episode
   ends, next observations (token for token), metrics and logs — ours add only the
-  `tool_error*` counts (documented in `shell.tool_use.agent_tool_message_env`).
+  `tool_error*` counts (documented in `shell.cookbook.tool_use.agent_tool_message_env`).
 
 Tokenizer: a byte-level BPE trained offline on the task's own text with Qwen's special and
 added tokens (as `test_chat_renderer_parity.py` builds one), registered under its own name, the
@@ -35,9 +35,9 @@ tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
 from rlpure.model import ModelConfig  # noqa: E402
-from shell import renderers, tokenizer_utils  # noqa: E402
+from shell.cookbook import renderers, tokenizer_utils  # noqa: E402
+from shell.cookbook.rl import train  # noqa: E402
 from shell.local import LocalServiceClient  # noqa: E402
-from shell.rl import train  # noqa: E402
 
 MODEL = "test/message-env-micro"
 TOKENIZER = "test/message-env-qwen-bpe"  # the env's tokenizer; the toy model's own is bytes
@@ -318,7 +318,7 @@ def _both_tools() -> tuple[dict[str, Any], dict[str, Any]]:
     """The same functions as tools of ours and of the cookbook's `tool_use`."""
     from tinker_cookbook import tool_use as cb_tool_use
 
-    from shell import tool_use
+    from shell.cookbook import tool_use
 
     return _tools_of(tool_use), _tools_of(cb_tool_use)
 
@@ -340,8 +340,8 @@ def test_tool_calls_give_the_cookbooks_results(name: str, arguments: str) -> Non
     from tinker_cookbook.renderers.base import ToolCall as CbToolCall
     from tinker_cookbook.tool_use import handle_tool_call as cb_handle_tool_call
 
-    from shell.renderers.base import ToolCall
-    from shell.tool_use import handle_tool_call
+    from shell.cookbook.renderers.base import ToolCall
+    from shell.cookbook.tool_use import handle_tool_call
 
     ours, theirs = _both_tools()
     for tool_name in ours:

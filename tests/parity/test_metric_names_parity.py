@@ -1,5 +1,5 @@
 """Record names against tinker-cookbook 0.6.1's own loop: `rl.train.main` and ours
-(`shell.rl.train.main`) train the same two steps of the cookbook's arithmetic env (the cookbook
+(`shell.cookbook.rl.train.main`) train the same two steps of the cookbook's arithmetic env (the cookbook
 file as is, ours through the port rule) on the fake SDK (`shell.fakes.FakeServiceClient`), and
 their `metrics.jsonl`, `timing_spans.jsonl` and `logs.log` are compared.
 
@@ -29,8 +29,8 @@ from tinker_cookbook import tokenizer_utils  # noqa: E402
 from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder  # noqa: E402
 
 from rlpure.model import ByteTokenizer  # noqa: E402
+from shell.cookbook.rl import train as our_train  # noqa: E402
 from shell.fakes import FakeServiceClient  # noqa: E402
-from shell.rl import train as our_train  # noqa: E402
 
 MODEL = "rlpure/tiny"
 RENDERER = "role_colon"

@@ -2,7 +2,7 @@
 
 One small env module, written against the cookbook's API (`ENV_SOURCE`), is imported twice: as
 it is (the cookbook's `main` runs it) and through the port rule (`ported_source`: its
-`tinker_cookbook` imports become `shell`, and `shell.rl.train.main` runs it). Both mains train
+`tinker_cookbook` imports become `shell.cookbook`, and `shell.cookbook.rl.train.main` runs it). Both mains train
 on `shell.fakes.FakeServiceClient` (the cookbook's through `tinker.ServiceClient`, patched):
 sampling at temperature 0 is deterministic there, so both sides see the same trajectories, and
 each env's reward is its index in the group (mixed groups, non-zero advantages). Each group's
@@ -35,8 +35,8 @@ import tinker_cookbook.rl.train as cookbook_train  # noqa: E402
 from tinker_cookbook import tokenizer_utils  # noqa: E402
 
 from rlpure.model import ByteTokenizer  # noqa: E402
+from shell.cookbook.rl import train as our_train  # noqa: E402
 from shell.fakes import FakeFuture, FakeSamplingClient, FakeServiceClient, FakeTrainingClient  # noqa: E402
-from shell.rl import train as our_train  # noqa: E402
 
 MODEL = "test/modes-parity"
 

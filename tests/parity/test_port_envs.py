@@ -1,11 +1,11 @@
-"""The port rule on cookbook 0.6.1's own envs: prefix rewrite only, then `shell.rl.train.main`.
+"""The port rule on cookbook 0.6.1's own envs: prefix rewrite only, then `shell.cookbook.rl.train.main`.
 
 Each test imports a cookbook env file through `tests.parity.porting.ported_module` (its
-`tinker_cookbook` imports rewritten to `shell`, nothing else changed), builds the cookbook's
-dataset builder, trains two steps through `shell.rl.train.main` on the local backend, then
+`tinker_cookbook` imports rewritten to `shell.cookbook`, nothing else changed), builds the cookbook's
+dataset builder, trains two steps through `shell.cookbook.rl.train.main` on the local backend, then
 resumes for a third. The envs: `recipes/math_rl/arithmetic_env.py` (single turn, `ProblemEnv`),
 `recipes/multiplayer_rl/guess_number/env.py` (multi-turn) and `rl/preference_envs.py` (group
-rewards from a preference model; here a scripted judge). Also: `shell.rl.train.Config` has the
+rewards from a preference model; here a scripted judge). Also: `shell.cookbook.rl.train.Config` has the
 cookbook `Config`'s fields, required fields and defaults. Skipped without the cookbook.
 
 The model is the tiny local model's architecture shrunk to compile in seconds, with its
@@ -24,10 +24,10 @@ import chz
 import pytest
 
 from rlpure.model import VOCAB_SIZE, ModelConfig
+from shell.cookbook.preference.types import Comparison, PreferenceModel
+from shell.cookbook.renderers import get_text_content
+from shell.cookbook.rl import train
 from shell.local import LocalServiceClient
-from shell.preference.types import Comparison, PreferenceModel
-from shell.renderers import get_text_content
-from shell.rl import train
 from tests.parity.porting import ported_module, require_cookbook
 
 MODEL = "test/port-micro"
@@ -117,7 +117,7 @@ class LongerReplyJudge(PreferenceModel):
 
 def test_preference_envs_port_and_train_with_a_scripted_judge(tmp_path: Path) -> None:
     module = ported_module("rl/preference_envs.py")
-    from shell.preference.preference_datasets import ComparisonBuilderFromJsonl
+    from shell.cookbook.preference.preference_datasets import ComparisonBuilderFromJsonl
 
     rows_path = tmp_path / "comparisons.jsonl"
     prompts = ["Say hi", "Name a color", "Count to three", "Pick a number"]

@@ -42,7 +42,7 @@ from rlpure import records
 from rlpure.model import ByteTokenizer
 from rlpure.render import get_renderer
 from shell import datasets, env
-from shell import renderers as shell_renderers
+from shell.cookbook import renderers as shell_renderers
 
 TOKENIZER = ByteTokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -223,7 +223,7 @@ def test_problem_env_step_is_bit_equal_to_the_cookbook(
     theirs = _cookbook_step(action, strict, coef)
     ours = asyncio.run(OurSumEnv(CB_RENDERER, PREFIX, coef, strict).step(action))
     _assert_same_step(ours, theirs)
-    # rlpure's own role_colon renderer, and shell.renderers' (the cookbook's API), terminate
+    # rlpure's own role_colon renderer, and shell.cookbook.renderers' (the cookbook's API), terminate
     # and parse as the cookbook's does
     for renderer in (OUR_RENDERER, SHELL_RENDERER):
         with_ours = asyncio.run(OurSumEnv(renderer, PREFIX, coef, strict).step(action))

@@ -1,10 +1,10 @@
-"""`shell.renderers`' role_colon against tinker-cookbook 0.6.1's, token for token.
+"""`shell.cookbook.renderers`' role_colon against tinker-cookbook 0.6.1's, token for token.
 
 Both renderers run on the same tokenizer: the local `ByteTokenizer`, and a byte-level BPE
 built offline with `tokenizers` (merges across piece boundaries, so piecewise encoding is
 pinned too). Compared: generation prompts (`to_ints()`), supervised examples and their
 weights in every `TrainOnWhat` mode, stop sequences, and `parse_response` message and
-termination. The deliberate differences (documented in `shell.renderers.role_colon`) each
+termination. The deliberate differences (documented in `shell.cookbook.renderers.role_colon`) each
 have a test that shows the cookbook's behaviour and, where an option gives it, that the
 option matches it.
 """
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlpure.model import ByteTokenizer
-from shell import renderers
+from shell.cookbook import renderers
 
 # Module level, so `pytest.importorskip` (`require_cookbook()` skips inside tests only).
 cb_renderers = pytest.importorskip(

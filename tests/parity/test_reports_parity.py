@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 
 from rlpure.testing import batches
-from shell.cookbook import to_cookbook_groups
+from shell.to_cookbook import to_cookbook_groups
 from shell.training._reports import (
     iteration_dir,
     rollout_summaries_jsonl_path,

@@ -1,6 +1,6 @@
-"""`shell.rl.data_processing` against tinker-cookbook 0.6.1's `rl/data_processing.py`.
+"""`shell.cookbook.rl.data_processing` against tinker-cookbook 0.6.1's `rl/data_processing.py`.
 
-The same groups go through both (`shell.cookbook.to_cookbook_groups` gives the cookbook's
+The same groups go through both (`shell.to_cookbook.to_cookbook_groups` gives the cookbook's
 records): advantages, datums (tokens, every loss input including `mask`, provenance spans),
 datum metadata and constant-group removal must agree. Skipped without the cookbook.
 """
@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 
 from rlpure.testing import batches
-from shell.cookbook import to_cookbook_groups
-from shell.rl import data_processing as ours
+from shell.cookbook.rl import data_processing as ours
+from shell.to_cookbook import to_cookbook_groups
 from tests.parity.porting import require_cookbook
 
 

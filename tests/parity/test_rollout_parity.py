@@ -233,7 +233,7 @@ def _strategy(spec: StrategySpec, side: Side, ours_extra: dict[str, Any]) -> Any
 
 
 # Same exception, two names: ours is the more specific subclass (below the floor), or our class
-# that `shell.exceptions.ConfigurationError` names (one class, so its error type reads
+# that `shell.cookbook.exceptions.ConfigurationError` names (one class, so its error type reads
 # "ConfigError" in `rollout_errors`).
 _SAME_KIND = {
     "BelowMinViableGroupError": "AllTrajectoriesFailedError",

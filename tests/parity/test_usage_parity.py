@@ -15,8 +15,8 @@ from rlpure.packing import assemble_batch
 from rlpure.records import Trajectory, TrajectoryGroup
 from rlpure.testing import batches
 from rlpure.usage import TokenUsage, rollout_usage, training_usage
-from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
+from shell.to_cookbook import to_cookbook_groups
 from tests.parity.porting import require_cookbook
 
 

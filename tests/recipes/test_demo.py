@@ -1,4 +1,4 @@
-"""Tests of the offline demo (`shell.recipes.demo`): envs, datasets, the base-model service, a tiny run.
+"""Tests of the offline demo (`shell.jobs.demo`): envs, datasets, the base-model service, a tiny run.
 
 The accuracy targets of the real recipe are measured by `benchmarks/bench_demo.py`, not here:
 this file runs a deliberately tiny recipe (a few steps) to check the plumbing end to end.
@@ -22,8 +22,8 @@ from rlpure.tasks.arithmetic import ArithmeticProblem
 from shell.env import EnvGroupBuilder
 from shell.errors import ConfigError
 from shell.fakes import FakeServiceClient
-from shell.recipes import demo
-from shell.recipes.demo import ArithmeticDataset, ArithmeticEnv, BaseModelServiceClient, DemoConfig
+from shell.jobs import demo
+from shell.jobs.demo import ArithmeticDataset, ArithmeticEnv, BaseModelServiceClient, DemoConfig
 
 TOKENIZER = ByteTokenizer()
 RENDERER = get_renderer("role_colon", TOKENIZER)
@@ -150,7 +150,7 @@ def test_demo_config_validation() -> None:
 
 
 def test_demo_command_is_registered() -> None:
-    from shell.recipes import COMMANDS
+    from shell.jobs import COMMANDS
 
     assert "demo" in COMMANDS
     parser = argparse.ArgumentParser()
@@ -219,8 +219,8 @@ def test_tiny_demo_writes_its_files_and_is_deterministic(tmp_path: Path) -> None
 
 
 def test_the_base_model_cache_survives_a_move_and_a_torn_record(tmp_path: Path) -> None:
-    from shell.recipes.demo import pretrain_base_model
-    from shell.recipes.demo._base_model import _pretrain_cache_key
+    from shell.jobs.demo import pretrain_base_model
+    from shell.jobs.demo._base_model import _pretrain_cache_key
 
     problems = [ArithmeticProblem(a=1, b=2), ArithmeticProblem(a=2, b=2)]
 

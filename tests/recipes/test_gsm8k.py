@@ -1,4 +1,4 @@
-"""Tests of `shell.recipes.gsm8k`: loading the real GSM8K files, schema errors, determinism, envs."""
+"""Tests of `shell.jobs.gsm8k`: loading the real GSM8K files, schema errors, determinism, envs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from rlpure.model import EOS_ID, ByteTokenizer
 from rlpure.render import get_renderer
 from rlpure.tasks.math_grading import GSM8K_QUESTION_SUFFIX, gsm8k_ground_truth
-from shell.recipes.gsm8k._data import (
+from shell.jobs.gsm8k._data import (
     DatasetUnavailableError,
     Gsm8kDataError,
     Gsm8kDataset,
@@ -307,7 +307,7 @@ def test_an_empty_split_file_is_a_data_error_not_a_hang(
 def test_a_stop_iteration_in_the_loader_thread_cannot_hang_the_await(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from shell.recipes.gsm8k import _data
+    from shell.jobs.gsm8k import _data
 
     def raise_stop(*args: object, **kwargs: object) -> None:
         raise StopIteration

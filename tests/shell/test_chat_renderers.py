@@ -1,4 +1,4 @@
-"""`shell.renderers.qwen3`, `.llama3` and `.chatml`: the cookbook's API over `rlpure.render`.
+"""`shell.chat._qwen3`, `.llama3` and `.chatml`: the cookbook's API over `rlpure.render`.
 
 (Token-for-token agreement with the cookbook is `tests/parity/test_chat_renderer_parity.py`;
 the token maths is tested in `tests/core/test_render_chat.py`.)
@@ -13,9 +13,7 @@ import pytest
 import tinker
 
 from rlpure.render._testing import SpecialWordTokenizer
-from shell import renderers, tokenizer_utils
-from shell.exceptions import RendererError
-from shell.renderers import (
+from shell.chat import (
     Message,
     ParseFailureKind,
     ParseTermination,
@@ -23,13 +21,16 @@ from shell.renderers import (
     ToolSpec,
     TrainOnWhat,
 )
-from shell.renderers.chatml import ChatMLRenderer
-from shell.renderers.llama3 import Llama3Renderer
-from shell.renderers.qwen3 import (
+from shell.chat._base import _BUILTIN_RENDERERS
+from shell.chat._chatml import SMOLLM2_DEFAULT_SYSTEM_PROMPT, ChatMLRenderer
+from shell.chat._llama3 import Llama3Renderer
+from shell.chat._qwen3 import (
     Qwen3DisableThinkingRenderer,
     Qwen3InstructRenderer,
     Qwen3Renderer,
 )
+from shell.cookbook import renderers, tokenizer_utils
+from shell.cookbook.exceptions import RendererError
 
 TOK = SpecialWordTokenizer()
 CALL = ToolCall(function=ToolCall.FunctionBody(name="calculator", arguments='{"e": "1+1"}'))
@@ -44,7 +45,7 @@ def test_cookbook_names_give_the_cookbook_classes() -> None:
     assert type(renderers.get_renderer("llama3", TOK)) is Llama3Renderer
     smol = renderers.get_renderer("smollm2", TOK)
     assert isinstance(smol, ChatMLRenderer)
-    assert smol.default_system_prompt == renderers.chatml.SMOLLM2_DEFAULT_SYSTEM_PROMPT
+    assert smol.default_system_prompt == SMOLLM2_DEFAULT_SYSTEM_PROMPT
     assert renderers.Qwen3Renderer is Qwen3Renderer
     assert not renderers.get_renderer("qwen3", TOK).has_extension_property
     assert renderers.get_renderer("chatml", TOK).has_extension_property
@@ -178,7 +179,7 @@ def test_tool_declarations() -> None:
 def test_chat_renderers_pickle_by_name() -> None:
     tokenizer_utils.register_tokenizer("Test/special-words", TOK)
     try:
-        for name in renderers.base._BUILTIN_RENDERERS:
+        for name in _BUILTIN_RENDERERS:
             if name == "role_colon":
                 continue
             renderer = renderers.get_renderer(name, TOK, model_name="Test/special-words")

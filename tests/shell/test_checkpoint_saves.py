@@ -295,7 +295,7 @@ def test_a_run_killed_after_a_rolling_save_resumes_from_it_as_if_never_stopped(
 
 
 def test_the_cookbooks_config_maps_its_checkpoint_options(tmp_path: Path) -> None:
-    from shell.rl import train
+    from shell.cookbook.rl import train
     from tests.shell.test_rl_facade import _config as cookbook_config
 
     config = cookbook_config(

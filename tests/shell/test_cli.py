@@ -18,8 +18,8 @@ from shell import cli
 from shell.commands import Command, TrainRecipe, by_name
 from shell.config import FIELD_HELP, TrainConfig, build_config, load_config_file
 from shell.errors import ConfigError
-from shell.recipes import COMMANDS, TRAIN_RECIPES, gsm8k, toy
-from shell.recipes.smollm2 import SMOLLM2_CONFIG_DEFAULTS
+from shell.jobs import COMMANDS, TRAIN_RECIPES, gsm8k, toy
+from shell.jobs.smollm2 import SMOLLM2_CONFIG_DEFAULTS
 from shell.training import load_checkpoints, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ import tinker
 
 from shell.clients import APIFuture, SamplingClient, ServiceClient, TrainingClient
 from shell.fakes import FakeSamplingClient, FakeServiceClient, FakeTrainingClient
+from shell.jobs.demo import BaseModelServiceClient
 from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
-from shell.recipes.demo import BaseModelServiceClient
 
 PROTOCOLS: dict[type, tuple[str, ...]] = {
     ServiceClient: (

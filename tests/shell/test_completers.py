@@ -1,4 +1,4 @@
-"""`shell.completers` with the cookbook's signatures: per-call `max_tokens`, `context_window`,
+"""`shell.completion` with the cookbook's signatures: per-call `max_tokens`, `context_window`,
 `tinker.ModelInput` observations, the cookbook's constructors, `TinkerMessageCompleter`."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import tinker
 
 from rlpure.model import ByteTokenizer
 from rlpure.records import ModelInput
-from shell import renderers
-from shell.completers import (
+from shell.completion import (
     TinkerMessageCompleter,
     TinkerTokenCompleter,
     TokenCompleter,
     TokensWithLogprobs,
 )
+from shell.cookbook import renderers
 from shell.fakes import FakeSamplingClient
 
 

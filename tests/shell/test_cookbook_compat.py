@@ -1,11 +1,11 @@
-"""`shell.cookbook.to_cookbook_groups`: a clear error without the cookbook; fields carried over."""
+"""`shell.to_cookbook.to_cookbook_groups`: a clear error without the cookbook; fields carried over."""
 
 import importlib.util
 
 import pytest
 
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
-from shell.cookbook import to_cookbook_groups
+from shell.to_cookbook import to_cookbook_groups
 
 HAVE_COOKBOOK = importlib.util.find_spec("tinker_cookbook") is not None
 

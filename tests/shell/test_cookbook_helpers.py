@@ -18,16 +18,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlpure.model import ByteTokenizer
-from shell import cli_utils, errors, exceptions, renderers
-from shell.preference import preference_datasets
-from shell.preference.types import (
+from shell import errors
+from shell.cookbook import cli_utils, exceptions, renderers
+from shell.cookbook.preference import preference_datasets
+from shell.cookbook.preference.types import (
     Comparison,
     ComparisonRendererFromChatRenderer,
     LabeledComparison,
     PreferenceModelFromChatRenderer,
 )
-from shell.utils import logtree, misc_utils
-from shell.utils.logtree_formatters import ConversationFormatter
+from shell.cookbook.utils import logtree, misc_utils
+from shell.cookbook.utils.logtree_formatters import ConversationFormatter
 
 # --- exceptions ----------------------------------------------------------------------------------
 

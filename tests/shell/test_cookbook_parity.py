@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.testing import batches
-from shell.cookbook import to_cookbook_groups
 from shell.datums import to_tinker_datums
+from shell.to_cookbook import to_cookbook_groups
 
 cookbook = pytest.importorskip("tinker_cookbook.rl.data_processing")
 

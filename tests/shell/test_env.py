@@ -1,4 +1,4 @@
-"""Tests for the environment API (`shell.env`) and the token completer (`shell.completers`)."""
+"""Tests for the environment API (`shell.env`) and the token completer (`shell.completion`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from rlpure.model import EOS_ID, ByteTokenizer
 from rlpure.records import ModelInput, StepResult
 from rlpure.render import Message, RoleColonRenderer, get_renderer
-from shell.completers import (
+from shell.completion import (
     TinkerTokenCompleter,
     model_input_from_tinker,
     model_input_to_tinker,

@@ -563,7 +563,7 @@ def test_grading_is_skipped_only_when_every_member_timed_out():
 
 
 def test_the_per_turn_budget_reaches_the_sampler_through_tinker_token_completer():
-    from shell.completers import TinkerTokenCompleter
+    from shell.completion import TinkerTokenCompleter
     from shell.fakes import FakeSamplingClient
 
     client = FakeSamplingClient(vocab_size=8)

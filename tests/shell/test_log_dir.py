@@ -384,7 +384,7 @@ def test_the_cli_takes_the_lock_before_a_recipe_or_the_demo_does_any_work(
 
     from shell import cli
     from shell.commands import TrainRecipe, by_name
-    from shell.recipes import COMMANDS
+    from shell.jobs import COMMANDS
 
     ran: list[str] = []
 

@@ -27,7 +27,7 @@ from shell.config import TrainConfig, build_config
 from shell.datums import to_tinker_datums
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import ConfigError, EnvFailure
-from shell.eval import BenchmarkResult, RLTestSetEvaluator, SamplingClientEvaluator
+from shell.evaluation import BenchmarkResult, RLTestSetEvaluator, SamplingClientEvaluator
 from shell.fakes import (
     FakeCheckpointStore,
     FakeFuture,

@@ -1,4 +1,4 @@
-"""`shell.rl.message_env`: rendering, overflow, truncation, parse failures and the runner seams.
+"""`shell.agents._message_env`: rendering, overflow, truncation, parse failures and the runner seams.
 
 The renderer is `role_colon` on the tiny byte tokenizer (stop string `"\\n\\nUser:"`); the
 message env is a small scripted conversation that echoes the assistant's text back as the
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from rlpure.records import InitialObservationOverflow
-from shell import renderers, tokenizer_utils
+from shell.agents._message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult
+from shell.chat._base import Message
+from shell.cookbook import renderers, tokenizer_utils
+from shell.cookbook.rl.types import PARSE_ERROR_MASKED_METRIC_KEY
 from shell.limits import ParseErrorPolicy
-from shell.renderers.base import Message
-from shell.rl.message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult
-from shell.rl.types import PARSE_ERROR_MASKED_METRIC_KEY
 
 TOK = tokenizer_utils.get_tokenizer("rlpure/tiny")
 RENDERER = renderers.get_renderer("role_colon", TOK)

@@ -33,7 +33,7 @@ def test_readme_python_blocks_run():
     assert quick["advantages_P_G"].tolist() == [[0.5, -0.5]]
     assert len(quick["datums"]) == 2
     assert set(quick["datums"][0].loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
-    # The porting example trained its 2 steps through shell.rl.train.main, and is resumable.
+    # The porting example trained its 2 steps through shell.cookbook.rl.train.main, and is resumable.
     ported = by_name["SayHiDatasetBuilder"]
     assert ported["result"].end_step == 2
     assert 0.0 <= ported["result"].last_metrics["env/all/said_hi"] <= 1.0

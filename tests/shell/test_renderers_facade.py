@@ -1,4 +1,4 @@
-"""`shell.renderers`, `shell.tokenizer_utils` and `shell.model_info`: the cookbook's API, offline.
+"""`shell.cookbook.renderers`, `shell.cookbook.tokenizer_utils` and `shell.cookbook.model_info`: the cookbook's API, offline.
 
 (Token-for-token agreement with the cookbook is `tests/parity/test_renderer_parity.py`.)
 """
@@ -14,10 +14,10 @@ import pytest
 import tinker
 
 from rlpure.model import ByteTokenizer
-from shell import model_info, renderers, tokenizer_utils
+from shell.cookbook import model_info, renderers, tokenizer_utils
+from shell.cookbook.exceptions import RendererError
+from shell.cookbook.renderers import Message, ParseTermination, TrainOnWhat
 from shell.errors import ConfigError
-from shell.exceptions import RendererError
-from shell.renderers import Message, ParseTermination, TrainOnWhat
 
 TOK = ByteTokenizer()
 RENDERER = renderers.get_renderer("role_colon", TOK)
@@ -254,7 +254,7 @@ def test_model_info_errors_are_the_cookbooks() -> None:
 
 
 def test_warn_if_renderer_not_recommended(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="shell.model_info"):
+    with caplog.at_level(logging.WARNING, logger="shell.cookbook.model_info"):
         model_info.warn_if_renderer_not_recommended("rlpure/tiny", "role_colon")
         model_info.warn_if_renderer_not_recommended("Nobody/x", "qwen3")
         model_info.warn_if_renderer_not_recommended("rlpure/tiny", None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shell.cli import main
-from shell.recipes import COMMANDS
+from shell.jobs import COMMANDS
 
 PRICES = (
     '[models."Qwen/Qwen3-8B"]\nprefill = 1.0\ncached_prefill = 0.5\nsample = 2.0\ntrain = 4.0\n'

@@ -1,7 +1,7 @@
-"""`shell.rl`: the cookbook's module names over our own objects, and `shell.rl.train.main`.
+"""`shell.cookbook.rl`: the cookbook's module names over our own objects, and `shell.cookbook.rl.train.main`.
 
-A cookbook-style env written here with the facade's imports only (`shell.rl.types`,
-`shell.renderers`, `shell.tokenizer_utils.get_tokenizer`, `tinker.ModelInput` observations,
+A cookbook-style env written here with the facade's imports only (`shell.cookbook.rl.types`,
+`shell.cookbook.renderers`, `shell.cookbook.tokenizer_utils.get_tokenizer`, `tinker.ModelInput` observations,
 bool metrics, a `@chz.chz` dataset builder with required fields) trains two steps through
 `main(config, service_client=LocalServiceClient(...))` on a micro local model (the tiny model's
 architecture, shrunk so it compiles in seconds), then resumes. No
@@ -23,11 +23,9 @@ import pytest
 import tinker
 
 from rlpure.records import ModelInput, TokensWithLogprobs
-from shell import renderers
-from shell.errors import ConfigError
-from shell.fakes import FakeServiceClient
-from shell.rl import data_processing, problem_env, rollout_strategy, rollouts, train
-from shell.rl.types import (
+from shell.cookbook import renderers
+from shell.cookbook.rl import data_processing, problem_env, rollout_strategy, rollouts, train
+from shell.cookbook.rl.types import (
     Action,
     ActionExtra,
     Env,
@@ -39,7 +37,9 @@ from shell.rl.types import (
     TrajectoryGroup,
     Transition,
 )
-from shell.tokenizer_utils import get_tokenizer
+from shell.cookbook.tokenizer_utils import get_tokenizer
+from shell.errors import ConfigError
+from shell.fakes import FakeServiceClient
 from tests.local.micro import MICRO_NAME, micro_service
 
 MODEL = MICRO_NAME  # the tiny local model's architecture, shrunk so the test compiles in seconds

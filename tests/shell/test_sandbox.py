@@ -1,4 +1,4 @@
-"""`shell.sandbox.LocalSandbox`: output capture, timeouts, memory limits, files, no network."""
+"""`shell.sandboxes.LocalSandbox`: output capture, timeouts, memory limits, files, no network."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shell.sandbox import (
+from shell.sandboxes import (
     LocalSandbox,
     SandboxInterface,
     SandboxTerminatedError,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shell import renderers
+from shell.cookbook import renderers
 
 pytestmark = pytest.mark.slow  # opening the GGUF and building its tokenizer: a few seconds
 

@@ -1,4 +1,4 @@
-"""`shell.tool_use`: `@tool` tools, `handle_tool_call` on bad model output, `AgentToolMessageEnv`.
+"""`shell.agents`: `@tool` tools, `handle_tool_call` on bad model output, `AgentToolMessageEnv`.
 
 Messages are built as a renderer's `parse_response` returns them (`tool_calls` of `ToolCall`,
 malformed calls in `unparsed_tool_calls`), so the env is tested at the message level; the
@@ -16,11 +16,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
-from shell import renderers, tokenizer_utils
-from shell.limits import ParseErrorPolicy, RolloutConfig, RolloutLimits, agentic
-from shell.renderers.base import Message, ToolCall, UnparsedToolCall
-from shell.rl.message_env import EnvFromMessageEnv
-from shell.tool_use import (
+from shell.agents import (
     AgentToolMessageEnv,
     FunctionTool,
     Tool,
@@ -32,6 +28,10 @@ from shell.tool_use import (
     simple_tool_result,
     tool,
 )
+from shell.agents._message_env import EnvFromMessageEnv
+from shell.chat._base import Message, ToolCall, UnparsedToolCall
+from shell.cookbook import renderers, tokenizer_utils
+from shell.limits import ParseErrorPolicy, RolloutConfig, RolloutLimits, agentic
 
 
 @tool

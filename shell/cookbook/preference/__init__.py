@@ -1,0 +1,3 @@
+"""`tinker_cookbook.preference`: its `types` and `preference_datasets` modules (`shell.comparisons`)."""
+
+__all__: list[str] = []

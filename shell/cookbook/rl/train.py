@@ -1,0 +1,430 @@
+"""The cookbook's `tinker_cookbook.rl.train`: `Config`, `KLReferenceConfig` and `main`.
+
+`Config` is a `chz` class with the cookbook 0.6.1 field names, types, required fields and
+defaults, so a cookbook recipe's `Config(...)` (or its `chz` CLI) builds it unchanged. `main`
+is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
+`shell.training.train`, which records, resumes and logs as the project's loop does
+(`metrics.jsonl`, `samples.jsonl`, `checkpoints.jsonl` in `log_path`).
+
+What `main(config, rollout_executor=None, service_client=None)` does, in order:
+
+1. checks the whole config before anything runs: a field this loop does not implement yet set
+   to a non-default value (`enable_trace`, ...), or the cookbook's own errors
+   (`kl_penalty_coef > 0` without `kl_reference_config`, `Config.loss_fn` conflicting with
+   `AsyncConfig.loss_fn`, `stable_reinforce` with `kl_discount_factor > 0`), or what
+   `TrainConfig` refuses for the backend (e.g. `stable_reinforce`, the async default, on the
+   local backend; streaming minibatches that do not divide the batch) raise `ConfigError`
+   (which is `shell.cookbook.exceptions.ConfigurationError`) naming the field; async runs with an
+   `importance_sampling` or `cispo` loss and `max_steps_off_policy > 0` get the cookbook's
+   instability warning;
+2. opens the service: `tinker.ServiceClient(base_url=..., user_metadata=..., display_name=...)`
+   when `service_client` is None, as the cookbook, else the given client (e.g.
+   `shell.LocalServiceClient()`), which `main` does not close;
+3. refuses a resume whose options changed, then opens the training client as the cookbook:
+   restored from the log dir's last checkpoint (weights and optimizer), else from
+   `load_checkpoint_path` (weights only), else `create_lora_training_client(model_name,
+   rank=lora_rank)`;
+4. registers `training_client.get_tokenizer()` under `model_name` with
+   `shell.tokenizers.register_tokenizer`, **before** `await config.dataset_builder()`, so a
+   cookbook builder that calls `get_tokenizer(model_name)` gets the backend's tokenizer offline;
+5. builds the datasets and runs `shell.training.train` with the rollout strategy resolved from
+   `rollout_error_tolerance` (`effective_rollout_strategy`) and the evaluators of
+   `evaluator_builders`, group rollouts going to `rollout_executor` when one is given
+   (`shell.rollouts.set_rollout_executor`).
+
+How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` → `base_model`,
+`kl_discount_factor` → `kl_discount`, `kl_reference_config` → `kl_reference_model` and
+`kl_reference_checkpoint`, `async_config` and `stream_minibatch_config` → the
+`shell.config.AsyncConfig` / `StreamMinibatchConfig` records (async and streaming training,
+`shell.training._async` and `shell.training._stream`); the optimizer, loss, sampling, KL,
+cadence, epoch and step fields keep their names (`save_every`, `ttl_seconds`, `rolling_save_every` and `rolling_ttl_seconds`
+save as the cookbook's `CheckpointManager`, see `shell.training._checkpoints`); `wandb_project`
+and `wandb_name` log to W&B as the cookbook's `WandbLogger`
+(`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
+and the dataset builder's class are recorded as recipe options, so a resume with another recipe
+or builder class is refused.
+
+Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
+None); `renderer_name` is accepted and not used (the renderer is the dataset builder's
+business); the TTLs are passed to the backend, which on the local one keeps every checkpoint
+until it is deleted;
+`rollout_json_export=True` is what `samples.jsonl` already records.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Literal
+
+import chz
+import tinker
+
+from shell.clients import ServiceClient, backend_of
+from shell.config import AsyncConfig as TrainAsyncConfig
+from shell.config import StreamMinibatchConfig as TrainStreamMinibatchConfig
+from shell.config import TerminationConfig, TrainConfig
+from shell.cookbook.rl.types import RLDatasetBuilder
+from shell.errors import ConfigError
+from shell.evaluation import SamplingClientEvaluatorBuilder
+from shell.limits import TerminationRewardPolicy, default_rollout_config_for_model
+from shell.rollouts import (
+    RolloutStrategy,
+    default_rollout_strategy_for_model,
+    rollout_strategy_from_config,
+    set_rollout_executor,
+)
+from shell.tokenizers import register_tokenizer
+from shell.training import (
+    TrainResult,
+    checked_last_checkpoint,
+    open_training_client,
+    recipe_options,
+    train,
+)
+
+__all__ = [
+    "AsyncConfig",
+    "Config",
+    "KLReferenceConfig",
+    "StreamMinibatchConfig",
+    "main",
+    "to_train_config",
+]
+
+logger = logging.getLogger(__name__)
+
+LossFnType = Literal[
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+    "custom",
+]
+
+
+@chz.chz
+class KLReferenceConfig:
+    """The KL penalty's reference model (the cookbook's).
+
+    Attributes:
+        base_model: the reference model's name.
+        load_checkpoint_path: sampler weights to load into it (None: the base model's).
+    """
+
+    base_model: str
+    load_checkpoint_path: str | None = None
+
+
+@chz.chz
+class StreamMinibatchConfig:
+    """Sync training with streaming minibatches (the cookbook's fields), run as
+    `shell.config.StreamMinibatchConfig` (see `shell.training._stream`).
+
+    Attributes:
+        groups_per_batch: trajectory groups per training iteration.
+        num_minibatches: `forward_backward` calls per optimizer substep.
+    """
+
+    groups_per_batch: int
+    num_minibatches: int
+
+
+@chz.chz
+class AsyncConfig:
+    """Async, off-policy training (the cookbook's fields and check), run as
+    `shell.config.AsyncConfig` (see `shell.training._async`).
+
+    Attributes:
+        max_steps_off_policy: how many steps sampling may run ahead of training (>= 0).
+        groups_per_batch: trajectory groups per training batch (>= 1).
+        loss_fn: the loss of async runs.
+    """
+
+    max_steps_off_policy: int
+    groups_per_batch: int
+    loss_fn: LossFnType = "stable_reinforce"
+
+    @chz.validate
+    def _check(self) -> None:
+        if self.max_steps_off_policy < 0 or self.groups_per_batch < 1:
+            raise ConfigError(
+                "AsyncConfig needs max_steps_off_policy >= 0 and groups_per_batch >= 1, got "
+                f"{self.max_steps_off_policy} and {self.groups_per_batch}"
+            )
+
+
+@chz.chz
+class Config:
+    """Configuration of an RL run, with the cookbook 0.6.1 `rl.train.Config` fields.
+
+    Required: `learning_rate`, `dataset_builder`, `model_name`, `recipe_name`, `max_tokens`,
+    `log_path`. See the module docstring for how each field maps onto
+    `shell.config.TrainConfig` and which ones `main` refuses when set.
+    """
+
+    learning_rate: float
+    dataset_builder: RLDatasetBuilder
+    model_name: str
+    recipe_name: str
+    max_tokens: int
+    log_path: str = chz.field(munger=lambda _, s: str(Path(s).expanduser()))
+    eval_every: int = 20
+    save_every: int = 20
+    evaluator_builders: list[SamplingClientEvaluatorBuilder] = chz.field(default_factory=list)
+    load_checkpoint_path: str | None = None
+    renderer_name: str | None = None
+    wandb_project: str | None = None
+    wandb_name: str | None = None
+    session_name: str | None = None
+
+    kl_penalty_coef: float = 0.0
+    kl_discount_factor: float = 0.0
+    kl_reference_config: KLReferenceConfig | None = None
+
+    loss_fn: LossFnType = "importance_sampling"
+    loss_fn_config: dict[str, Any] | None = None
+    num_substeps: int = 1
+    lora_rank: int = 32
+
+    temperature: float = 1.0
+    compute_post_kl: bool = False
+    remove_constant_reward_groups: bool = False
+    rollout_error_tolerance: bool | RolloutStrategy | None = None
+    termination: TerminationRewardPolicy | None = None
+    enable_trace: bool = False
+    span_chart_every: int = 0
+
+    async_config: AsyncConfig | None = None
+    stream_minibatch_config: StreamMinibatchConfig | None = None
+    base_url: str | None = None
+
+    ttl_seconds: int | None = 604800
+    rolling_save_every: int = 0
+    rolling_ttl_seconds: int = 7200
+    num_groups_to_log: int = 4
+    rollout_json_export: bool = True
+
+    num_epochs: int = 1
+    max_steps: int | None = None
+
+    def training_loss_fn(self) -> LossFnType:
+        """The loss this run trains with: `async_config.loss_fn` for async runs, else
+        `loss_fn`."""
+        return self.async_config.loss_fn if self.async_config is not None else self.loss_fn
+
+    def records_stability_info(self) -> bool:
+        """Whether sampling must record what `stable_reinforce` trains on."""
+        return self.training_loss_fn() == "stable_reinforce"
+
+    def effective_termination(self) -> TerminationRewardPolicy | None:
+        """The termination policy of the run: `termination`, else the model's preset
+        (`shell.limits.default_rollout_config_for_model`: the agentic grade-then-clamp policy
+        for `thinkingmachines/Inkling` models, none for the others)."""
+        if self.termination is not None:
+            return self.termination
+        return default_rollout_config_for_model(self.model_name).termination
+
+    def effective_rollout_strategy(self) -> RolloutStrategy:
+        """The rollout strategy of the run: `rollout_error_tolerance` None → the model's
+        preset (`MinViableGroup()` for Inkling models, `FailFast()` otherwise), False →
+        `FailFast()`, True → `RetryOnFailure()`, a strategy → itself.
+
+        Raises:
+            ConfigError: any other value (the cookbook's `ConfigurationError`).
+        """
+        if self.rollout_error_tolerance is None:
+            return default_rollout_strategy_for_model(self.model_name)
+        return rollout_strategy_from_config(self.rollout_error_tolerance)
+
+
+# (field, its default, why it is refused when set to anything else)
+_NOT_YET: tuple[tuple[str, Any, str], ...] = (
+    ("enable_trace", False, "trace events are not recorded"),
+    ("span_chart_every", 0, "timing Gantt charts are not drawn"),
+    ("rollout_json_export", True, "samples.jsonl is always written"),
+)
+
+
+def _check_supported(config: Config) -> None:
+    """Refuses what `main` cannot honour, before anything runs (see the module docstring)."""
+    for name, default, why in _NOT_YET:
+        value = getattr(config, name)
+        if value != default:
+            raise ConfigError(f"Config.{name}={value!r}: not supported ({why})")
+    if config.training_loss_fn() == "custom":
+        where = "AsyncConfig.loss_fn" if config.async_config is not None else "Config.loss_fn"
+        raise ConfigError(f"{where}='custom': custom losses are not supported")
+    config.effective_rollout_strategy()  # an invalid rollout_error_tolerance fails here
+    if config.kl_penalty_coef > 0 and config.kl_reference_config is None:
+        raise ConfigError("kl_reference_config must be specified when kl_penalty_coef > 0")
+
+
+def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake"]) -> TrainConfig:
+    """The `TrainConfig` `main` runs for `config` (see the module docstring for the mapping).
+
+    Raises:
+        ConfigError: a value `TrainConfig` refuses (naming its `TrainConfig` field).
+    """
+    kl = config.kl_reference_config
+    fields: dict[str, Any] = {
+        "log_dir": config.log_path,
+        "backend": backend,
+        "base_model": config.model_name,
+        "lora_rank": config.lora_rank,
+        "max_steps": config.max_steps,
+        "num_epochs": config.num_epochs,
+        "load_checkpoint_path": config.load_checkpoint_path,
+        "learning_rate": config.learning_rate,
+        "loss_fn": config.loss_fn,
+        "loss_fn_config": config.loss_fn_config,
+        "num_substeps": config.num_substeps,
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "eval_temperature": 1.0,
+        # None resolves to the model's preset inside TrainConfig, as `effective_termination` does
+        "termination": (
+            None
+            if config.termination is None
+            else TerminationConfig.from_policy(config.termination)
+        ),
+        "remove_constant_reward_groups": config.remove_constant_reward_groups,
+        "kl_penalty_coef": config.kl_penalty_coef,
+        "kl_discount": config.kl_discount_factor,
+        "kl_reference_model": None if kl is None else kl.base_model,
+        "kl_reference_checkpoint": None if kl is None else kl.load_checkpoint_path,
+        "compute_post_kl": config.compute_post_kl,
+        "eval_every": config.eval_every,
+        "save_every": config.save_every,
+        "ttl_seconds": config.ttl_seconds,
+        "rolling_save_every": config.rolling_save_every,
+        "rolling_ttl_seconds": config.rolling_ttl_seconds,
+        "num_groups_to_log": config.num_groups_to_log,
+        "stream_minibatch_config": (
+            None
+            if config.stream_minibatch_config is None
+            else TrainStreamMinibatchConfig(
+                groups_per_batch=config.stream_minibatch_config.groups_per_batch,
+                num_minibatches=config.stream_minibatch_config.num_minibatches,
+            )
+        ),
+        "async_config": (
+            None
+            if config.async_config is None
+            else TrainAsyncConfig(
+                max_steps_off_policy=config.async_config.max_steps_off_policy,
+                groups_per_batch=config.async_config.groups_per_batch,
+                loss_fn=config.async_config.loss_fn,  # type: ignore[arg-type]
+            )
+        ),
+        "wandb_project": config.wandb_project,
+        # the cookbook names a W&B run only with a project (else wandb_name names the session)
+        "wandb_name": config.wandb_name if config.wandb_project else None,
+    }
+    try:
+        return TrainConfig(**fields)
+    except (TypeError, ValueError) as err:  # msgspec's type errors; ConfigError is a ValueError
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"Config: {err}") from None
+
+
+def _recipe_options(config: Config) -> dict[str, Any]:
+    builder = type(config.dataset_builder)
+    return recipe_options(
+        config.recipe_name,
+        {"dataset_builder": f"{builder.__module__}.{builder.__qualname__}"},
+        may_change=(),
+    )
+
+
+async def main(
+    config: Config,
+    rollout_executor: Executor | None = None,
+    service_client: ServiceClient | None = None,
+) -> TrainResult:
+    """Runs (or resumes) RL training as the cookbook's `main` (see the module docstring).
+
+    Args:
+        config: the run's configuration.
+        rollout_executor: where group rollouts run (`shell.rollouts.set_rollout_executor`,
+            for this call; shut down once training succeeded, as the cookbook); None runs them
+            as coroutines in this process.
+        service_client: the backend; None opens `tinker.ServiceClient` (reads
+            `TINKER_API_KEY`), e.g. `shell.LocalServiceClient()` trains offline.
+
+    Returns:
+        What `shell.training.train` did (`TrainResult`).
+
+    Raises:
+        ConfigError: an unsupported field, a bad value, the cookbook's configuration errors,
+            or a resume with changed options; all before a session is opened.
+
+    Examples:
+        A cookbook recipe's call, ported: ``await main(config,
+        service_client=shell.LocalServiceClient())``.
+    """
+    _check_supported(config)
+    to_train_config(
+        config, backend="tinker" if service_client is None else backend_of(service_client)
+    )
+    if (
+        config.async_config is not None
+        and config.async_config.max_steps_off_policy > 0
+        and config.training_loss_fn() in ("importance_sampling", "cispo")
+    ):
+        logger.warning(
+            "loss_fn=%r can become unstable on the off-policy data that async training "
+            "produces; prefer 'stable_reinforce' (the async default) or a clipped loss such as "
+            "'ppo'.",
+            config.training_loss_fn(),
+        )
+    if service_client is not None and config.base_url is not None:
+        raise ConfigError(
+            f"Config.base_url={config.base_url!r}: only used to open tinker.ServiceClient; "
+            "main was given a service_client"
+        )
+    if rollout_executor is not None:
+        set_rollout_executor(rollout_executor)  # refuses a fork-started process pool
+    try:
+        if service_client is not None:
+            result = await _run(config, service_client)
+        else:
+            with tinker.ServiceClient(
+                base_url=config.base_url,
+                user_metadata={"recipe_name": config.recipe_name},
+                display_name=config.session_name or config.wandb_name or None,
+            ) as tinker_client:
+                result = await _run(config, tinker_client)
+    finally:
+        if rollout_executor is not None:
+            set_rollout_executor(None)
+    if rollout_executor is not None:
+        rollout_executor.shutdown(wait=True)  # as the cookbook, once training succeeded
+    return result
+
+
+async def _run(config: Config, service_client: ServiceClient) -> TrainResult:
+    """`main` once the service client is open: steps 3-5 of the module docstring."""
+    train_config = to_train_config(config, backend=backend_of(service_client))
+    options = _recipe_options(config)
+    resume = checked_last_checkpoint(train_config, recipe_options=options)
+    opened = await open_training_client(train_config, service_client, resume)
+    tokenizer = opened.client.get_tokenizer()
+    register_tokenizer(config.model_name, tokenizer)
+    dataset, test_dataset = await config.dataset_builder()
+    return await train(
+        train_config,
+        dataset=dataset,
+        service_client=service_client,
+        test_dataset=test_dataset,
+        tokenizer=tokenizer,
+        training_client=opened,
+        recipe_options=options,
+        evaluator_builders=config.evaluator_builders,
+        strategy=config.effective_rollout_strategy(),
+    )
