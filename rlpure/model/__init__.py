@@ -8,6 +8,10 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
 - `_transformer`: `init_params`, the causal `forward` pass, the KV-cached `prefill` and
   `decode_step`, `logits` and `target_logprobs` (training logprobs), each with optional LoRA
   adapters.
+- `_layers`: the transformer's norms, RoPE (`rope_inv_freq`), linear maps, attention, MLPs,
+  embedding and unembedding.
+- `_lora_kernels`: the LoRA terms' hand-written VJPs (unmerged `(x A) B`, the merged
+  unembedding).
 - `_lora`: `LoraConfig` (Tinker's `rank`, `train_attn`, `train_mlp`, `train_unembed`; scale
   `α / R` with `α = 32`), `init_lora` (B = 0), `merge_lora`.
 - `_hf_names`: `config_from_hf` and `params_from_hf`, Hugging Face `config.json` and
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from rlpure.model._config import RopeScaling, llama3_rope_scaling_from_factors
 from rlpure.model._hf_names import config_from_hf, params_from_hf
+from rlpure.model._layers import rope_inv_freq
 from rlpure.model._lora import LoraConfig, count_lora_params, init_lora, merge_lora
 from rlpure.model._optimizer import (
     AdamHyperparams,
@@ -54,7 +59,6 @@ from rlpure.model._transformer import (
     init_params,
     logits,
     prefill,
-    rope_inv_freq,
     target_logprobs,
     target_logprobs_fn,
 )

@@ -42,8 +42,9 @@ import msgspec
 import numpy as np
 
 from rlpure.model._config import ModelConfig
+from rlpure.model._layers import NEG_INF
 from rlpure.model._lora import LoraConfig
-from rlpure.model._transformer import NEG_INF, KVCache, Params, decode_step, prefill
+from rlpure.model._transformer import KVCache, Params, decode_step, prefill
 
 __all__ = [
     "SampleBatch",

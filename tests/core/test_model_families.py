@@ -285,7 +285,7 @@ def test_lora_starts_at_the_base_and_trains_only_adapters() -> None:
 def test_lora_term_hand_written_vjp_equals_autodiff() -> None:
     # `_lora_delta`'s VJP is written by hand (for XLA's CPU layouts); it must be the gradient
     # autodiff gives for `(x A) B`, for every input, at ragged shapes and a rank of 1.
-    from rlpure.model._transformer import _lora_delta
+    from rlpure.model._lora_kernels import _lora_delta
 
     rng = np.random.default_rng(7)
     for b, t, i, r, o in ((2, 3, 5, 4, 6), (1, 1, 3, 1, 2), (3, 8, 16, 2, 40)):
@@ -312,7 +312,7 @@ def test_merged_unembedding_hand_written_vjp_equals_autodiff() -> None:
     # `_adapted_unembed` merges the unembedding's adapter before the matmul and writes its VJP
     # by hand; values and gradients (h, the base matrix, A, B) must be those of the unmerged
     # `h W + scale (h A) B`, tied (`W = embed_V_Eᵀ`) and untied, at ragged shapes and rank 1.
-    from rlpure.model._transformer import _adapted_unembed
+    from rlpure.model._lora_kernels import _adapted_unembed
 
     rng = np.random.default_rng(9)
     for b, t, e, r, v in ((2, 3, 5, 4, 7), (1, 2, 3, 1, 2), (3, 4, 6, 2, 33)):
@@ -342,7 +342,7 @@ def test_merged_unembedding_hand_written_vjp_equals_autodiff() -> None:
 def test_swiglu_hand_written_vjp_equals_autodiff() -> None:
     # `_swiglu`'s VJP is written by hand (to keep fewer residuals); it must equal autodiff's
     # gradient of `silu(g) · u`, at large |g| (saturated sigmoid) too.
-    from rlpure.model._transformer import _swiglu
+    from rlpure.model._layers import _swiglu
 
     rng = np.random.default_rng(8)
     gate = jnp.asarray(np.concatenate([rng.standard_normal(60), [-30.0, -8.0, 0.0, 8.0, 30.0]]))
