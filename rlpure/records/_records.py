@@ -71,7 +71,9 @@ PARSE_ERROR_MASKED_METRIC_KEY = "parse_error_masked"
 """Transition metric that, when >= 1, excludes the transition's action tokens from training."""
 
 Metrics = dict[str, float | int]
+"""Numbers averaged into the training logs, by name (bools are stored as `1.0` / `0.0`)."""
 Logs = dict[str, str | int | float]
+"""Free-form diagnostics by name, not aggregated."""
 StopCondition = tuple[str | int, ...]
 """Stop strings or stop token ids (all of one kind), as the sampler's `stop` parameter."""
 
