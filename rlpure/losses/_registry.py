@@ -205,6 +205,25 @@ def compute_loss(
     if spec is None:
         raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(sorted(LOSSES))}")
     lp = as_logprobs(name, target_logprobs_D_T)
+    _check_loss_inputs(spec, lp, loss_fn_inputs, valid_mask_D_T=valid_mask_D_T)
+    merged = _loss_config(spec, config)
+    arrays = [loss_fn_inputs[key] for key in spec.array_inputs]
+    return spec.loss_fn(lp, *arrays, valid_mask_D_T=valid_mask_D_T, **merged)
+
+
+def _check_loss_inputs(
+    spec: LossSpec,
+    target_logprobs_D_T: jax.Array,
+    loss_fn_inputs: Mapping[str, ArrayLike],
+    *,
+    valid_mask_D_T: ArrayLike | None,
+) -> None:
+    """Refuses unknown or missing `loss_fn_inputs` of `spec`'s loss, and any `[D, T]` mismatch.
+
+    Raises:
+        ValueError: as `compute_loss` documents, naming the loss.
+    """
+    name = spec.name
     unknown = sorted(set(loss_fn_inputs) - KNOWN_LOSS_INPUTS)
     if unknown:
         raise ValueError(
@@ -218,10 +237,19 @@ def compute_loss(
         )
     check_shapes_equal(
         name,
-        ("target_logprobs_D_T", lp),
+        ("target_logprobs_D_T", target_logprobs_D_T),
         *((f"input {key!r}", values) for key, values in loss_fn_inputs.items()),
         ("valid_mask_D_T", valid_mask_D_T),
     )
+
+
+def _loss_config(spec: LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:
+    """`config` over `spec`'s documented defaults, refusing unknown and missing required keys.
+
+    Raises:
+        ValueError: as `compute_loss` documents, naming the loss.
+    """
+    name = spec.name
     config = dict(config or {})
     unknown = sorted(set(config) - spec.config_keys)
     if unknown:
@@ -234,9 +262,7 @@ def compute_loss(
             f"{name}: config {missing} must be given (no documented Tinker default; "
             f"see {spec.reference})"
         )
-    merged = {**spec.config_defaults, **config}
-    arrays = [loss_fn_inputs[key] for key in spec.array_inputs]
-    return spec.loss_fn(lp, *arrays, valid_mask_D_T=valid_mask_D_T, **merged)
+    return {**spec.config_defaults, **config}
 
 
 def loss_fn_inputs_from_batch(batch: DatumBatch) -> tuple[dict[str, jax.Array], jax.Array]:

@@ -120,6 +120,15 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
             contract, or a field holding negative token ids or non-finite values.
         TypeError: when a token array is not integer or a per-token array not floating point.
     """
+    shape = _checked_shape(batch)
+    arrays = _checked_arrays(batch)
+    _check_datum_rows(batch, arrays, shape)
+    if padding:
+        _check_zero_padding(arrays, shape)
+
+
+def _checked_shape(batch: DatumBatch) -> tuple[int, ...]:
+    """The batch's `(D, T)`, after checking every field has it (`[D]` ones its first axis)."""
     shape = np.shape(batch.input_tokens_D_T)
     if len(shape) != 2:
         raise ValueError(f"DatumBatch.input_tokens_D_T: expected [D, T], got shape {shape}")
@@ -131,6 +140,11 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
         got = np.shape(getattr(batch, name))
         if got != shape[:1]:
             raise ValueError(f"DatumBatch.{name}: shape mismatch: got {got}, expected {shape[:1]}")
+    return shape
+
+
+def _checked_arrays(batch: DatumBatch) -> dict[str, np.ndarray]:
+    """Field name → the batch's array as numpy, after checking dtypes, token ids and finiteness."""
     arrays = {
         name: np.asarray(getattr(batch, name)) for name in _ARRAY_FIELDS_D_T + _ARRAY_FIELDS_D
     }
@@ -145,6 +159,13 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
             raise TypeError(f"DatumBatch.{name}: expected floats, got dtype {arrays[name].dtype}")
         if not np.all(np.isfinite(arrays[name])):
             raise ValueError(f"DatumBatch.{name}: holds non-finite values")
+    return arrays
+
+
+def _check_datum_rows(
+    batch: DatumBatch, arrays: dict[str, np.ndarray], shape: tuple[int, ...]
+) -> None:
+    """Checks `num_datums`, the real rows' lengths and the padded rows' `[D]` fields."""
     num_datums = int(batch.num_datums)
     if not 0 <= num_datums <= shape[0]:
         raise ValueError(f"DatumBatch.num_datums: {num_datums} outside [0, {shape[0]}]")
@@ -161,8 +182,11 @@ def check_datum_batch(batch: DatumBatch, *, padding: bool = True) -> None:
         raise ValueError(
             "DatumBatch: padded rows (index >= num_datums) need length 0 and group/traj index -1"
         )
-    if not padding:
-        return
+
+
+def _check_zero_padding(arrays: dict[str, np.ndarray], shape: tuple[int, ...]) -> None:
+    """Checks every `[D, T]` array is zero beyond each datum's length (see the module docstring)."""
+    length_D = arrays["length_D"]
     # The one position beyond a datum's length the inputs may use holds its last token, shared
     # with the targets (or 0, e.g. in a batch built by hand); the zero check starts after it.
     rows = np.flatnonzero((length_D > 0) & (length_D < shape[1]))
@@ -323,6 +347,7 @@ def _pack_segments(
     bucket: bool,
     alloc: Callable[[tuple[int, ...], type[np.float32]], np.ndarray],
 ) -> DatumBatch:
+    """Packs `segments` (with each one's group and trajectory index) into a read-only batch."""
     num_datums = len(segments)
     lengths = [segment.full_length - 1 for segment in segments]
     length_max = max(lengths, default=0)
@@ -337,14 +362,67 @@ def _pack_segments(
     width = t_pad + 1
     # One uninitialised block for all four arrays, viewed per dtype, in which every visible
     # position is written exactly once. Zeroing it first (np.zeros) cost a whole extra pass over
-    # the output, a quarter of the time on the GRPO benchmark batch. Token rows are written
-    # piece by piece plus a zero tail per row. The other arrays are non-zero only on action
-    # pieces (logprobs) or on trained action pieces (advantages, mask), so each such piece is
-    # preceded by one zero write covering everything since the previous one (the previous row's
-    # tail and this row's observation tokens together), and the rest is zeroed at the end.
+    # the output, a quarter of the time on the GRPO benchmark batch.
     block = alloc((4, d_pad * width), np.float32)
     tokens = block[0].view(np.int32)
     logprobs, advantages, mask = block[1], block[2], block[3]
+    _write_segments(segments, tokens, logprobs, advantages, mask, width=width)
+    tokens = tokens.reshape(d_pad, width)
+    logprobs = logprobs.reshape(d_pad, width)
+    advantages = advantages.reshape(d_pad, width)
+    mask = mask.reshape(d_pad, width)
+    length_D = np.zeros(d_pad, np.int32)
+    length_D[:num_datums] = lengths
+    input_tokens = tokens[:, :t_pad]
+    group_idx_D = np.full(d_pad, -1, np.int32)
+    group_idx_D[:num_datums] = group_idx
+    traj_idx_D = np.full(d_pad, -1, np.int32)
+    traj_idx_D[:num_datums] = traj_idx
+    for array in (
+        tokens,
+        logprobs,
+        advantages,
+        mask,
+        input_tokens,
+        length_D,
+        group_idx_D,
+        traj_idx_D,
+    ):
+        array.flags.writeable = False  # the batch is immutable, like the records it came from
+    return DatumBatch(
+        input_tokens_D_T=input_tokens,
+        target_tokens_D_T=tokens[:, 1:],
+        logprobs_D_T=logprobs[:, 1:],
+        advantages_D_T=advantages[:, 1:],
+        mask_D_T=mask[:, 1:],
+        length_D=length_D,
+        group_idx_D=group_idx_D,
+        traj_idx_D=traj_idx_D,
+        num_datums=num_datums,
+        provenance_D=tuple([segment.provenance for segment in segments]),
+    )
+
+
+def _write_segments(
+    segments: list[Segment],
+    tokens: np.ndarray,
+    logprobs: np.ndarray,
+    advantages: np.ndarray,
+    mask: np.ndarray,
+    *,
+    width: int,
+) -> None:
+    """Writes every position of the flat, uninitialised `[D * (T + 1)]` arrays exactly once.
+
+    Row `d` (flat positions `d * width` on) holds segment `d`'s full, unshifted sequence, then
+    zeros; rows beyond the segments are all zero. `tokens` is int32, the others float32.
+
+    Token rows are written piece by piece plus a zero tail per row. The other arrays are
+    non-zero only on action pieces (logprobs) or on trained action pieces (advantages, mask), so
+    each such piece is preceded by one zero write covering everything since the previous one
+    (the previous row's tail and this row's observation tokens together), and the rest is
+    zeroed at the end.
+    """
     # Copies go through flat memoryviews: same bytes, a third of the per-slice overhead of
     # ndarray __setitem__, and no per-row view objects (the loop runs a few thousand small
     # copies; their Python overhead is most of its time). Zeros and ones come from buffers.
@@ -387,44 +465,10 @@ def _pack_segments(
                 mask_mv[start:end] = ones_mv[:n]
                 trained_done = end
         tokens_mv[row + full_length : row + width] = int_zeros_mv[: width - full_length]
-    tokens[num_datums * width :] = 0
+    tokens[len(segments) * width :] = 0
     logprobs[logprobs_done:] = 0.0
     advantages[trained_done:] = 0.0
     mask[trained_done:] = 0.0
-    tokens = tokens.reshape(d_pad, width)
-    logprobs = logprobs.reshape(d_pad, width)
-    advantages = advantages.reshape(d_pad, width)
-    mask = mask.reshape(d_pad, width)
-    length_D = np.zeros(d_pad, np.int32)
-    length_D[:num_datums] = lengths
-    input_tokens = tokens[:, :t_pad]
-    group_idx_D = np.full(d_pad, -1, np.int32)
-    group_idx_D[:num_datums] = group_idx
-    traj_idx_D = np.full(d_pad, -1, np.int32)
-    traj_idx_D[:num_datums] = traj_idx
-    for array in (
-        tokens,
-        logprobs,
-        advantages,
-        mask,
-        input_tokens,
-        length_D,
-        group_idx_D,
-        traj_idx_D,
-    ):
-        array.flags.writeable = False  # the batch is immutable, like the records it came from
-    return DatumBatch(
-        input_tokens_D_T=input_tokens,
-        target_tokens_D_T=tokens[:, 1:],
-        logprobs_D_T=logprobs[:, 1:],
-        advantages_D_T=advantages[:, 1:],
-        mask_D_T=mask[:, 1:],
-        length_D=length_D,
-        group_idx_D=group_idx_D,
-        traj_idx_D=traj_idx_D,
-        num_datums=num_datums,
-        provenance_D=tuple([segment.provenance for segment in segments]),
-    )
 
 
 def datum_arrays(batch: DatumBatch, d: int) -> dict[str, np.ndarray]:
