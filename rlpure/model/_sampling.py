@@ -44,7 +44,7 @@ import numpy as np
 from rlpure.model._config import ModelConfig
 from rlpure.model._layers import NEG_INF
 from rlpure.model._lora import LoraConfig
-from rlpure.model._transformer import KVCache, Params, decode_step, prefill
+from rlpure.model._transformer import KVCache, Params, PrefillOutput, decode_step, prefill
 
 __all__ = [
     "SampleBatch",
@@ -192,6 +192,147 @@ class _DecodeState(NamedTuple):
     tail_B_W: jax.Array  # int32 the row's last `W` generated tokens (-2 before any)
 
 
+class _SamplingRules(NamedTuple):
+    """Each row's sampling and stopping inputs from a `SampleBatch`, as traced arrays."""
+
+    max_new_B: jax.Array  # int32
+    temperature_B: jax.Array  # float32, 0 for greedy
+    safe_temp_B: jax.Array  # float32, the temperature with 0 replaced by 1 (no division by 0)
+    top_k_B: jax.Array  # int32
+    top_p_B: jax.Array  # float32
+    needs_filter: jax.Array  # bool scalar: some row filters by top-k or top-p
+    keys_B: jax.Array  # each row's PRNG key before the step index is folded in
+    stop_mask_B_V: jax.Array  # bool
+    stop_seqs_B_Q_W: jax.Array  # int32, right-aligned, -1 a wildcard
+    stop_valid_B_Q: jax.Array  # bool
+
+
+def _sampling_rules(batch: SampleBatch) -> _SamplingRules:
+    """`batch`'s per-row sampling and stopping fields with their dtypes, and the row keys."""
+    max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
+    temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
+    stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
+    stop_seqs_B_Q_W = jnp.asarray(batch.stop_seqs_B_Q_W, jnp.int32)
+    stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_Q, bool)
+    top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
+    top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
+    return _SamplingRules(
+        max_new_B=max_new_B,
+        temperature_B=temperature_B,
+        safe_temp_B=jnp.where(temperature_B > 0, temperature_B, 1.0),
+        top_k_B=top_k_B,
+        top_p_B=top_p_B,
+        needs_filter=jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0),
+        keys_B=_row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32)),
+        stop_mask_B_V=stop_mask_B_V,
+        stop_seqs_B_Q_W=stop_seqs_B_Q_W,
+        stop_valid_B_Q=stop_valid_B_Q,
+    )
+
+
+def _prefill_rows(
+    params: Params,
+    batch: SampleBatch,
+    *,
+    config: ModelConfig,
+    cache_len: int,
+    adapters: Params | None,
+    lora: LoraConfig | None,
+) -> tuple[PrefillOutput, jax.Array]:
+    """One causal pass over the padded prompts fills the cache; with `batch.prompt_index_B`
+    each row then takes its prompt's logits and cache. Returns those (per row `B`) and each
+    row's prompt length int32 `[B]`."""
+    prompt_tokens = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
+    prompt_length = jnp.asarray(batch.prompt_length_B, jnp.int32)
+    prefilled = prefill(
+        params,
+        prompt_tokens,
+        prompt_length,
+        config=config,
+        cache_len=cache_len,
+        adapters=adapters,
+        lora=lora,
+    )
+    if batch.prompt_index_B is None:
+        return prefilled, prompt_length
+    index_B = jnp.asarray(batch.prompt_index_B, jnp.int32)  # rows share their prompt's prefill
+    cache = prefilled.cache
+    shared = PrefillOutput(
+        logits_B_V=prefilled.logits_B_V[index_B],
+        cache=KVCache(
+            k_L_B_S_N_C=cache.k_L_B_S_N_C[:, index_B], v_L_B_S_N_C=cache.v_L_B_S_N_C[:, index_B]
+        ),
+    )
+    return shared, prompt_length[index_B]
+
+
+def _initial_state(
+    prefilled: PrefillOutput, rules: _SamplingRules, *, max_new_tokens: int, window: int
+) -> _DecodeState:
+    """The loop's carry before the first token: nothing generated, the prefilled cache."""
+    b, m = rules.max_new_B.shape[0], max_new_tokens
+    return _DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        logits_B_V=prefilled.logits_B_V,
+        cache=prefilled.cache,
+        done_B=rules.max_new_B <= 0,
+        stopped_B=jnp.zeros((b,), bool),
+        num_B=jnp.zeros((b,), jnp.int32),
+        tokens_B_M=jnp.zeros((b, m), jnp.int32),
+        logprobs_B_M=jnp.zeros((b, m), jnp.float32),
+        tail_B_W=jnp.full((b, window), -2, jnp.int32),
+    )
+
+
+def _draw_tokens(
+    logits_B_V: jax.Array, step: jax.Array, rules: _SamplingRules
+) -> tuple[jax.Array, jax.Array]:
+    """Each row's next token int32 `[B]` (drawn from `softmax(filter(logits) / temperature)`,
+    argmax at temperature 0) and its tempered logprob float32 `[B]`."""
+    step_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, step))(rules.keys_B)
+    filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
+        rules.needs_filter,
+        lambda x: _filter_logits(x, rules.top_k_B, rules.top_p_B),
+        lambda x: x,
+        logits_B_V,
+    )
+    scaled_B_V = filtered_B_V / rules.safe_temp_B[:, None]
+    drawn_B = jax.vmap(jax.random.categorical)(step_keys_B, scaled_B_V)
+    token_B = jnp.where(rules.temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
+    token_B = token_B.astype(jnp.int32)
+    logprob_B = tempered_token_logprobs(logits_B_V, rules.safe_temp_B, token_B)
+    return token_B, logprob_B
+
+
+def _record_tokens(
+    state: _DecodeState, token_B: jax.Array, logprob_B: jax.Array, rules: _SamplingRules
+) -> _DecodeState:
+    """Writes the live rows' tokens and logprobs at column `state.step` and updates their stop
+    flags (stop token, completed stop sequence, or `max_new_B`); step, logits and cache are
+    left for the decoder step."""
+    step = state.step
+    live_B = ~state.done_B
+    rows_B = jnp.arange(token_B.shape[0])
+    tokens_B_M = state.tokens_B_M.at[:, step].set(jnp.where(live_B, token_B, 0))
+    logprobs_B_M = state.logprobs_B_M.at[:, step].set(jnp.where(live_B, logprob_B, 0.0))
+    num_B = state.num_B + live_B.astype(jnp.int32)
+    tail_B_W = jnp.concatenate([state.tail_B_W[:, 1:], token_B[:, None]], axis=1)
+    seq_hit_B_Q = jnp.all(
+        (rules.stop_seqs_B_Q_W == -1) | (rules.stop_seqs_B_Q_W == tail_B_W[:, None, :]), axis=-1
+    )
+    hit_B = rules.stop_mask_B_V[rows_B, token_B] | jnp.any(
+        seq_hit_B_Q & rules.stop_valid_B_Q, axis=-1
+    )
+    return state._replace(
+        done_B=state.done_B | (live_B & (hit_B | (num_B >= rules.max_new_B))),
+        stopped_B=state.stopped_B | (live_B & hit_B),
+        num_B=num_B,
+        tokens_B_M=tokens_B_M,
+        logprobs_B_M=logprobs_B_M,
+        tail_B_W=jnp.where(live_B[:, None], tail_B_W, state.tail_B_W),
+    )
+
+
 @partial(jax.jit, static_argnames=("config", "max_new_tokens", "lora"))
 def sample_tokens(
     params: Params,
@@ -225,107 +366,32 @@ def sample_tokens(
     Returns:
         `SampleOutput` with `[B, M]` tokens/logprobs, `[B]` counts and stop flags.
     """
-    prompt_tokens = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
-    prompt_length = jnp.asarray(batch.prompt_length_B, jnp.int32)
-    max_new_B = jnp.asarray(batch.max_new_tokens_B, jnp.int32)
-    temperature_B = jnp.asarray(batch.temperature_B, jnp.float32)
-    stop_mask_B_V = jnp.asarray(batch.stop_token_mask_B_V, bool)
-    stop_seqs_B_Q_W = jnp.asarray(batch.stop_seqs_B_Q_W, jnp.int32)
-    stop_valid_B_Q = jnp.asarray(batch.stop_seq_valid_B_Q, bool)
-    top_k_B = jnp.asarray(batch.top_k_B, jnp.int32)
-    top_p_B = jnp.asarray(batch.top_p_B, jnp.float32)
-    b = max_new_B.shape[0]
-    t = prompt_tokens.shape[1]
-    m = max_new_tokens
-    window = stop_seqs_B_Q_W.shape[-1]
-    rows_B = jnp.arange(b)
-
-    # Prefill: one causal pass over the padded prompts fills the cache.
-    prefilled = prefill(
-        params,
-        prompt_tokens,
-        prompt_length,
-        config=config,
-        cache_len=t + m,
-        adapters=adapters,
-        lora=lora,
+    rules = _sampling_rules(batch)
+    t = jnp.shape(batch.prompt_tokens_B_T)[1]
+    window = jnp.shape(batch.stop_seqs_B_Q_W)[-1]
+    prefilled, length_B = _prefill_rows(
+        params, batch, config=config, cache_len=t + max_new_tokens, adapters=adapters, lora=lora
     )
-    logits_B_V, cache = prefilled.logits_B_V, prefilled.cache
-    length_B = prompt_length
-    if batch.prompt_index_B is not None:  # rows share their prompt's prefill
-        index_B = jnp.asarray(batch.prompt_index_B, jnp.int32)
-        logits_B_V = logits_B_V[index_B]
-        length_B = prompt_length[index_B]
-        cache = KVCache(
-            k_L_B_S_N_C=cache.k_L_B_S_N_C[:, index_B], v_L_B_S_N_C=cache.v_L_B_S_N_C[:, index_B]
-        )
-    keys_B = _row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32))
-    needs_filter = jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0)
-    safe_temp_B = jnp.where(temperature_B > 0, temperature_B, 1.0)
-
-    initial = _DecodeState(
-        step=jnp.zeros((), jnp.int32),
-        logits_B_V=logits_B_V,
-        cache=cache,
-        done_B=max_new_B <= 0,
-        stopped_B=jnp.zeros((b,), bool),
-        num_B=jnp.zeros((b,), jnp.int32),
-        tokens_B_M=jnp.zeros((b, m), jnp.int32),
-        logprobs_B_M=jnp.zeros((b, m), jnp.float32),
-        tail_B_W=jnp.full((b, window), -2, jnp.int32),
-    )
+    initial = _initial_state(prefilled, rules, max_new_tokens=max_new_tokens, window=window)
 
     def cond(state: _DecodeState) -> jax.Array:
-        return (state.step < m) & ~jnp.all(state.done_B)
+        return (state.step < max_new_tokens) & ~jnp.all(state.done_B)
 
     def body(state: _DecodeState) -> _DecodeState:
-        step = state.step
-        live_B = ~state.done_B
-        logits_B_V = state.logits_B_V
-        step_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, step))(keys_B)
-        filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
-            needs_filter,
-            lambda x: _filter_logits(x, top_k_B, top_p_B),
-            lambda x: x,
-            logits_B_V,
-        )
-        scaled_B_V = filtered_B_V / safe_temp_B[:, None]
-        drawn_B = jax.vmap(jax.random.categorical)(step_keys_B, scaled_B_V)
-        token_B = jnp.where(temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
-        token_B = token_B.astype(jnp.int32)
-        logprob_B = tempered_token_logprobs(logits_B_V, safe_temp_B, token_B)
-
-        tokens_B_M = state.tokens_B_M.at[:, step].set(jnp.where(live_B, token_B, 0))
-        logprobs_B_M = state.logprobs_B_M.at[:, step].set(jnp.where(live_B, logprob_B, 0.0))
-        num_B = state.num_B + live_B.astype(jnp.int32)
-        tail_B_W = jnp.concatenate([state.tail_B_W[:, 1:], token_B[:, None]], axis=1)
-        seq_hit_B_Q = jnp.all(
-            (stop_seqs_B_Q_W == -1) | (stop_seqs_B_Q_W == tail_B_W[:, None, :]), axis=-1
-        )
-        hit_B = stop_mask_B_V[rows_B, token_B] | jnp.any(seq_hit_B_Q & stop_valid_B_Q, axis=-1)
-        stopped_B = state.stopped_B | (live_B & hit_B)
-        done_B = state.done_B | (live_B & (hit_B | (num_B >= max_new_B)))
-
+        token_B, logprob_B = _draw_tokens(state.logits_B_V, state.step, rules)
+        recorded = _record_tokens(state, token_B, logprob_B, rules)
         # One cached decoder step on the new token at position length + step.
         decoded = decode_step(
             params,
             state.cache,
             token_B,
-            length_B + step,
+            length_B + state.step,
             config=config,
             adapters=adapters,
             lora=lora,
         )
-        return _DecodeState(
-            step=step + 1,
-            logits_B_V=decoded.logits_B_V,
-            cache=decoded.cache,
-            done_B=done_B,
-            stopped_B=stopped_B,
-            num_B=num_B,
-            tokens_B_M=tokens_B_M,
-            logprobs_B_M=logprobs_B_M,
-            tail_B_W=jnp.where(live_B[:, None], tail_B_W, state.tail_B_W),
+        return recorded._replace(
+            step=state.step + 1, logits_B_V=decoded.logits_B_V, cache=decoded.cache
         )
 
     final = jax.lax.while_loop(cond, body, initial)
