@@ -511,7 +511,7 @@ def bench_model(args: argparse.Namespace) -> None:
         "alternating rounds (round 0 = warm-up)"
     )
     print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
-    # glibc's allocator settings move both sides' times (README, "Speed"): say which ran.
+    # glibc's allocator settings move both sides' times (benchmarks/README.md, "Local backend speed"): say which ran.
     print(f"  GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     print(
         "  first call (compile included): " + ", ".join(f"{k} {v:.1f}s" for k, v in first.items())
