@@ -249,12 +249,7 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
             embeddings, a RoPE scaling other than Llama 3.1's, or a `rope_freqs.weight` that
             follows no Llama 3.1 curve, each naming the file and the field or tensor.
     """
-    arch = _field(file, "general.architecture", path)
-    if arch not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"{path}: GGUF metadata field 'general.architecture' is {arch!r}; supported: "
-            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-        )
+    arch = _gguf_architecture(file, path)
     names = {tensor.name: tensor for tensor in file.tensors}
     if "token_embd.weight" not in names:
         raise ConfigError(f"{path}: no tensor 'token_embd.weight'")
@@ -267,19 +262,7 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
         path,
         default=width // heads if width >= heads else None,
     )
-    rope_dims = _int_field(file, f"{arch}.rope.dimension_count", path, default=head_dim)
-    if rope_dims != head_dim:
-        raise ConfigError(
-            f"{path}: GGUF metadata field '{arch}.rope.dimension_count' is {rope_dims}, not the "
-            f"head width {head_dim}; partial rotary embeddings are not supported"
-        )
-    scaling = _field(file, f"{arch}.rope.scaling.type", path, required=False)
-    if scaling not in (None, "none"):
-        raise ConfigError(
-            f"{path}: GGUF RoPE scaling '{arch}.rope.scaling.type' = {scaling!r} is not read "
-            "from GGUF (only Llama 3.1's, as a 'rope_freqs.weight' tensor); load the Hugging "
-            "Face checkpoint directory instead"
-        )
+    _check_full_unscaled_rope(file, arch, path, head_dim=head_dim)
     embed_rows = int(names["token_embd.weight"].shape[-1])
     tokens = file.fields.get("tokenizer.ggml.tokens")
     default_vocab = len(tokens) if isinstance(tokens, list) else embed_rows
@@ -310,6 +293,34 @@ def gguf_hf_config(file: GGUFFile, path: Path) -> dict[str, Any]:
         if rope_scaling is not None:
             config["rope_scaling"] = rope_scaling
     return config
+
+
+def _gguf_architecture(file: GGUFFile, path: Path) -> str:
+    """The file's `general.architecture`, checked to be one `rlpure.model` implements."""
+    arch = _field(file, "general.architecture", path)
+    if arch not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{path}: GGUF metadata field 'general.architecture' is {arch!r}; supported: "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+        )
+    return str(arch)
+
+
+def _check_full_unscaled_rope(file: GGUFFile, arch: str, path: Path, *, head_dim: int) -> None:
+    """Refuses partial rotary embeddings and RoPE scalings named in metadata (module docstring)."""
+    rope_dims = _int_field(file, f"{arch}.rope.dimension_count", path, default=head_dim)
+    if rope_dims != head_dim:
+        raise ConfigError(
+            f"{path}: GGUF metadata field '{arch}.rope.dimension_count' is {rope_dims}, not the "
+            f"head width {head_dim}; partial rotary embeddings are not supported"
+        )
+    scaling = _field(file, f"{arch}.rope.scaling.type", path, required=False)
+    if scaling not in (None, "none"):
+        raise ConfigError(
+            f"{path}: GGUF RoPE scaling '{arch}.rope.scaling.type' = {scaling!r} is not read "
+            "from GGUF (only Llama 3.1's, as a 'rope_freqs.weight' tensor); load the Hugging "
+            "Face checkpoint directory instead"
+        )
 
 
 _ROPE_FREQS = "rope_freqs.weight"

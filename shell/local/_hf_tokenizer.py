@@ -179,6 +179,36 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
     if file is None:
         file = open_gguf(path)
 
+    pre = _pre_tokenizer_name(file, path)
+    tokens = list(_contents(file, "tokenizer.ggml.tokens", path))
+    merges_field = _contents(file, "tokenizer.ggml.merges", path)
+    types = _token_types(file, path, num_tokens=len(tokens))
+    vocab = _byte_level_vocab(tokens)
+    backend = _bpe_backend(
+        vocab, _merge_pairs(merges_field, path), tokens=tokens, types=types, pre=pre
+    )
+    special = _special_tokens(file, tokens, path)
+    add_bos = bool(_contents(file, "tokenizer.ggml.add_bos_token", path, required=False))
+    add_eos = bool(_contents(file, "tokenizer.ggml.add_eos_token", path, required=False))
+    backend.post_processor = _post_processor(
+        bos=special["bos_token"] if add_bos else None,
+        eos=special["eos_token"] if add_eos else None,
+        vocab=vocab,
+        path=path,
+    )
+    chat_template = _contents(file, "tokenizer.chat_template", path, required=False)
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=backend,
+        chat_template=chat_template,
+        clean_up_tokenization_spaces=False,
+        **{name: token for name, token in special.items() if token is not None},
+    )
+    tokenizer.name_or_path = str(path)
+    return tokenizer
+
+
+def _pre_tokenizer_name(file: GGUFFile, path: Path) -> str:
+    """The file's `tokenizer.ggml.pre` (a key of `_PRE_TOKENIZERS`), for a `gpt2` model only."""
     model = _contents(file, "tokenizer.ggml.model", path)
     if model != "gpt2":
         raise ConfigError(
@@ -192,23 +222,37 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
             f"{path}: GGUF metadata field 'tokenizer.ggml.pre' is {pre!r}; known: "
             f"{', '.join(sorted(_PRE_TOKENIZERS))}"
         )
-    tokens = list(_contents(file, "tokenizer.ggml.tokens", path))
-    merges_field = _contents(file, "tokenizer.ggml.merges", path)
+    return str(pre)
+
+
+def _token_types(file: GGUFFile, path: Path, *, num_tokens: int) -> list[int]:
+    """Each token's `TokenType` (`tokenizer.ggml.token_type`; default all NORMAL)."""
     types = _contents(file, "tokenizer.ggml.token_type", path, required=False)
-    types = list(types) if types is not None else [int(TokenType.NORMAL)] * len(tokens)
-    if len(types) != len(tokens):
+    types = list(types) if types is not None else [int(TokenType.NORMAL)] * num_tokens
+    if len(types) != num_tokens:
         raise ConfigError(
             f"{path}: GGUF metadata field 'tokenizer.ggml.token_type' has {len(types)} entries "
-            f"for {len(tokens)} tokens"
+            f"for {num_tokens} tokens"
         )
+    return types
+
+
+def _byte_level_vocab(tokens: Sequence[str]) -> dict[str, int]:
+    """Token spelled in the byte alphabet → id.
+
+    A byte-level vocabulary spells every token in the byte alphabet; any token that is not (a
+    few files store added tokens as raw text) is respelled from its UTF-8 bytes.
+    """
     alphabet = byte_level_alphabet()
     letters = frozenset(alphabet)
-    # A byte-level vocabulary spells every token in the byte alphabet; respell any that is not
-    # (a few files store added tokens as raw text).
-    vocab = {
+    return {
         (token if set(token) <= letters else "".join(alphabet[b] for b in token.encode())): i
         for i, token in enumerate(tokens)
     }
+
+
+def _merge_pairs(merges_field: Sequence[str], path: Path) -> list[tuple[str, str]]:
+    """`tokenizer.ggml.merges` (`"a b"` strings) as BPE merge pairs."""
     merges = []
     for i, merge in enumerate(merges_field):
         pair = merge.split(" ")
@@ -218,6 +262,19 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
                 "not two tokens separated by one space"
             )
         merges.append((pair[0], pair[1]))
+    return merges
+
+
+def _bpe_backend(
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    *,
+    tokens: Sequence[str],
+    types: Sequence[int],
+    pre: str,
+) -> Tokenizer:
+    """The byte-level BPE `Tokenizer`; CONTROL tokens special, USER_DEFINED ones plain added."""
+    letters = frozenset(byte_level_alphabet())
     backend = Tokenizer(
         models.BPE(
             vocab=vocab,
@@ -241,8 +298,12 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
         if kind == TokenType.USER_DEFINED
     ]
     backend.add_tokens(user_defined)
+    return backend
 
-    special = {
+
+def _special_tokens(file: GGUFFile, tokens: Sequence[str], path: Path) -> dict[str, str | None]:
+    """`bos_token`, `eos_token`, `unk_token`, `pad_token` → the token its id field names."""
+    return {
         name: _token_name(
             tokens,
             f"tokenizer.ggml.{key}",
@@ -256,23 +317,6 @@ def tokenizer_from_gguf(path: Path, *, file: GGUFFile | None = None) -> PreTrain
             ("pad_token", "padding_token_id"),
         )
     }
-    add_bos = bool(_contents(file, "tokenizer.ggml.add_bos_token", path, required=False))
-    add_eos = bool(_contents(file, "tokenizer.ggml.add_eos_token", path, required=False))
-    backend.post_processor = _post_processor(
-        bos=special["bos_token"] if add_bos else None,
-        eos=special["eos_token"] if add_eos else None,
-        vocab=vocab,
-        path=path,
-    )
-    chat_template = _contents(file, "tokenizer.chat_template", path, required=False)
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=backend,
-        chat_template=chat_template,
-        clean_up_tokenization_spaces=False,
-        **{name: token for name, token in special.items() if token is not None},
-    )
-    tokenizer.name_or_path = str(path)
-    return tokenizer
 
 
 def _post_processor(

@@ -399,63 +399,15 @@ class LocalSamplingClient:
 
     def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:
         """One jitted `sample_tokens` call for `rows` (request, sample index), padded to buckets."""
-        config = self._config
-        requests = [r for r, _ in rows]
-        b = row_bucket(len(rows))
-        t = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
-        m = row_bucket(max(r.max_new_tokens for r in requests), minimum=16)
-        n_seqs = row_bucket(max(len(r.stop_sequences) for r in requests), minimum=4)
-        window = row_bucket(
-            max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8
-        )
-        # One prompt per request (its samples share the prefill: `prompt_index_B`).
-        prompt_of_row: list[int] = []
-        prompts: list[np.ndarray] = []
-        for row, (r, _) in enumerate(rows):
-            if row == 0 or r is not rows[row - 1][0]:
-                prompts.append(r.prompt_T)
-            prompt_of_row.append(len(prompts) - 1)
-        # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
-        p = min(b, row_bucket(len(prompts), minimum=1))
-        prompt_P_T = np.zeros((p, t), np.int32)
-        length_P = np.ones(p, np.int32)
-        for index, prompt in enumerate(prompts):
-            prompt_P_T[index, : prompt.size] = prompt
-            length_P[index] = prompt.size
-        prompt_index_B = np.zeros(b, np.int32)
-        prompt_index_B[: len(rows)] = prompt_of_row
-        max_new_B = np.zeros(b, np.int32)
-        temperature_B = np.zeros(b, np.float32)
-        top_k_B = np.zeros(b, np.int32)
-        top_p_B = np.ones(b, np.float32)
-        key_material_B_K = np.zeros((b, requests[0].key_material_U_K.shape[1]), np.uint32)
-        stop_mask_B_V = np.zeros((b, config.vocab_size), bool)
-        stop_seqs_B_Q_W = np.full((b, n_seqs, window), -1, np.int32)
-        stop_valid_B_Q = np.zeros((b, n_seqs), bool)
-        for row, (r, i) in enumerate(rows):
-            max_new_B[row] = r.max_new_tokens
-            temperature_B[row] = r.temperature
-            top_k_B[row] = r.top_k
-            top_p_B[row] = r.top_p
-            key_material_B_K[row] = r.key_material_U_K[i]
-            stop_mask_B_V[row, list(r.stop_token_ids)] = True
-            for s, seq in enumerate(r.stop_sequences):
-                stop_seqs_B_Q_W[row, s, window - len(seq) :] = seq
-                stop_valid_B_Q[row, s] = True
-        batch = model_lib.SampleBatch(
-            prompt_tokens_B_T=prompt_P_T,
-            prompt_length_B=length_P,
-            max_new_tokens_B=max_new_B,
-            temperature_B=temperature_B,
-            top_k_B=top_k_B,
-            top_p_B=top_p_B,
-            key_material_B_K=key_material_B_K,
-            stop_token_mask_B_V=stop_mask_B_V,
-            stop_seqs_B_Q_W=stop_seqs_B_Q_W,
-            stop_seq_valid_B_Q=stop_valid_B_Q,
-            prompt_index_B=prompt_index_B,
-        )
-        out = model_lib.sample_tokens(self._params, batch, config=config, max_new_tokens=m)
+        batch = _sample_batch(rows, vocab_size=self._config.vocab_size)
+        m = row_bucket(max(r.max_new_tokens for r, _ in rows), minimum=16)
+        out = model_lib.sample_tokens(self._params, batch, config=self._config, max_new_tokens=m)
+        return self._sampled_sequences(rows, out)
+
+    def _sampled_sequences(
+        self, rows: list[tuple[_SampleRequest, int]], out: model_lib.SampleOutput
+    ) -> list[types.SampledSequence]:
+        """The SDK's sequences of `rows` from `sample_tokens`' output, cut at stop strings."""
         tokens_B_M = np.asarray(out.tokens_B_M)
         logprobs_B_M = np.asarray(out.logprobs_B_M)
         num_B = np.asarray(out.num_tokens_B)
@@ -478,3 +430,63 @@ class LocalSamplingClient:
                 )
             )
         return sequences
+
+
+def _sample_batch(
+    rows: list[tuple[_SampleRequest, int]], *, vocab_size: int
+) -> model_lib.SampleBatch:
+    """The padded `SampleBatch` of `rows` (request, sample index); `B`, `T`, `Q`, `W` bucketed.
+
+    One prompt per request: its samples share the prefill (`prompt_index_B`).
+    """
+    requests = [r for r, _ in rows]
+    b = row_bucket(len(rows))
+    t = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
+    n_seqs = row_bucket(max(len(r.stop_sequences) for r in requests), minimum=4)
+    window = row_bucket(max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8)
+    prompt_of_row: list[int] = []
+    prompts: list[np.ndarray] = []
+    for row, (r, _) in enumerate(rows):
+        if row == 0 or r is not rows[row - 1][0]:
+            prompts.append(r.prompt_T)
+        prompt_of_row.append(len(prompts) - 1)
+    # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
+    p = min(b, row_bucket(len(prompts), minimum=1))
+    prompt_P_T = np.zeros((p, t), np.int32)
+    length_P = np.ones(p, np.int32)
+    for index, prompt in enumerate(prompts):
+        prompt_P_T[index, : prompt.size] = prompt
+        length_P[index] = prompt.size
+    prompt_index_B = np.zeros(b, np.int32)
+    prompt_index_B[: len(rows)] = prompt_of_row
+    max_new_B = np.zeros(b, np.int32)
+    temperature_B = np.zeros(b, np.float32)
+    top_k_B = np.zeros(b, np.int32)
+    top_p_B = np.ones(b, np.float32)
+    key_material_B_K = np.zeros((b, requests[0].key_material_U_K.shape[1]), np.uint32)
+    stop_mask_B_V = np.zeros((b, vocab_size), bool)
+    stop_seqs_B_Q_W = np.full((b, n_seqs, window), -1, np.int32)
+    stop_valid_B_Q = np.zeros((b, n_seqs), bool)
+    for row, (r, i) in enumerate(rows):
+        max_new_B[row] = r.max_new_tokens
+        temperature_B[row] = r.temperature
+        top_k_B[row] = r.top_k
+        top_p_B[row] = r.top_p
+        key_material_B_K[row] = r.key_material_U_K[i]
+        stop_mask_B_V[row, list(r.stop_token_ids)] = True
+        for s, seq in enumerate(r.stop_sequences):
+            stop_seqs_B_Q_W[row, s, window - len(seq) :] = seq
+            stop_valid_B_Q[row, s] = True
+    return model_lib.SampleBatch(
+        prompt_tokens_B_T=prompt_P_T,
+        prompt_length_B=length_P,
+        max_new_tokens_B=max_new_B,
+        temperature_B=temperature_B,
+        top_k_B=top_k_B,
+        top_p_B=top_p_B,
+        key_material_B_K=key_material_B_K,
+        stop_token_mask_B_V=stop_mask_B_V,
+        stop_seqs_B_Q_W=stop_seqs_B_Q_W,
+        stop_seq_valid_B_Q=stop_valid_B_Q,
+        prompt_index_B=prompt_index_B,
+    )
