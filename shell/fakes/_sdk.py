@@ -230,6 +230,67 @@ _LOSS_INPUTS = {
 }
 
 
+def _check_datums(data: list[tinker.Datum], loss_fn: str) -> None:
+    """Checks each datum's type, its `loss_fn_inputs` keys for `loss_fn` and their lengths."""
+    expected = _LOSS_INPUTS.get(loss_fn)
+    for d, datum in enumerate(data):
+        if not isinstance(datum, tinker.Datum):
+            raise TypeError(f"forward_backward.data[{d}]: expected tinker.Datum")
+        keys = set(datum.loss_fn_inputs)
+        if expected is not None and keys != expected:
+            raise ValueError(
+                f"forward_backward.data[{d}].loss_fn_inputs: keys {sorted(keys)} != "
+                f"{sorted(expected)} for loss_fn {loss_fn!r}"
+            )
+        for key, td in datum.loss_fn_inputs.items():
+            if td.shape != [datum.model_input.length]:
+                raise ValueError(
+                    f"forward_backward.data[{d}].loss_fn_inputs[{key!r}]: shape {td.shape} "
+                    f"!= model_input length {datum.model_input.length}"
+                )
+
+
+def _check_wire_encoding(
+    data: list[tinker.Datum],
+    loss_fn: str,
+    loss_fn_config: Mapping[str, float | str] | None,
+    *,
+    seq_id: int,
+) -> None:
+    """Checks `data` encode to the same wire bytes as their SDK-validated rebuild."""
+    # The SDK's own request record and wire encoder (what a real call would send).
+    request = ForwardBackwardRequest(
+        forward_backward_input=ForwardBackwardInput(
+            data=data,
+            loss_fn=loss_fn,  # type: ignore[arg-type]
+            loss_fn_config=loss_fn_config,
+        ),
+        model_id="fake-model",
+        seq_id=seq_id,
+    )
+    wire = forward_backward_request_to_proto(request).SerializeToString()
+    # The same datums rebuilt through the SDK's validating constructors (pydantic
+    # `ModelInput.from_ints`, list-based `loss_fn_inputs`) must encode to the same bytes.
+    validated = [
+        tinker.Datum(
+            model_input=tinker.ModelInput.from_ints([int(t) for t in datum.model_input.to_ints()]),
+            loss_fn_inputs={  # lists are coerced by `Datum.__post_init__`
+                k: td.tolist()  # type: ignore[misc]
+                for k, td in datum.loss_fn_inputs.items()
+            },
+            model_input_spans=datum.model_input_spans,
+            loss_fn_input_spans=datum.loss_fn_input_spans,
+        )
+        for datum in data
+    ]
+    check = dataclasses.replace(
+        request,
+        forward_backward_input=dataclasses.replace(request.forward_backward_input, data=validated),
+    )
+    if forward_backward_request_to_proto(check).SerializeToString() != wire:
+        raise ValueError("forward_backward: datums differ from their SDK-validated form")
+
+
 class FakeTrainingClient:
     """A `shell.clients.TrainingClient` recording every call in `events`.
 
@@ -274,58 +335,14 @@ class FakeTrainingClient:
             raise self.forward_backward_error
         if not data:
             raise ValueError("No data provided")  # what the SDK raises
-        expected = _LOSS_INPUTS.get(loss_fn)
-        for d, datum in enumerate(data):
-            if not isinstance(datum, tinker.Datum):
-                raise TypeError(f"forward_backward.data[{d}]: expected tinker.Datum")
-            keys = set(datum.loss_fn_inputs)
-            if expected is not None and keys != expected:
-                raise ValueError(
-                    f"forward_backward.data[{d}].loss_fn_inputs: keys {sorted(keys)} != "
-                    f"{sorted(expected)} for loss_fn {loss_fn!r}"
-                )
-            for key, td in datum.loss_fn_inputs.items():
-                if td.shape != [datum.model_input.length]:
-                    raise ValueError(
-                        f"forward_backward.data[{d}].loss_fn_inputs[{key!r}]: shape {td.shape} "
-                        f"!= model_input length {datum.model_input.length}"
-                    )
-        # The SDK's own request record and wire encoder (what a real call would send).
-        request = ForwardBackwardRequest(
-            forward_backward_input=ForwardBackwardInput(
-                data=data,
-                loss_fn=loss_fn,  # type: ignore[arg-type]
-                loss_fn_config=loss_fn_config,
-            ),
-            model_id="fake-model",
-            seq_id=n,
-        )
-        wire = forward_backward_request_to_proto(request).SerializeToString()
-        # The same datums rebuilt through the SDK's validating constructors (pydantic
-        # `ModelInput.from_ints`, list-based `loss_fn_inputs`) must encode to the same bytes.
-        validated = [
-            tinker.Datum(
-                model_input=tinker.ModelInput.from_ints(
-                    [int(t) for t in datum.model_input.to_ints()]
-                ),
-                loss_fn_inputs={  # lists are coerced by `Datum.__post_init__`
-                    k: td.tolist()  # type: ignore[misc]
-                    for k, td in datum.loss_fn_inputs.items()
-                },
-                model_input_spans=datum.model_input_spans,
-                loss_fn_input_spans=datum.loss_fn_input_spans,
-            )
-            for datum in data
-        ]
-        check = dataclasses.replace(
-            request,
-            forward_backward_input=dataclasses.replace(
-                request.forward_backward_input, data=validated
-            ),
-        )
-        if forward_backward_request_to_proto(check).SerializeToString() != wire:
-            raise ValueError("forward_backward: datums differ from their SDK-validated form")
+        _check_datums(data, loss_fn)
+        _check_wire_encoding(data, loss_fn, loss_fn_config, seq_id=n)
         self.sent_data.append(list(data))
+        result = self._fake_output(data)
+        return FakeFuture(result, events=self.events, label=f"forward_backward#{n}")
+
+    def _fake_output(self, data: list[tinker.Datum]) -> tinker.ForwardBackwardOutput:
+        """Each datum's `logprobs` input (else uniform `-log(V)`) as its output; loss = -sum."""
         outputs = []
         loss = 0.0
         for datum in data:
@@ -337,12 +354,11 @@ class FakeTrainingClient:
             )
             outputs.append({"logprobs": tinker.TensorData.from_numpy(arr.astype(np.float32))})
             loss -= float(arr.sum())
-        result = tinker.ForwardBackwardOutput(
+        return tinker.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
             loss_fn_outputs=outputs,
             metrics={"loss:sum": loss},
         )
-        return FakeFuture(result, events=self.events, label=f"forward_backward#{n}")
 
     def optim_step(
         self,
