@@ -1,18 +1,26 @@
 """The training loop and everything a run keeps in its log directory.
 
-- `_loop`: `train` (the synchronous GRPO loop, resumable), `evaluate`, `TrainResult`,
-  `resolve_num_steps` (the run's length from `num_epochs` and `max_steps`).
+- `_loop`: `train` (the GRPO loop, resumable, as named stages: preflight → open the run →
+  run the steps → finish), `evaluate`, `TrainResult`, `resolve_num_steps` (the run's length
+  from `num_epochs` and `max_steps`).
+- `_run`: what a run fixes (`RunContext`) and what its steps change (`RunState`, token totals).
+- `_steps`: the step parts every mode shares (`begin_step`, evaluators, the update's metrics,
+  `finish_step`: samples, metrics row, progress, checkpoint when due, spans).
+- `_sync`, `_stream`, `_async`: the modes' steps (synchronous; streaming minibatches; async
+  off-policy, with its own loops).
 - `_policy_update`: one optimisation step on a step's groups (`train_on_groups`: advantages →
   datums → `forward_backward` + `optim_step` → metrics, returned as a `PolicyUpdate`) and its
   parts.
+- `_checkpoints`: the `checkpoints.jsonl` row format (`CheckpointRecord`), read and written.
+- `_saves`: the save policy (`Checkpointer`: periodic, rolling and final saves, their TTLs).
+- `_restore`: the run's training client, restored from a checkpoint (`OpenedTrainingClient`).
 - `_resume`: what a log dir records (`config.json`, `recipe_options.json`), which changes a
-  resume refuses, and the training client a caller may hand over (`OpenedTrainingClient`).
-- `_checkpoints`: `save_state` plus a `checkpoints.jsonl` record; restoring the last one.
+  resume refuses, and the checkpoint a run resumes from (`last_checkpoint`).
 - `_lock`: one writer per log dir (`hold_log_dir`, `LogDirLockedError`, `LOCK_FILE`).
 - `_logs`: `metrics.jsonl`, `samples.jsonl`, `logs.log`, the progress line and the reward
   curve.
-- `_run`: the per-run state the loop's modes share (`_Run`) and their shared step parts
-  (token counts, evaluators, checkpoint saves).
+- `_rollout_pages`: the per-iteration rollout reports (`iteration_NNNNNN/`, as the cookbook's).
+- `_trackers`: the optional metric trackers (W&B, TensorBoard).
 - phase spans of a step, their `time/*` metrics and `timing_spans.jsonl` are `shell.timing`
   (outside the package: the rollouts time their phases too).
 
@@ -22,12 +30,7 @@ Each part's docstring states its conventions. The clients these functions take a
 
 from __future__ import annotations
 
-from shell.training._checkpoints import (
-    CHECKPOINTS_FILE,
-    CheckpointRecord,
-    last_checkpoint,
-    load_checkpoints,
-)
+from shell.training._checkpoints import CHECKPOINTS_FILE, CheckpointRecord, load_checkpoints
 from shell.training._lock import LOCK_FILE, LogDirLockedError, hold_log_dir
 from shell.training._logs import (
     LOGS_FILE,
@@ -45,13 +48,13 @@ from shell.training._policy_update import (
     train_on_groups,
     train_step,
 )
+from shell.training._restore import OpenedTrainingClient, open_training_client
 from shell.training._resume import (
     CONFIG_FILE,
     RECIPE_OPTIONS_FILE,
     RESUME_MAY_CHANGE,
-    OpenedTrainingClient,
     checked_last_checkpoint,
-    open_training_client,
+    last_checkpoint,
     recipe_options,
 )
 

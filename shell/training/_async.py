@@ -65,12 +65,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import jax
 import msgspec
 import numpy as np
 from returns.result import Success
@@ -82,17 +81,24 @@ from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError
 from shell.rollouts import do_group_rollout_outcome
-from shell.timing import StepTimer, span, step_timer
+from shell.timing import span, step_timer
 from shell.training._logs import read_jsonl, truncate_jsonl_by_step
-from shell.training._policy_update import drops_constant_group, train_on_groups
-from shell.training._reports import write_rollout_report
-from shell.training._resume import prng_key_data
-from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
+from shell.training._policy_update import drops_constant_group
+from shell.training._run import RunContext, RunState, count_tokens
+from shell.training._steps import (
+    RunLogs,
+    StepsDone,
+    begin_step,
+    finish_step,
+    record_rollouts,
+    save_checkpoint_due,
+    update_metrics,
+    update_policy,
+)
 
 __all__ = [
     "ASYNC_STATE_FILE",
     "AsyncState",
-    "FinishStep",
     "check_async_dataset",
     "group_seed",
     "run_async",
@@ -119,19 +125,6 @@ class AsyncState(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     cursor: tuple[int, int]
     pending: tuple[tuple[int, int], ...] = ()
-
-
-class FinishStep(Protocol):
-    """What `train` does after a step's work (samples, metrics row, progress, checkpoint)."""
-
-    def __call__(
-        self,
-        step: int,
-        metrics: dict[str, Any],
-        groups: Sequence[TrajectoryGroup],
-        *,
-        timer: StepTimer | None = None,
-    ) -> Awaitable[None]: ...
 
 
 def check_async_dataset(config: TrainConfig, dataset: RLDataset) -> None:
@@ -219,9 +212,18 @@ class _Shutdown:
 
 @dataclass
 class _Async:
-    """The state the loops share (one event loop; mutable by design)."""
+    """What the dataloader, the rollout workers and the training loop share.
 
-    run: _Run
+    Mutable by design, and only this module touches it: the loops run concurrently on one
+    event loop, and a worker must read the current sampler and its step together the moment it
+    takes a slot, while the training loop publishes each new sampler (`state`) and the step of
+    its weights (`sampler_step`) before it frees the trained groups' slots. Between awaits each
+    change is atomic; the run's state (`state`, also changed by workers counting dropped
+    groups' tokens) is a `RunState` value replaced as a whole.
+    """
+
+    ctx: RunContext
+    state: RunState
     dataset: RLDataset
     start: int
     sampler_step: int
@@ -234,16 +236,16 @@ class _Async:
     outstanding: set[Position] = field(default_factory=set)
     workers_alive: int = 0
 
-    def state(self, step: int) -> AsyncState:
+    def async_state(self, step: int) -> AsyncState:
+        """The `ASYNC_STATE_FILE` row after `step` steps."""
         return AsyncState(step=step, cursor=self.cursor, pending=tuple(sorted(self.outstanding)))
 
 
 async def _dataloader(shared: _Async) -> None:
-    run = shared.run
     for position in shared.redo:  # pending since the resume (`shared.outstanding` has them)
         builder = shared.dataset.get_batch(position[0])[position[1]]
         await shared.builders.put((position, builder))
-    for position, builder in _positions(shared.dataset, shared.cursor, run.num_steps):
+    for position, builder in _positions(shared.dataset, shared.cursor, shared.ctx.num_steps):
         await shared.builders.put((position, builder))
         # handed out only now: a kill while the put waited finds it at the cursor
         shared.outstanding.add(position)
@@ -254,7 +256,7 @@ async def _dataloader(shared: _Async) -> None:
 
 
 async def _worker(shared: _Async) -> None:
-    run, config = shared.run, shared.run.config
+    ctx, config = shared.ctx, shared.ctx.config
     while True:
         item = await shared.builders.get()
         if isinstance(item, _Shutdown):
@@ -262,7 +264,7 @@ async def _worker(shared: _Async) -> None:
         position, builder = item
         await shared.slots.acquire()
         # read the sampler and its step together, after taking a slot (no await between)
-        sampler, sampler_step = run.sampling_client, shared.sampler_step
+        sampler, sampler_step = shared.state.sampling_client, shared.sampler_step
         policy = TinkerTokenCompleter(
             sampler,
             max_tokens=config.max_tokens,
@@ -272,13 +274,15 @@ async def _worker(shared: _Async) -> None:
         start = time.perf_counter()
         with span("trajectory_group_worker"):
             outcome = await do_group_rollout_outcome(
-                builder, policy, strategy=run.strategy, termination=run.termination
+                builder, policy, strategy=ctx.strategy, termination=ctx.termination
             )
-        if run.error_counter is not None:
-            run.error_counter.ingest(outcome)
+        if ctx.error_counter is not None:
+            ctx.error_counter.ingest(outcome)
         group = outcome.unwrap() if isinstance(outcome, Success) else None
         if group is not None and drops_constant_group(config, group):
-            _count_tokens(run, [group], [])  # dropped sampling counts in the running totals
+            # dropped sampling counts in the running totals
+            _, totals = count_tokens(ctx, shared.state.totals, [group], [])
+            shared.state = shared.state._replace(totals=totals)
             group = None
         if group is None:  # failed or filtered: never trained, its slot is free at once
             shared.outstanding.discard(position)
@@ -297,7 +301,7 @@ async def _worker(shared: _Async) -> None:
 async def _collect(shared: _Async, waiting: list[_Completed]) -> list[_Completed] | None:
     """The next step's groups: the `groups_per_batch` oldest-sampler completed groups (fewer
     once the workers stopped; None when nothing is left)."""
-    wanted = shared.run.config.async_config.groups_per_batch  # type: ignore[union-attr]
+    wanted = shared.ctx.config.async_config.groups_per_batch  # type: ignore[union-attr]
     while len(waiting) < wanted or not shared.results.empty():
         item = await shared.results.get()
         if isinstance(item, _Shutdown):
@@ -314,86 +318,65 @@ async def _collect(shared: _Async, waiting: list[_Completed]) -> list[_Completed
 
 
 async def _train_step(shared: _Async, step: int, batch: list[_Completed]) -> dict[str, Any]:
-    run, config = shared.run, shared.run.config
-    run.key, _ = jax.random.split(run.key)  # one split per step, as the sync loop
-    metrics: dict[str, Any] = {
-        "training_client/step": step,
-        "optim/lr": config.learning_rate,
-        "progress/done_frac": (step + 1) / run.num_steps,
-    }
-    if _evaluates(run) and step % config.eval_every == 0:
-        metrics.update(await _run_evaluators(run, step))
+    """One step on `batch` (see the module docstring, Metrics); publishes the new sampler,
+    then frees the trained groups' slots."""
+    ctx = shared.ctx
+    start = await begin_step(ctx, shared.state, step, step_metric="training_client/step")
+    shared.state = shared.state._replace(key=start.key)
+    metrics = start.metrics
     metrics.update(
         metrics_lib.sampling_client_metrics(
             [c.sampler_step for c in batch], [c.seconds for c in batch]
         )
     )
     groups = [c.group for c in batch]
-    write_rollout_report(
-        run.log_dir,
-        step=step,
-        groups_P=groups,
-        tags_P=[c.builder.logging_tags() for c in batch],
-        decode=run.decode,
-        num_groups_to_log=config.num_groups_to_log,
-        advantage_estimator=config.advantage_estimator,
-    )
+    record_rollouts(ctx, step, groups, [c.builder for c in batch])
     metrics.update(
         metrics_lib.trajectory_metrics(groups, [c.builder.logging_tags() for c in batch])
     )
     metrics["batch/num_groups"] = len(groups)
-    with span("do_train_step_and_get_sampling_client"):
-        update = await train_on_groups(
-            groups,
-            training_client=run.training_client,
-            kl_reference_client=run.kl_reference_client,
-            config=config,
-            adam_params=run.adam_params,
-        )
     staleness = [step - c.sampler_step for c in batch]
     metrics["async/staleness_max"] = max(staleness)
     metrics["async/staleness_min"] = min(staleness)
     metrics["async/staleness_mean"] = sum(staleness) / len(staleness)
-    metrics.update(update.metrics)
-    metrics.update(
-        _count_tokens(
-            run,
-            groups,
-            update.trained_groups_P,
-            num_datums=int(update.metrics["batch/num_datums"]),
-        )
-    )
+    update = await update_policy(ctx, groups)
+    found, totals = update_metrics(ctx, shared.state.totals, groups, update)
+    metrics.update(found)
     # publish the new sampler, then free the trained groups' slots (no await in between), so
     # rollouts started on those slots sample from the new weights
-    run.sampling_client = update.sampling_client
+    shared.state = shared.state._replace(sampling_client=update.sampling_client, totals=totals)
     shared.sampler_step = step + 1
     for completed in batch:
         shared.outstanding.discard(completed.position)
         shared.slots.release()
-    if run.error_counter is not None:
-        metrics.update(run.error_counter.get_metrics())
+    if ctx.error_counter is not None:
+        metrics.update(ctx.error_counter.get_metrics())
     return metrics
 
 
 async def _training_loop(
-    shared: _Async, finish_step: FinishStep, state_writer: Callable[[AsyncState], None]
-) -> int:
-    """Trains until the last step or the end of the data; returns the steps completed."""
-    run = shared.run
+    shared: _Async, logs: RunLogs, state_writer: Callable[[AsyncState], None]
+) -> StepsDone:
+    """Trains until the last step or the end of the data; each step then goes through
+    `finish_step` (its samples, metrics row, progress, checkpoint when due, spans)."""
+    ctx = shared.ctx
     waiting: list[_Completed] = []
+    last_metrics: dict[str, Any] = {}
     step = shared.start
-    while step < run.num_steps:
+    while step < ctx.num_steps:
         with step_timer() as timer:
             batch = await _collect(shared, waiting)
             if batch is None:
                 break
             metrics = await _train_step(shared, step, batch)
         metrics.update(timer.metrics())
-        state_writer(shared.state(step + 1))  # before the step's checkpoint (finish_step)
-        await finish_step(step, metrics, [c.group for c in batch], timer=timer)
+        state_writer(shared.async_state(step + 1))  # before the step's checkpoint
+        groups = [c.group for c in batch]
+        await finish_step(ctx, logs, shared.state, step, metrics, groups, timer=timer)
+        last_metrics = metrics
         step += 1
-    if step < run.num_steps:
-        groups_per_batch = run.config.async_config.groups_per_batch  # type: ignore[union-attr]
+    if step < ctx.num_steps:
+        groups_per_batch = ctx.config.async_config.groups_per_batch  # type: ignore[union-attr]
         logger.warning(
             "Async training ran out of data after %d of %d steps. Each step trains %d groups "
             "that survive filtering and rollout errors, so steps run out before dataset "
@@ -401,63 +384,69 @@ async def _training_loop(
             "groups than that. To train more steps, raise max_steps (and num_epochs, if it "
             "caps the run).",
             step - shared.start,
-            run.num_steps - shared.start,
+            ctx.num_steps - shared.start,
             groups_per_batch,
         )
-    return step
+    return StepsDone(state=shared.state, last_metrics=last_metrics, skipped=())
+
+
+def _resumed_data(log_dir: Path, start: int) -> tuple[Position, tuple[Position, ...]]:
+    """The dataloader's cursor and the groups to redo when resuming at `start` (see the
+    module docstring, Resume); a fresh run (`start == 0`) drops an earlier run's rows."""
+    if start == 0:
+        (log_dir / ASYNC_STATE_FILE).unlink(missing_ok=True)
+        return (0, 0), ()
+    found = _state_at(log_dir, start)
+    if found is None:
+        logger.warning(
+            "%s: no %s row for step %d; resuming the data at batch %d as the cookbook does "
+            "(groups may be trained twice or skipped)",
+            log_dir,
+            ASYNC_STATE_FILE,
+            start,
+            start,
+        )
+        return (start, 0), ()
+    logger.info(
+        "%s: resuming async data at batch %d group %d with %d groups to redo",
+        log_dir,
+        found.cursor[0],
+        found.cursor[1],
+        len(found.pending),
+    )
+    return found.cursor, found.pending
 
 
 async def run_async(
-    run: _Run, *, start: int, dataset: RLDataset, finish_step: FinishStep
-) -> list[int]:
-    """Runs the async mode from step `start` to `run.num_steps` (see the module docstring).
+    ctx: RunContext, logs: RunLogs, state: RunState, *, start: int, dataset: RLDataset
+) -> StepsDone:
+    """Runs the async mode from step `start` to `ctx.num_steps` (see the module docstring).
 
     Args:
-        run: the loop's state (`run.sampling_client` is the sampler of the weights at `start`).
+        ctx: the run's context.
+        logs: the run's writers (each step goes through `finish_step`).
+        state: the run's state at `start` (its sampler holds the weights at `start`).
         start: the first step (> 0 when resumed).
         dataset: the epoch-cycled dataset (batch `b` is `dataset.get_batch(b)`, `b <
-            run.num_steps`).
-        finish_step: `train`'s per-step bookkeeping, awaited after each step with its metrics,
-            trained groups and timer (it writes the step's checkpoint when due).
+            ctx.num_steps`).
 
     Returns:
-        The skipped steps (always empty: an async step always trains).
+        The run's state after the last step and its last metrics (no step is skipped: an
+        async step always trains).
 
     Raises:
         Exception: the first error of any loop (a group error the strategy does not skip, a
             training call's), after every loop was cancelled and awaited.
         CheckpointError: a damaged `async_state.jsonl`.
     """
-    config = run.config
+    config = ctx.config
     assert config.async_config is not None
-    log_dir = Path(run.log_dir)
-    cursor: Position = (start, 0)
-    redo: tuple[Position, ...] = ()
-    if start > 0:
-        found = _state_at(log_dir, start)
-        if found is None:
-            logger.warning(
-                "%s: no %s row for step %d; resuming the data at batch %d as the cookbook does "
-                "(groups may be trained twice or skipped)",
-                log_dir,
-                ASYNC_STATE_FILE,
-                start,
-                start,
-            )
-        else:
-            cursor, redo = found.cursor, found.pending
-            logger.info(
-                "%s: resuming async data at batch %d group %d with %d groups to redo",
-                log_dir,
-                cursor[0],
-                cursor[1],
-                len(redo),
-            )
-    else:
-        (log_dir / ASYNC_STATE_FILE).unlink(missing_ok=True)
+    log_dir = Path(ctx.log_dir)
+    cursor, redo = _resumed_data(log_dir, start)
     slots = config.async_config.groups_per_batch * (config.async_config.max_steps_off_policy + 1)
     shared = _Async(
-        run=run,
+        ctx=ctx,
+        state=state,
         dataset=dataset,
         start=start,
         sampler_step=start,
@@ -473,29 +462,32 @@ async def run_async(
     encoder = msgspec.json.Encoder()
     state_path = log_dir / ASYNC_STATE_FILE
 
-    def write_state(state: AsyncState) -> None:
+    def write_state(row: AsyncState) -> None:
         with state_path.open("ab") as out:
-            out.write(encoder.encode(state) + b"\n")
+            out.write(encoder.encode(row) + b"\n")
 
     # as the cookbook: a full checkpoint where the async run starts, before any sampling
-    write_state(shared.state(start))
-    await run.checkpointer.save(
-        start,
-        periodic=True,
-        rng_key_data=prng_key_data(run.key),
-        kl_reference_path=run.kl_reference_path,
-        cumulative_tokens=run.tokens,
-        discarded_tokens=run.discarded_tokens,
-    )
+    write_state(shared.async_state(start))
+    await save_checkpoint_due(ctx, state, start, periodic=True)
+    done = await _run_loops(shared, logs, write_state, num_workers=slots)
+    write_state(shared.async_state(ctx.num_steps))  # the row of train's final checkpoint
+    return done
+
+
+async def _run_loops(
+    shared: _Async, logs: RunLogs, write_state: Callable[[AsyncState], None], *, num_workers: int
+) -> StepsDone:
+    """The dataloader, the rollout workers and the training loop, until the training loop
+    ends; the first error of any propagates once every loop was cancelled and awaited."""
     producers = [
         asyncio.create_task(_dataloader(shared), name="async_dataloader"),
         *(
             asyncio.create_task(_worker(shared), name=f"async_rollout_worker_{i}")
-            for i in range(slots)
+            for i in range(num_workers)
         ),
     ]
     trainer = asyncio.create_task(
-        _training_loop(shared, finish_step, write_state), name="async_training_loop"
+        _training_loop(shared, logs, write_state), name="async_training_loop"
     )
     pending: set[asyncio.Task[Any]] = {*producers, trainer}
     try:
@@ -511,5 +503,4 @@ async def run_async(
         for task in (*producers, trainer):
             task.cancel()
         await asyncio.gather(*producers, trainer, return_exceptions=True)
-    write_state(shared.state(run.num_steps))  # the row of train's final checkpoint
-    return []
+    return trainer.result()

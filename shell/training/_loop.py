@@ -37,7 +37,7 @@ Records (the cookbook's names, so a Tinker user reads them as the cookbook's): a
 `metrics.jsonl` row holds `progress/batch`, `progress/done_frac`, `optim/lr`, the evaluators'
 metrics on eval steps, `env/*` (`rlpure.metrics`), `rollout_errors/*`, the update's metrics
 (`shell.training._policy_update`: the optimizer's own keys verbatim, `optim/kl_sample_train_*`,
-`optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run`), our
+`optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run.count_tokens`), our
 `batch/*` and `train/*` keys, and the `time/*` metrics of the step's spans
 (`shell.timing`; `time/total` is the whole step). Spans are named as the cookbook's
 (`run_evals`, `sampling`, `do_train_step_and_get_sampling_client`, `train_step`, ...) and
@@ -46,9 +46,16 @@ due (its `save_checkpoint_async` span is in that line, not in the metrics row, w
 written first so that a run killed while saving keeps the step's row); the final evaluation
 and checkpoint are the line of step `num_steps`. `logs.log` holds the run's log lines and
 per-step progress lines (`shell.training._logs.run_log_file`). Modes: with
-`config.stream_minibatch_config` each step is `shell.training._stream.run_stream_step`; with
-`config.async_config`, `shell.training._async.run_async` drives the steps and calls back the
-loop's per-step bookkeeping (samples, metrics row, progress, checkpoint, spans).
+`config.stream_minibatch_config` each step is `shell.training._stream.run_stream_step`, else
+`shell.training._sync.run_sync_step`; with `config.async_config`,
+`shell.training._async.run_async` drives the steps. Every mode starts and records a step with
+the same parts (`shell.training._steps`: `begin_step`, `finish_step`).
+
+`train` runs as named stages (the cookbook's `do_sync_training`): `_preflight` (everything that
+may refuse the run, before the log dir is written), `_record_run` (`config.json`, `logs.log`),
+`_drop_logs_after` (a resume's truncated logs), `_open_run` (clients, the fixed
+`shell.training._run.RunContext` and the first `RunState`), `_run_steps` (the mode's steps,
+each returning the next state), `_finish` (final evaluation, totals, final checkpoint).
 
 Clients are the `shell.clients` protocols: `tinker.ServiceClient`,
 `shell.local.LocalServiceClient` and `shell.fakes.FakeServiceClient` all satisfy them.
@@ -66,44 +73,35 @@ holder's pid) before it reads or writes anything there.
 Randomness: the loop's jax PRNG key (seeded by `config.seed`) is split once per step; the
 step's sampling seed is drawn from it and sampler call `n` of the step uses `seed + n`. The
 test-set evaluation at step `i` samples with a seed derived from `config.seed` and `i` alone
-(`_eval_seed`), so evaluating changes no training seed.
+(`shell.training._steps.eval_seed`), so evaluating changes no training seed.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import jax
 import msgspec
 from rich.console import Console
 
-from rlpure import metrics as metrics_lib
 from rlpure import usage as usage_lib
-from rlpure.records import TrajectoryGroup
+from rlpure.cost import TokenCostRates
 from rlpure.render import TokenizerLike
 from shell.clients import SamplingClient, ServiceClient, TrainingClient
-from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.cost import rates_for_run
 from shell.datasets import EpochCycledRLDataset
 from shell.env import RLDataset
 from shell.errors import ConfigError
 from shell.evaluation import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
-from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
-from shell.timing import (
-    TIMING_SPANS_FILE,
-    StepTimer,
-    recording,
-    span,
-    span_dicts,
-    step_timer,
-)
-from shell.training._checkpoints import Checkpointer, CheckpointRecord
+from shell.rollouts import RolloutErrorCounter, RolloutStrategy
+from shell.timing import TIMING_SPANS_FILE, StepTimer, recording, step_timer
+from shell.training._async import check_async_dataset, run_async
+from shell.training._checkpoints import CheckpointRecord, prng_key_from_data
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
     FINAL_TOTALS_KEY,
@@ -111,40 +109,34 @@ from shell.training._logs import (
     METRICS_FILE,
     REWARD_CURVE_FILE,
     SAMPLES_FILE,
-    STEPS_LOGGER,
     JsonlWriter,
     RunProgress,
-    decode_rollout_samples,
-    format_progress_line,
     headline_eval_metrics,
     plot_reward_curve,
     read_jsonl,
     run_log_file,
     truncate_jsonl_by_step,
 )
-from shell.training._policy_update import (
-    adam_params_from_config,
-    records_stability_info,
-    train_on_groups,
-)
-from shell.training._reports import write_rollout_report
-from shell.training._resume import (
+from shell.training._policy_update import adam_params_from_config, records_stability_info
+from shell.training._restore import (
     OpenedTrainingClient,
     callers_training_client,
-    checked_last_checkpoint,
     open_training_client,
-    prng_key_from_data,
-    record_run_options,
 )
-from shell.training._run import (
-    _checkpoint,
-    _count_tokens,
-    _decoder,
-    _evaluates,
-    _Run,
-    _run_evaluators,
-    _successful,
+from shell.training._resume import checked_last_checkpoint, record_run_options
+from shell.training._run import RunContext, RunState, TokenTotals, decoder
+from shell.training._saves import Checkpointer
+from shell.training._steps import (
+    RunLogs,
+    StepsDone,
+    evaluates,
+    finish_step,
+    run_evaluators,
+    save_checkpoint_due,
+    write_spans,
 )
+from shell.training._stream import check_stream_dataset, run_stream_step
+from shell.training._sync import run_sync_step
 from shell.training._trackers import check_trackers, open_trackers
 
 __all__ = [
@@ -155,15 +147,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-step_logger = logging.getLogger(STEPS_LOGGER)
-
-
-class _StepFn(Protocol):
-    """One step of a mode (`_run_step`, the streaming mode's `run_stream_step`)."""
-
-    def __call__(
-        self, run: _Run, step: int, *, dataset: RLDataset
-    ) -> Awaitable[tuple[dict[str, Any], list[TrajectoryGroup]]]: ...
 
 
 class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -278,90 +261,7 @@ async def _kl_reference(
     return await service_client.create_sampling_client(model_path=saved_path), saved_path
 
 
-async def _run_step(
-    run: _Run, step: int, *, dataset: RLDataset
-) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
-    """Evaluation (when due), rollouts and training of one step; returns metrics and groups.
-
-    Its phases are timed into the current step timer (`shell.timing.span`) under the
-    cookbook's span names: `run_evals` (see `_run_evaluators`), `sampling`,
-    `do_train_step_and_get_sampling_client` (and, inside `train_on_groups`, its parts).
-    """
-    config = run.config
-    run.key, step_key = jax.random.split(run.key)
-    seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
-    metrics: dict[str, Any] = {
-        "progress/batch": step,
-        "optim/lr": config.learning_rate,
-        "progress/done_frac": (step + 1) / run.num_steps,
-    }
-    if _evaluates(run) and step % config.eval_every == 0:
-        metrics.update(await _run_evaluators(run, step))
-
-    builders = list(dataset.get_batch(step))
-    policy = TinkerTokenCompleter(
-        run.sampling_client,
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        seed=seed,
-    )
-    with span("sampling"):
-        outcomes = await do_batch_rollouts(
-            builders,
-            policy,
-            strategy=run.strategy,
-            termination=run.termination,
-            max_concurrent_groups=config.max_concurrent_groups,
-        )
-    if run.error_counter is not None:
-        for outcome in outcomes:
-            run.error_counter.ingest(outcome)
-        metrics.update(run.error_counter.get_metrics())
-    kept_builders, groups = _successful(builders, outcomes)
-    if groups:  # iteration_NNNNNN/train.html, train_rollout_summaries.jsonl
-        write_rollout_report(
-            run.log_dir,
-            step=step,
-            groups_P=groups,
-            tags_P=[b.logging_tags() for b in kept_builders],
-            decode=run.decode,
-            num_groups_to_log=config.num_groups_to_log,
-            advantage_estimator=config.advantage_estimator,
-        )
-    if not groups:
-        logger.warning(
-            "Step %d: every group failed (%d groups); skipping the step", step, len(builders)
-        )
-        metrics["progress/skipped"] = 1
-    else:
-        metrics.update(
-            metrics_lib.trajectory_metrics(groups, [b.logging_tags() for b in kept_builders])
-        )
-        metrics["batch/num_groups"] = len(groups)
-        # constant-reward groups carry no signal under group centring
-        metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
-        with span("do_train_step_and_get_sampling_client"):
-            update = await train_on_groups(
-                groups,
-                training_client=run.training_client,
-                kl_reference_client=run.kl_reference_client,
-                config=config,
-                adam_params=run.adam_params,
-            )
-        metrics.update(update.metrics)
-        metrics.update(
-            _count_tokens(
-                run,
-                groups,
-                update.trained_groups_P,
-                num_datums=int(update.metrics["batch/num_datums"]),
-            )
-        )
-        run.sampling_client = update.sampling_client
-    return metrics, groups
-
-
-def _final_totals_row(run: _Run) -> dict[str, Any]:
+def _final_totals_row(ctx: RunContext, totals: TokenTotals) -> dict[str, Any]:
     """The metrics row after the last step (and the final evaluation), before the final
     checkpoint: the run's token totals, as the cookbook's `main` logs
     `CostTracker.cumulative_metrics()` at `step=end_batch` — `tokens/cumulative/<kind>` and
@@ -370,14 +270,14 @@ def _final_totals_row(run: _Run) -> dict[str, Any]:
     (`shell.training._logs.is_step_row`). A resume of a run that is already complete writes
     nothing (its row is still there); the cookbook drops that row and logs it again, equal."""
     row: dict[str, Any] = {
-        "step": run.num_steps,
+        "step": ctx.num_steps,
         FINAL_TOTALS_KEY: 1,
-        **run.tokens.metrics("tokens/cumulative"),
-        **run.discarded_tokens.metrics("tokens/discarded"),
+        **totals.tokens.metrics("tokens/cumulative"),
+        **totals.discarded.metrics("tokens/discarded"),
     }
-    if run.rates is not None:
-        row["cost/cumulative_usd"] = run.rates.estimate_usd(run.tokens)
-        row["cost/discarded_usd"] = run.rates.estimate_usd(run.discarded_tokens)
+    if ctx.rates is not None:
+        row["cost/cumulative_usd"] = ctx.rates.estimate_usd(totals.tokens)
+        row["cost/discarded_usd"] = ctx.rates.estimate_usd(totals.discarded)
     return row
 
 
@@ -439,13 +339,12 @@ async def train(
             the config's fields cannot name (e.g. extra failure types).
 
     Returns:
-        A `TrainResult`. When `log_dir`'s last checkpoint is already at or past the last step,
-        nothing runs (`start_step == end_step`).
+        A `TrainResult` (`start_step == end_step`: the last checkpoint was already at the end).
 
     Raises:
         ConfigError: resuming with a changed config field or recipe option (see
-            `check_resumable_config`), or a `training_client` not opened for `log_dir`'s last
-            checkpoint (see above).
+            `check_resumable_config`), or a `training_client` not opened from `log_dir`'s
+            last checkpoint.
         CheckpointError: a damaged `checkpoints.jsonl`, `metrics.jsonl` or `samples.jsonl`
             (`LogFileError`), naming file, line and field, or states the last checkpoint
             names that are missing or outside the log dir; nothing is rewritten then.
@@ -484,42 +383,117 @@ async def _locked_train(
     strategy: RolloutStrategy | None,
     log_file: ExitStack,
 ) -> TrainResult:
-    """`train`'s body, run while this process holds the log dir's lock; `logs.log` is attached
-    to `log_file` once the log dir and options are checked (a refused run writes nothing)."""
+    """`train`'s body, run while this process holds the log dir's lock: its stages in order
+    (see the module docstring); `logs.log` is attached to `log_file` once the log dir and
+    options are checked (a refused run writes nothing)."""
+    log_dir = Path(config.log_dir)
+    checked = _preflight(
+        config, dataset, training_client=training_client, recipe_options=recipe_options
+    )
+    resume = checked.resume
+    _record_run(config, log_dir, resume=resume, recipe_options=recipe_options, log_file=log_file)
+    num_steps = resolve_num_steps(config.max_steps, len(dataset), config.num_epochs)
+    start = 0 if resume is None else resume.step
+    if resume is not None and start >= num_steps:
+        return _already_trained(log_dir, resume)
+    _drop_logs_after(log_dir, start, resume=resume)
+    ctx, state = await _open_run(
+        config,
+        checked,
+        num_steps=num_steps,
+        service_client=service_client,
+        test_dataset=test_dataset,
+        tokenizer=tokenizer,
+        kl_reference_client=kl_reference_client,
+        evaluator_builders=evaluator_builders,
+        strategy=config.strategy() if strategy is None else strategy,
+    )
+    cycled = EpochCycledRLDataset(dataset, config.num_epochs)  # step i: batch i % len
+    with _run_logs(ctx, start=start, recipe_options=recipe_options, console=console) as logs:
+        if resume is not None:
+            logs.progress.note(f"Resuming from step {start} ({resume.state_path})")
+        done = await _run_steps(ctx, logs, state, start=start, dataset=cycled)
+        checkpoint = await _finish(ctx, logs, done.state, start=start)
+    curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
+    return TrainResult(
+        log_dir=str(log_dir),
+        start_step=start,
+        end_step=num_steps,
+        skipped_steps=done.skipped,
+        last_metrics=done.last_metrics,
+        checkpoint=checkpoint,
+        reward_curve=None if curve is None else str(curve),
+    )
+
+
+class _Checked(NamedTuple):
+    """What `_preflight` found: the checkpoint to resume (None: a fresh run), the model's
+    prices, and the caller's training client once it fits that checkpoint (None: open one)."""
+
+    resume: CheckpointRecord | None
+    rates: TokenCostRates | None
+    training_client: TrainingClient | None
+
+
+def _preflight(
+    config: TrainConfig,
+    dataset: RLDataset,
+    *,
+    training_client: OpenedTrainingClient | TrainingClient | None,
+    recipe_options: Mapping[str, Any] | None,
+) -> _Checked:
+    """Everything that may refuse the run, before anything in the log dir is written: the
+    resume's options and checkpoint, damaged logs, the price table, the trackers' extras, the
+    modes' batch shapes, the caller's training client."""
     log_dir = Path(config.log_dir)
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     for log in (METRICS_FILE, SAMPLES_FILE, TIMING_SPANS_FILE):
         read_jsonl(log_dir / log)  # a damaged log stops the run before anything is rewritten
-    # a bad price table or a missing tracker extra stops the run before anything is written
     rates = rates_for_run(config.price_table, config.base_model)
     check_trackers(config)
     # issue 15's modes check the dataset against their batch shape before anything runs
     if config.stream_minibatch_config is not None:
-        importlib.import_module("shell.training._stream").check_stream_dataset(config, dataset)
+        check_stream_dataset(config, dataset)
     if config.async_config is not None:
-        importlib.import_module("shell.training._async").check_async_dataset(config, dataset)
+        check_async_dataset(config, dataset)
     client = (
         None
         if training_client is None
         else callers_training_client(training_client, resume=resume, log_dir=log_dir)
     )
+    return _Checked(resume=resume, rates=rates, training_client=client)
+
+
+def _record_run(
+    config: TrainConfig,
+    log_dir: Path,
+    *,
+    resume: CheckpointRecord | None,
+    recipe_options: Mapping[str, Any] | None,
+    log_file: ExitStack,
+) -> None:
+    """`config.json` and `recipe_options.json`, then `logs.log` attached to `log_file`."""
     record_run_options(log_dir, config, recipe_options=recipe_options, resuming=resume is not None)
     log_file.enter_context(run_log_file(log_dir / LOGS_FILE))
-    num_steps = resolve_num_steps(config.max_steps, len(dataset), config.num_epochs)
-    dataset = EpochCycledRLDataset(dataset, config.num_epochs)  # step i: batch i % len
-    start = 0 if resume is None else resume.step
-    if start >= num_steps and resume is not None:
-        logger.info("%s: already trained to step %d; nothing to do", log_dir, start)
-        curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
-        return TrainResult(
-            log_dir=str(log_dir),
-            start_step=start,
-            end_step=start,
-            skipped_steps=(),
-            last_metrics={},
-            checkpoint=resume,
-            reward_curve=None if curve is None else str(curve),
-        )
+
+
+def _already_trained(log_dir: Path, resume: CheckpointRecord) -> TrainResult:
+    """A resume whose last checkpoint is at or past the last step: nothing runs."""
+    logger.info("%s: already trained to step %d; nothing to do", log_dir, resume.step)
+    curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
+    return TrainResult(
+        log_dir=str(log_dir),
+        start_step=resume.step,
+        end_step=resume.step,
+        skipped_steps=(),
+        last_metrics={},
+        checkpoint=resume,
+        reward_curve=None if curve is None else str(curve),
+    )
+
+
+def _drop_logs_after(log_dir: Path, start: int, *, resume: CheckpointRecord | None) -> None:
+    """Drops the metrics, samples and spans logged at or after step `start` (a resume's)."""
     dropped = truncate_jsonl_by_step(log_dir / METRICS_FILE, keep_below=start)
     truncate_jsonl_by_step(log_dir / SAMPLES_FILE, keep_below=start)
     truncate_jsonl_by_step(log_dir / TIMING_SPANS_FILE, keep_below=start)
@@ -532,6 +506,23 @@ async def _locked_train(
             dropped,
         )
 
+
+async def _open_run(
+    config: TrainConfig,
+    checked: _Checked,
+    *,
+    num_steps: int,
+    service_client: ServiceClient,
+    test_dataset: RLDataset | None,
+    tokenizer: TokenizerLike | None,
+    kl_reference_client: SamplingClient | None,
+    evaluator_builders: Sequence[SamplingClientEvaluatorBuilder],
+    strategy: RolloutStrategy,
+) -> tuple[RunContext, RunState]:
+    """The run's clients (training, KL reference, the first sampler), its fixed context and
+    its state at the first step (the resumed checkpoint's key and token totals)."""
+    resume = checked.resume
+    client = checked.training_client
     if client is None:
         client = (await open_training_client(config, service_client, resume)).client
     kl_reference_path = None if resume is None else resume.kl_reference_path
@@ -539,31 +530,29 @@ async def _locked_train(
         kl_reference_client, kl_reference_path = await _kl_reference(
             config, service_client, client, kl_reference_path
         )
-    strategy = config.strategy() if strategy is None else strategy
-    run = _Run(
+    sampler = await client.save_weights_and_get_sampling_client(
+        record_stability_info=records_stability_info(config)
+    )
+    log_dir = Path(config.log_dir)
+    ctx = RunContext(
         config=config,
         log_dir=log_dir,
         num_steps=num_steps,
         training_client=client,
-        sampling_client=await client.save_weights_and_get_sampling_client(
-            record_stability_info=records_stability_info(config)
-        ),
         kl_reference_client=kl_reference_client,
         kl_reference_path=kl_reference_path,
-        key=(
-            jax.random.key(config.seed)
-            if resume is None
-            else prng_key_from_data(resume.rng_key_data)
-        ),
         strategy=strategy,
         adam_params=adam_params_from_config(config),
-        evaluators=[build() for build in evaluator_builders],
+        evaluators=tuple(build() for build in evaluator_builders),
+        test_evaluator=(
+            None
+            if test_dataset is None
+            else _test_set_evaluator(test_dataset, config=config, strategy=strategy, prefix="test/")
+        ),
         # one counter for the call, as the cookbook's main (a resumed run counts afresh)
         error_counter=RolloutErrorCounter() if strategy.catches_group_errors else None,
         termination=config.effective_termination(),
-        decode=_decoder(tokenizer),
-        tokens=usage_lib.TokenUsage() if resume is None else resume.cumulative_tokens,
-        discarded_tokens=usage_lib.TokenUsage() if resume is None else resume.discarded_tokens,
+        decode=decoder(tokenizer),
         checkpointer=Checkpointer(
             client,
             service_client=service_client,
@@ -572,19 +561,40 @@ async def _locked_train(
             num_steps=num_steps,
             resumed_from=resume,
         ),
-        rates=rates,
-        test_evaluator=(
-            None
-            if test_dataset is None
-            else _test_set_evaluator(test_dataset, config=config, strategy=strategy, prefix="test/")
-        ),
+        rates=checked.rates,
     )
-    decode = run.decode
-    skipped: list[int] = []
-    last_metrics: dict[str, Any] = {}
-    checkpoint = resume
+    return ctx, _first_state(config, resume, sampler)
+
+
+def _first_state(
+    config: TrainConfig, resume: CheckpointRecord | None, sampler: SamplingClient
+) -> RunState:
+    """The state at the run's first step: a fresh key and totals, or the checkpoint's."""
+    if resume is None:
+        zero = usage_lib.TokenUsage()
+        return RunState(
+            key=jax.random.key(config.seed), sampling_client=sampler, totals=TokenTotals(zero, zero)
+        )
+    return RunState(
+        key=prng_key_from_data(resume.rng_key_data),
+        sampling_client=sampler,
+        totals=TokenTotals(tokens=resume.cumulative_tokens, discarded=resume.discarded_tokens),
+    )
+
+
+@contextmanager
+def _run_logs(
+    ctx: RunContext,
+    *,
+    start: int,
+    recipe_options: Mapping[str, Any] | None,
+    console: Console | None,
+) -> Iterator[RunLogs]:
+    """The run's writers (`metrics.jsonl`, `samples.jsonl`, `timing_spans.jsonl`, trackers,
+    the progress bar), closed when the block ends."""
+    log_dir, config = ctx.log_dir, ctx.config
     progress = RunProgress(
-        total=num_steps, completed=start, console=console, enabled=config.progress
+        total=ctx.num_steps, completed=start, console=console, enabled=config.progress
     )
     with (
         JsonlWriter(log_dir / METRICS_FILE) as metrics_writer,
@@ -593,85 +603,65 @@ async def _locked_train(
         open_trackers(config, recipe_options=recipe_options, log_dir=log_dir) as trackers,
         progress,
     ):
+        yield RunLogs(
+            metrics=metrics_writer,
+            samples=samples_writer,
+            spans=spans_writer,
+            trackers=trackers,
+            progress=progress,
+        )
 
-        def write_spans(step: int, timer: StepTimer) -> None:
-            if timer.spans:
-                spans_writer.write({"step": step, "spans": span_dicts(timer.spans)})
 
-        async def finish_step(
-            step: int,
-            metrics: dict[str, Any],
-            groups: Sequence[TrajectoryGroup],
-            *,
-            timer: StepTimer | None = None,
-        ) -> None:
-            """What follows a step's work: its samples, metrics row and progress line, then
-            its checkpoint when due, then its `timing_spans.jsonl` row (with the checkpoint's
-            span, which the metrics row, written first, does not hold)."""
-            nonlocal last_metrics, checkpoint
-            if not groups:
-                skipped.append(step)
-            elif config.num_groups_to_log:
-                samples_writer.write_many(
-                    decode_rollout_samples(
-                        groups, step=step, decode=decode, max_groups=config.num_groups_to_log
-                    )
-                )
-            row = {"step": step, **metrics}
-            metrics_writer.write(row)
-            trackers.log_metrics(row, step=step)
-            progress.step_done(step, metrics)
-            step_logger.info("%s", format_progress_line(step, metrics))
-            last_metrics = metrics
-            timer = StepTimer() if timer is None else timer
-            with recording(timer):
-                checkpoint = await _checkpoint(run, step + 1) or checkpoint
-            write_spans(step, timer)
+def _what_is_evaluated(ctx: RunContext) -> str:
+    return "on the test set" if ctx.test_evaluator is not None else "with the evaluators"
 
-        if resume is not None:
-            progress.note(f"Resuming from step {start} ({resume.state_path})")
-        what = "on the test set" if test_dataset is not None else "with the evaluators"
-        if config.async_config is not None:  # issue 15's modes: shell.training._async, _stream
-            run_async = importlib.import_module("shell.training._async").run_async
-            skipped.extend(
-                await run_async(run, start=start, dataset=dataset, finish_step=finish_step)
-            )
+
+async def _run_steps(
+    ctx: RunContext, logs: RunLogs, state: RunState, *, start: int, dataset: RLDataset
+) -> StepsDone:
+    """Steps `start` to `ctx.num_steps` in the run's mode; each step's work, then
+    `finish_step`."""
+    config = ctx.config
+    if config.async_config is not None:  # issue 15's modes: shell.training._async, _stream
+        return await run_async(ctx, logs, state, start=start, dataset=dataset)
+    step_fn = run_sync_step if config.stream_minibatch_config is None else run_stream_step
+    skipped: list[int] = []
+    last_metrics: dict[str, Any] = {}
+    for step in range(start, ctx.num_steps):
+        if step == start:
+            logs.progress.phase("compiling and running the first step…")
+        elif evaluates(ctx) and step % config.eval_every == 0:
+            logs.progress.phase(f"evaluating {_what_is_evaluated(ctx)}, then step {step}…")
         else:
-            step_fn: _StepFn = _run_step
-            if config.stream_minibatch_config is not None:
-                step_fn = importlib.import_module("shell.training._stream").run_stream_step
-            for step in range(start, num_steps):
-                if step == start:
-                    progress.phase("compiling and running the first step…")
-                elif _evaluates(run) and step % config.eval_every == 0:
-                    progress.phase(f"evaluating {what}, then step {step}…")
-                else:
-                    progress.phase("training", line=False)
-                with step_timer() as timer:
-                    metrics, groups = await step_fn(run, step, dataset=dataset)
-                metrics.update(timer.metrics())
-                await finish_step(step, metrics, groups, timer=timer)
-        with recording(StepTimer()) as final_timer:
-            if _evaluates(run) and start < num_steps:  # as the cookbook: only after a step ran
-                progress.phase(f"final evaluation {what}…")
-                final_eval = await _run_evaluators(run, num_steps)
-                final_row = {"step": num_steps, "final_eval": 1, **final_eval}
-                metrics_writer.write(final_row)
-                trackers.log_metrics(final_row, step=num_steps)
-                progress.note(_final_eval_line(final_eval))
-            totals_row = _final_totals_row(run)  # the cookbook's, even when no step ran
-            metrics_writer.write(totals_row)
-            trackers.log_metrics(totals_row, step=num_steps)
-            checkpoint = await _checkpoint(run, num_steps, final=True)
-            assert checkpoint is not None  # a final save is always made
-        write_spans(num_steps, final_timer)
-    curve = plot_reward_curve(log_dir / METRICS_FILE, log_dir / REWARD_CURVE_FILE)
-    return TrainResult(
-        log_dir=str(log_dir),
-        start_step=start,
-        end_step=num_steps,
-        skipped_steps=tuple(skipped),
-        last_metrics=last_metrics,
-        checkpoint=checkpoint,
-        reward_curve=None if curve is None else str(curve),
-    )
+            logs.progress.phase("training", line=False)
+        with step_timer() as timer:
+            metrics, groups, state = await step_fn(ctx, state, step, dataset=dataset)
+        metrics.update(timer.metrics())
+        if not groups:
+            skipped.append(step)
+        await finish_step(ctx, logs, state, step, metrics, groups, timer=timer)
+        last_metrics = metrics
+    return StepsDone(state=state, last_metrics=last_metrics, skipped=tuple(skipped))
+
+
+async def _finish(
+    ctx: RunContext, logs: RunLogs, state: RunState, *, start: int
+) -> CheckpointRecord:
+    """After the last step: the final evaluation (only after a step ran, as the cookbook), the
+    run's token totals, the final checkpoint; their spans are the line of step `num_steps`."""
+    num_steps = ctx.num_steps
+    with recording(StepTimer()) as final_timer:
+        if evaluates(ctx) and start < num_steps:
+            logs.progress.phase(f"final evaluation {_what_is_evaluated(ctx)}…")
+            final_eval = await run_evaluators(ctx, state.sampling_client, num_steps)
+            final_row = {"step": num_steps, "final_eval": 1, **final_eval}
+            logs.metrics.write(final_row)
+            logs.trackers.log_metrics(final_row, step=num_steps)
+            logs.progress.note(_final_eval_line(final_eval))
+        totals_row = _final_totals_row(ctx, state.totals)  # the cookbook's, even when no step ran
+        logs.metrics.write(totals_row)
+        logs.trackers.log_metrics(totals_row, step=num_steps)
+        checkpoint = await save_checkpoint_due(ctx, state, num_steps, final=True)
+        assert checkpoint is not None  # a final save is always made
+    write_spans(logs, num_steps, final_timer)
+    return checkpoint

@@ -1,4 +1,5 @@
-"""Restoring and recording a run: what a log directory holds so a later `train` can continue it.
+"""Resuming a run: what a log directory records, which changes a resume refuses, and the
+checkpoint a run resumes from.
 
 Conventions:
 - What is recorded where, all under the run's `log_dir`:
@@ -8,15 +9,19 @@ Conventions:
     (`train(recipe_options=...)`), as they read back from JSON (a tuple becomes a list). A
     resumed run given none keeps the record; a fresh run given none removes a record an earlier
     run left behind, since it is not its own.
-  - `checkpoints.jsonl` (`shell.training`): one record per saved state, with the step, the
-    state path, the KL reference's weights and the loop's PRNG key as `rng_key_data` — the
-    uint32 words of `jax.random.key_data(key)`, flattened (`prng_key_data`), restored with
-    `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same per-step
-    seeds as an uninterrupted one. The rows are also the cookbook's (`name`, `batch`,
+  - `checkpoints.jsonl` (`shell.training._checkpoints`): one record per saved state, with the
+    step, the state path, the KL reference's weights and the loop's PRNG key as `rng_key_data`
+    — the uint32 words of `jax.random.key_data(key)`, flattened (`prng_key_data`), restored
+    with `jax.random.wrap_key_data` (`prng_key_from_data`) so a resumed run draws the same
+    per-step seeds as an uninterrupted one. The rows are also the cookbook's (`name`, `batch`,
     `state_path`, `sampler_path`, `rolling`, the token totals), and a row the cookbook's
     `rl.train.main` wrote resumes too, at its `batch`, with the PRNG key re-derived from
-    `config.seed` (logged). The last row resumes, whether a periodic, rolling or final save
-    wrote it (see `shell.training._checkpoints`).
+    `config.seed` (logged by `last_checkpoint`).
+- The checkpoint a run resumes from is the last row (`last_checkpoint`), whether a periodic,
+  rolling or final save wrote it (`shell.training._saves`); its saved files must exist
+  (`check_states_exist`). The training client is restored from it
+  (`shell.training._restore`), and the loop drops metrics and samples logged at or after its
+  `step`.
 - What may change on resume: the config fields in `RESUME_MAY_CHANGE` (where the run logs, how
   long it runs, how often and how it evaluates, how often it saves and how long the backend
   keeps its checkpoints, which diagnostics it logs, how rollouts are scheduled and retried,
@@ -27,51 +32,40 @@ Conventions:
   `log_dir`), before a session is opened. A name only one side holds (a field added or removed
   by a code update) and a missing record (a log directory written before it was recorded) are
   not compared.
-- The client contract: `open_training_client(config, service_client, resume)` opens the run's
-  training client — restored from the checkpoint `resume` (weights and optimizer state), or
-  for a fresh run the weights at `config.load_checkpoint_path` with a fresh optimizer, or a
-  new LoRA client — and returns it as an `OpenedTrainingClient` naming
-  that checkpoint. `train(training_client=...)` takes such a client only when it was opened
-  from `log_dir`'s last checkpoint (or from none, for a fresh run), so a run never continues a
-  checkpoint's step and PRNG key with other weights; a bare client is taken for a fresh run
-  only (its weights are the run's start, whatever they are), see `callers_training_client`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import logging
+import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import msgspec
-import numpy as np
 
-from shell.clients import ServiceClient, TrainingClient
 from shell.config import TrainConfig, config_to_dict
-from shell.errors import ConfigError
+from shell.errors import CheckpointError, ConfigError
 from shell.training._checkpoints import (
+    CHECKPOINTS_FILE,
     CheckpointRecord,
-    check_states_exist,
-    last_checkpoint,
-    restore_training_client,
+    is_uri,
+    load_checkpoints,
 )
 
 __all__ = [
     "CONFIG_FILE",
     "RECIPE_OPTIONS_FILE",
     "RESUME_MAY_CHANGE",
-    "OpenedTrainingClient",
-    "callers_training_client",
     "check_resumable_config",
+    "check_states_exist",
     "checked_last_checkpoint",
-    "open_training_client",
-    "prng_key_data",
-    "prng_key_from_data",
+    "last_checkpoint",
     "recipe_options",
     "record_run_options",
 ]
+
+logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 """Where `train` records its `TrainConfig` (in the run's `log_dir`)."""
@@ -103,6 +97,52 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
     }
 )
 """Config fields a resumed run may change; any other difference would silently mix two runs."""
+
+
+# --- the checkpoint a run resumes from ---------------------------------------------------------
+
+
+def check_states_exist(record: CheckpointRecord, log_dir: str | os.PathLike[str]) -> None:
+    """Refuses a record (read by `load_checkpoints`) whose saved files are not on disk.
+
+    Catches a log dir copied without the states it holds (`local_states/`), which would
+    otherwise fail deep in the backend, or with older absolute records load the original's.
+
+    Raises:
+        CheckpointError: naming the record's step, the missing path and the likely cause.
+    """
+    for label, path in (("state", record.state_path), ("KL reference", record.kl_reference_path)):
+        if path is not None and not is_uri(path) and not Path(path).exists():
+            raise CheckpointError(
+                f"{Path(log_dir) / CHECKPOINTS_FILE}: the step-{record.step} checkpoint's "
+                f"{label} {path} is missing (a log dir copied or moved without the states it "
+                "holds, e.g. local_states/? copy or move the whole directory)"
+            )
+
+
+def last_checkpoint(log_dir: str | os.PathLike[str], *, seed: int = 0) -> CheckpointRecord | None:
+    """The most recent checkpoint record of `log_dir`, or None.
+
+    Args:
+        log_dir: the run's log directory.
+        seed: the run's seed, for a row without a PRNG key (see `load_checkpoints`); logged
+            when used.
+    """
+    records = load_checkpoints(log_dir, seed=seed)
+    if not records:
+        return None
+    last = records[-1]
+    if last.rng_key_rederived:
+        logger.warning(
+            "%s: the checkpoint %r (batch %d) was written by tinker-cookbook and holds no PRNG "
+            "key: the loop's key is re-derived from seed %d (what an uninterrupted rlpure run "
+            "holds at that step) and no KL reference is carried over",
+            Path(log_dir) / CHECKPOINTS_FILE,
+            last.name,
+            last.step,
+            seed,
+        )
+    return last
 
 
 # --- checking a resumed run's options ----------------------------------------------------------
@@ -255,108 +295,3 @@ def record_run_options(
     elif not resuming:
         # a fresh run without recipe options: a record left by an earlier run is not its own
         (log_dir / RECIPE_OPTIONS_FILE).unlink(missing_ok=True)
-
-
-# --- the PRNG key in a checkpoint record -------------------------------------------------------
-
-
-def prng_key_data(key: jax.Array) -> tuple[int, ...]:
-    """The uint32 words of a typed jax PRNG key, flattened (`CheckpointRecord.rng_key_data`).
-
-    Examples:
-        >>> data = prng_key_data(jax.random.key(0))
-        >>> prng_key_data(prng_key_from_data(data)) == data
-        True
-    """
-    return tuple(int(x) for x in np.asarray(jax.random.key_data(key)).ravel())
-
-
-def prng_key_from_data(data: Sequence[int]) -> jax.Array:
-    """The typed jax PRNG key whose words `prng_key_data` returned."""
-    key: jax.Array = jax.random.wrap_key_data(jnp.asarray(data, jnp.uint32))
-    return key
-
-
-# --- the training client -----------------------------------------------------------------------
-
-
-class OpenedTrainingClient(msgspec.Struct, frozen=True, kw_only=True):
-    """A training client and the checkpoint it was restored from (what `train` accepts).
-
-    Attributes:
-        client: the training client (a `shell.clients.TrainingClient`).
-        resumed_from: the checkpoint whose weights and optimizer state it holds; None for a
-            fresh run's client (a new LoRA client, or `config.load_checkpoint_path`'s weights).
-    """
-
-    client: TrainingClient
-    resumed_from: CheckpointRecord | None
-
-
-async def open_training_client(
-    config: TrainConfig, service_client: ServiceClient, resume: CheckpointRecord | None
-) -> OpenedTrainingClient:
-    """The run's training client: restored from `resume` when given (weights and optimizer
-    state); else, with `config.load_checkpoint_path`, a client with those weights and a fresh
-    optimizer (`create_training_client_from_state`, as the cookbook's `main`); else a new LoRA
-    client on `config.base_model`.
-
-    Pass `resume=last_checkpoint(config.log_dir)` to open the client `train` would open itself;
-    the result can then be handed to `train(training_client=...)`, which checks that `resume`
-    is still the log directory's last checkpoint.
-    """
-    client: TrainingClient
-    if resume is not None:
-        client = await restore_training_client(service_client, resume)
-    elif config.load_checkpoint_path is not None:
-        client = await service_client.create_training_client_from_state(config.load_checkpoint_path)
-    else:
-        client = await service_client.create_lora_training_client(
-            base_model=config.base_model, rank=config.lora_rank
-        )
-    return OpenedTrainingClient(client=client, resumed_from=resume)
-
-
-def _describe(checkpoint: CheckpointRecord | None) -> str:
-    if checkpoint is None:
-        return "no checkpoint (a fresh run)"
-    return f"the step-{checkpoint.step} checkpoint {checkpoint.state_path}"
-
-
-def callers_training_client(
-    training_client: OpenedTrainingClient | TrainingClient,
-    *,
-    resume: CheckpointRecord | None,
-    log_dir: Path,
-) -> TrainingClient:
-    """The client inside the caller's `training_client`, once it is known to fit `resume`.
-
-    Args:
-        training_client: what the caller passed as `train(training_client=...)`: an
-            `OpenedTrainingClient` or a bare client.
-        resume: `log_dir`'s last checkpoint (None for a fresh run).
-        log_dir: the run's log directory (named in the error).
-
-    Raises:
-        ConfigError: an `OpenedTrainingClient` restored from another checkpoint than `resume`
-            (or from one when `resume` is None), or a bare client while resuming.
-    """
-    if isinstance(training_client, OpenedTrainingClient):
-        opened = training_client.resumed_from
-        if (None if opened is None else opened.state_path) != (
-            None if resume is None else resume.state_path
-        ):
-            raise ConfigError(
-                f"{log_dir}: the training_client passed to train() was opened from "
-                f"{_describe(opened)}, but the run starts from {_describe(resume)}. Open it "
-                "with open_training_client(config, service_client, last_checkpoint(log_dir))."
-            )
-        return training_client.client
-    if resume is not None:
-        raise ConfigError(
-            f"{log_dir}: resuming from {_describe(resume)}, but the training_client passed to "
-            "train() is a bare client whose state is unknown. Pass the OpenedTrainingClient "
-            "of open_training_client(config, service_client, last_checkpoint(log_dir)), or "
-            "no client."
-        )
-    return training_client

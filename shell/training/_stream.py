@@ -2,7 +2,7 @@
 
 The cookbook 0.6.1's `do_sync_training_with_stream_minibatch` (with its
 `do_train_step_streaming_and_get_sampling_client`) as one step function of
-`shell.training._loop.train` (`run_stream_step`, same shape as the sync `_run_step`):
+`shell.training._loop.train` (`run_stream_step`, same shape as the sync `run_sync_step`):
 
 1. evaluation when due, as the sync step (on the sampler of the previous step);
 2. every group of `dataset.get_batch(step)` starts rolling out at once (one task per group,
@@ -51,16 +51,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 import tinker
 from returns.result import Success
 
 from rlpure import metrics as metrics_lib
 from rlpure.packing import DatumBatch
-from rlpure.records import TrajectoryGroup
 from shell.clients import APIFuture
 from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
@@ -77,8 +75,8 @@ from shell.training._policy_update import (
     prepare_datums,
     records_stability_info,
 )
-from shell.training._reports import write_rollout_report
-from shell.training._run import _count_tokens, _evaluates, _Run, _run_evaluators
+from shell.training._run import RunContext, RunState, count_tokens
+from shell.training._steps import StepResult, begin_step, record_rollouts
 
 __all__ = ["check_stream_dataset", "minibatch_sizes", "run_stream_step"]
 
@@ -138,7 +136,7 @@ class _Arrival:
 async def _roll_out(
     builder: EnvGroupBuilder,
     policy: TinkerTokenCompleter,
-    run: _Run,
+    ctx: RunContext,
     limit: asyncio.Semaphore,
     arrivals: asyncio.Queue[_Arrival | Exception],
 ) -> None:
@@ -149,7 +147,7 @@ async def _roll_out(
             start = time.perf_counter()
             with span("trajectory_group_worker"):
                 outcome = await do_group_rollout_outcome(
-                    builder, policy, strategy=run.strategy, termination=run.termination
+                    builder, policy, strategy=ctx.strategy, termination=ctx.termination
                 )
     except Exception as exc:
         arrivals.put_nowait(exc)
@@ -193,10 +191,11 @@ def _kl_sample_train(
 
 
 async def run_stream_step(
-    run: _Run, step: int, *, dataset: RLDataset
-) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
-    """One streaming step (see the module docstring); returns its metrics and the successful
-    groups in the order they finished (empty when nothing trained: a skipped step).
+    ctx: RunContext, state: RunState, step: int, *, dataset: RLDataset
+) -> StepResult:
+    """One streaming step (see the module docstring): its metrics, the successful groups in
+    the order they finished (empty when nothing trained: a skipped step) and the run's state
+    after it.
 
     Raises:
         ValueError: `stable_reinforce` and a minibatch datum without provenance (earlier
@@ -204,66 +203,70 @@ async def run_stream_step(
         Exception: a group error the strategy does not skip, or a training call's error,
             after the step's other rollouts were cancelled and awaited.
     """
-    config = run.config
-    run.key, step_key = jax.random.split(run.key)
-    seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
-    metrics: dict[str, Any] = {
-        "progress/batch": step,
-        "optim/lr": config.learning_rate,
-        "progress/done_frac": (step + 1) / run.num_steps,
-    }
-    if _evaluates(run) and step % config.eval_every == 0:
-        metrics.update(await _run_evaluators(run, step))
-
+    config = ctx.config
+    start = await begin_step(ctx, state, step)
+    state = state._replace(key=start.key)
     builders = list(dataset.get_batch(step))
     policy = TinkerTokenCompleter(
-        run.sampling_client, max_tokens=config.max_tokens, temperature=config.temperature, seed=seed
+        state.sampling_client,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        seed=start.seed,
     )
     arrivals: asyncio.Queue[_Arrival | Exception] = asyncio.Queue()
     limit = asyncio.Semaphore(config.max_concurrent_groups or max(1, len(builders)))
     tasks = [
-        asyncio.create_task(_roll_out(b, policy, run, limit, arrivals), name=f"stream_group_{i}")
+        asyncio.create_task(_roll_out(b, policy, ctx, limit, arrivals), name=f"stream_group_{i}")
         for i, b in enumerate(builders)
     ]
     try:
-        return await _consume(run, step, metrics, arrivals, num_groups=len(builders))
+        trained = await _train_minibatches(ctx, start.metrics, arrivals, num_groups=len(builders))
+        return await _finish_stream_step(
+            ctx, state, step, start.metrics, trained, num_groups=len(builders)
+        )
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _consume(
-    run: _Run,
-    step: int,
+class _Trained(NamedTuple):
+    """What a streaming step's minibatches consumed and trained."""
+
+    arrived: list[_Arrival]  # every group, in the order it finished
+    successful: list[_Arrival]
+    trained: list[_Arrival]
+    batches: list[DatumBatch]
+    fb_outputs: list[tinker.ForwardBackwardOutput]
+    optim_outputs: list[tinker.OptimStepResponse]
+
+
+async def _train_minibatches(
+    ctx: RunContext,
     metrics: dict[str, Any],
     arrivals: asyncio.Queue[_Arrival | Exception],
     *,
     num_groups: int,
-) -> tuple[dict[str, Any], list[TrajectoryGroup]]:
-    config = run.config
+) -> _Trained:
+    """Consumes the step's groups as they finish into minibatches, each sent at once, one
+    `optim_step` per substep (see the module docstring, 3.-4.); the minibatches' datum
+    metrics go into `metrics`."""
+    config = ctx.config
     num_substeps, num_minibatches, per_minibatch = minibatch_sizes(config)
     loss_fn = config.training_loss_fn()
-    received = 0
-    arrived: list[_Arrival] = []
-    successful: list[_Arrival] = []
-    trained: list[_Arrival] = []
-    batches: list[DatumBatch] = []
-    fb_outputs: list[tinker.ForwardBackwardOutput] = []
-    optim_outputs: list[tinker.OptimStepResponse] = []
+    done = _Trained([], [], [], [], [], [])
     for substep in range(num_substeps):
         futures: list[APIFuture[tinker.ForwardBackwardOutput]] = []
         for minibatch in range(num_minibatches):
             members: list[_Arrival] = []
-            while len(members) < per_minibatch and received < num_groups:
+            while len(members) < per_minibatch and len(done.arrived) < num_groups:
                 arrival = await _next_arrival(arrivals)
-                received += 1
-                arrived.append(arrival)
+                done.arrived.append(arrival)
                 members.append(arrival)
             kept = []
             for arrival in members:
                 if isinstance(arrival.outcome, Success):
-                    successful.append(arrival)
+                    done.successful.append(arrival)
                     if not drops_constant_group(config, arrival.outcome.unwrap()):
                         kept.append(arrival)
             if not kept:
@@ -271,43 +274,50 @@ async def _consume(
             prepared = await prepare_datums(
                 [a.outcome.unwrap() for a in kept],
                 config=config,
-                kl_reference_client=run.kl_reference_client,
+                kl_reference_client=ctx.kl_reference_client,
             )
             metrics.update(prepared.metrics)
             with span(f"train/fwd_bwd_substep_{substep}_mb_{minibatch}_enqueue"):
                 check_provenance(prepared.datums, loss_fn)
                 futures.append(
-                    run.training_client.forward_backward(
+                    ctx.training_client.forward_backward(
                         prepared.datums, loss_fn, config.loss_fn_config
                     )
                 )
-            trained.extend(kept)
-            batches.append(prepared.batch)
+            done.trained.extend(kept)
+            done.batches.append(prepared.batch)
         if not futures:
             continue
         with span(f"train/optim_substep_{substep}_enqueue"):
-            optim_future = run.training_client.optim_step(run.adam_params)
+            optim_future = ctx.training_client.optim_step(ctx.adam_params)
         for minibatch, future in enumerate(futures):
             with span(f"train/fwd_bwd_substep_{substep}_mb_{minibatch}_consume"):
-                fb_outputs.append(await future)
+                done.fb_outputs.append(await future)
         with span(f"train/optim_substep_{substep}_consume"):
-            optim_outputs.append(await optim_future)
+            done.optim_outputs.append(await optim_future)
+    return done
 
-    if run.error_counter is not None:
-        for arrival in arrived:
-            run.error_counter.ingest(arrival.outcome)
-        metrics.update(run.error_counter.get_metrics())
-    groups = [a.outcome.unwrap() for a in successful]
+
+async def _finish_stream_step(
+    ctx: RunContext,
+    state: RunState,
+    step: int,
+    metrics: dict[str, Any],
+    done: _Trained,
+    *,
+    num_groups: int,
+) -> StepResult:
+    """The step's rollout-error counts, rollout pages and metrics, and the sampler of the new
+    weights (see the module docstring, 5.)."""
+    config = ctx.config
+    if ctx.error_counter is not None:
+        for arrival in done.arrived:
+            ctx.error_counter.ingest(arrival.outcome)
+        metrics.update(ctx.error_counter.get_metrics())
+    groups = [a.outcome.unwrap() for a in done.successful]
     if groups:  # iteration_NNNNNN/train.html, train_rollout_summaries.jsonl
-        write_rollout_report(
-            run.log_dir,
-            step=step,
-            groups_P=groups,
-            tags_P=[a.builder.logging_tags() for a in successful],
-            decode=run.decode,
-            num_groups_to_log=config.num_groups_to_log,
-            advantage_estimator=config.advantage_estimator,
-        )
+        record_rollouts(ctx, step, groups, [a.builder for a in done.successful])
+    trained = done.trained
     if not trained:
         logger.warning(
             "Step %d: no group to train on (%d failed or constant-reward groups); skipping "
@@ -316,8 +326,9 @@ async def _consume(
             num_groups,
         )
         metrics["progress/skipped"] = 1
-        metrics.update(_count_tokens(run, groups, []))
-        return metrics, []
+        tokens, totals = count_tokens(ctx, state.totals, groups, [])
+        metrics.update(tokens)
+        return StepResult(metrics=metrics, groups=[], state=state._replace(totals=totals))
     trained_groups = [a.outcome.unwrap() for a in trained]
     metrics.update(
         metrics_lib.sampling_client_metrics([step] * len(trained), [a.seconds for a in trained])
@@ -327,20 +338,24 @@ async def _consume(
     )
     metrics["batch/num_groups"] = len(groups)
     metrics["batch/degenerate_groups_frac"] = 1.0 - len(trained) / len(groups)
-    num_datums = sum(int(batch.num_datums) for batch in batches)
+    num_datums = sum(int(batch.num_datums) for batch in done.batches)
     metrics["batch/num_datums"] = num_datums
     metrics["batch/num_trained_groups"] = len(trained)
-    output = TrainStepOutput(forward_backward=tuple(fb_outputs), optim_step=tuple(optim_outputs))
+    output = TrainStepOutput(
+        forward_backward=tuple(done.fb_outputs), optim_step=tuple(done.optim_outputs)
+    )
     metrics.update(_train_output_metrics(output))
-    metrics.update(_kl_sample_train(batches, fb_outputs))
-    run.sampling_client = await run.training_client.save_weights_and_get_sampling_client(
+    metrics.update(_kl_sample_train(done.batches, done.fb_outputs))
+    sampler = await ctx.training_client.save_weights_and_get_sampling_client(
         record_stability_info=records_stability_info(config)
     )
     if config.compute_post_kl:
-        post = [await post_update_kl_metrics(run.sampling_client, batch) for batch in batches]
-        metrics.update(_weighted_post_kl(post, batches))
-    metrics.update(_count_tokens(run, groups, trained_groups, num_datums=num_datums))
-    return metrics, groups
+        post = [await post_update_kl_metrics(sampler, batch) for batch in done.batches]
+        metrics.update(_weighted_post_kl(post, done.batches))
+    tokens, totals = count_tokens(ctx, state.totals, groups, trained_groups, num_datums=num_datums)
+    metrics.update(tokens)
+    state = state._replace(sampling_client=sampler, totals=totals)
+    return StepResult(metrics=metrics, groups=groups, state=state)
 
 
 def _weighted_post_kl(

@@ -13,7 +13,7 @@ import pytest
 
 from shell.errors import CheckpointError
 from shell.fakes import FakeServiceClient
-from shell.training import _checkpoints
+from shell.training import _checkpoints, _resume, _saves
 from shell.training._checkpoints import (
     CHECKPOINTS_FILE,
     CheckpointRecord,
@@ -21,8 +21,8 @@ from shell.training._checkpoints import (
     load_checkpoints,
     recorded_path,
     resolved_path,
-    save_checkpoint,
 )
+from shell.training._saves import save_checkpoint
 
 
 def _record(step: int) -> CheckpointRecord:
@@ -69,6 +69,7 @@ def test_paths_inside_the_log_dir_are_recorded_relative_and_read_back_resolved(
     assert resolved_path(stored, log_dir, where="w") == str(state.resolve())
     assert resolved_path("tinker://abc/s", log_dir, where="w") == "tinker://abc/s"
     assert doctest.testmod(_checkpoints).failed == 0
+    assert doctest.testmod(_saves).failed == 0
 
 
 @pytest.mark.parametrize("stored", ["../other/local_states/s", "local_states/../../x"])
@@ -137,7 +138,7 @@ def test_a_cookbook_row_resumes_at_its_batch_with_a_rederived_key(
     records = load_checkpoints(tmp_path, seed=7)
     assert len(records) == 1  # the sampler-only row is skipped, as the cookbook skips it
     with caplog.at_level("WARNING"):
-        record = _checkpoints.last_checkpoint(tmp_path, seed=7)
+        record = _resume.last_checkpoint(tmp_path, seed=7)
     assert record == records[0]
     assert (record.step, record.name, record.state_path) == (2, "000002", "/elsewhere/state/000002")
     assert record.rng_key_rederived and record.rng_key_data == _checkpoints.rederived_key_data(7, 2)

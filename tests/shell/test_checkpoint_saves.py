@@ -16,13 +16,9 @@ from rlpure.usage import TokenUsage
 from shell.config import TrainConfig
 from shell.errors import EnvFailure
 from shell.fakes import FakeCheckpointStore, FakeFuture, FakeServiceClient, FakeTrainingClient
-from shell.training._checkpoints import (
-    CHECKPOINTS_FILE,
-    Checkpointer,
-    CheckpointRecord,
-    last_checkpoint,
-    load_checkpoints,
-)
+from shell.training._checkpoints import CHECKPOINTS_FILE, CheckpointRecord, load_checkpoints
+from shell.training._resume import last_checkpoint
+from shell.training._saves import Checkpointer
 
 
 class _TtlRecordingClient(FakeTrainingClient):

@@ -19,16 +19,19 @@ import shell.training
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
 from shell.fakes import FakeCheckpointStore, FakeServiceClient, FakeTrainingClient
-from shell.training import _resume, load_checkpoints
-from shell.training._checkpoints import CheckpointRecord, append_checkpoint, rederived_key_data
-from shell.training._resume import (
-    RESUME_MAY_CHANGE,
-    OpenedTrainingClient,
-    callers_training_client,
-    check_resumable_config,
-    checked_last_checkpoint,
+from shell.training import _restore, _resume, load_checkpoints
+from shell.training._checkpoints import (
+    CheckpointRecord,
+    append_checkpoint,
     prng_key_data,
     prng_key_from_data,
+    rederived_key_data,
+)
+from shell.training._restore import OpenedTrainingClient, callers_training_client
+from shell.training._resume import (
+    RESUME_MAY_CHANGE,
+    check_resumable_config,
+    checked_last_checkpoint,
     record_run_options,
 )
 from tests.shell.test_train import _config, _dataset, _train
@@ -64,7 +67,8 @@ def test_shell_training_exports_the_resume_names_callers_need() -> None:
         "recipe_options",
     ):
         assert name in shell.training.__all__, name
-        assert getattr(shell.training, name) is getattr(_resume, name), name
+        home = _restore if name in {"OpenedTrainingClient", "open_training_client"} else _resume
+        assert getattr(shell.training, name) is getattr(home, name), name
 
 
 def test_the_fields_that_may_change_are_config_fields() -> None:
