@@ -1,7 +1,7 @@
 """Rollout-limit arithmetic: per-turn token budgets, budget stops, stop reasons, reward clamps.
 
 The pure half of tinker-cookbook 0.6.1's `rl/rollout_runner.py` and `rl/rollouts.py` limit
-logic; the shell's `shell.limits` holds the configuration records and the rollout loop that
+logic; the shell's `shell.rollouts` holds the configuration records and the rollout loop that
 calls these functions.
 
 Conventions:

@@ -13,8 +13,8 @@ Modules:
 - `shell.commands` and `shell.cli`: the `rlpure` command line and its command records.
 
 Subpackages:
-- `shell.rollouts`: async group rollouts under failure strategies; `shell.limits`: the
-  single-episode loop with rollout limits, parse-error and termination policies.
+- `shell.rollouts`: the single-episode loop with rollout limits, parse-error and termination
+  policies, and async group rollouts under failure strategies.
 - `shell.training`: the GRPO loop, the policy update, checkpoints, resuming and run logs;
   `shell.evaluation`: evaluators (the test-set one, custom ones, `BenchmarkResult`).
 - `shell.chat`: chat-message renderers over `rlpure.render`; `shell.agents`: message envs,

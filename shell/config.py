@@ -26,12 +26,15 @@ from rlpure.advantages import AggregationMode, Estimator
 from rlpure.losses import PolicyLossName
 from rlpure.model import MODEL_CONFIGS
 from shell.errors import ConfigError
-from shell.limits import (
+from shell.rollouts import (
     DEFAULT_LIMIT_STOP_REASONS,
+    FailFast,
+    MinViableGroup,
+    RetryOnFailure,
+    RolloutStrategy,
     TerminationRewardPolicy,
     default_rollout_config_for_model,
 )
-from shell.rollouts import FailFast, MinViableGroup, RetryOnFailure, RolloutStrategy
 
 __all__ = [
     "FIELD_HELP",
@@ -63,7 +66,7 @@ LOCAL_LOSSES: frozenset[str] = frozenset(get_args(PolicyLossName))
 
 
 class TerminationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`shell.limits.TerminationRewardPolicy` as a config record (TOML/JSON-able, recorded in
+    """`shell.rollouts.TerminationRewardPolicy` as a config record (TOML/JSON-able, recorded in
     `config.json`): the same fields, defaults and validation (`policy()` builds the policy,
     `from_policy` reads one back).
 
@@ -424,7 +427,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def effective_termination(self) -> TerminationRewardPolicy | None:
         """The termination policy the run trains with (the cookbook's
         `Config.effective_termination`): `termination` when set, else the model's default
-        (`shell.limits.default_rollout_config_for_model`: the agentic grade-then-clamp for
+        (`shell.rollouts.default_rollout_config_for_model`: the agentic grade-then-clamp for
         `thinkingmachines/Inkling` models, none for others). To force no clamp on such a
         model, set `termination = {zero_reward_on_limit = false}`."""
         if self.termination is not None:

@@ -21,7 +21,7 @@ module's:
   `ParseErrorPolicy` the episode always ends with the policy's `terminal_reward` (and
   `PARSE_ERROR_MASKED_METRIC_KEY` when it masks error turns). Content failures (malformed tool
   calls) are the inner env's business (`shell.agents.AgentToolMessageEnv`).
-- Seams the rollout runner (`shell.limits`) pushes configuration through:
+- Seams the rollout runner (`shell.rollouts.run_rollout`) pushes configuration through:
   `set_parse_error_policy`, `set_max_tool_calls`, `inject_messages`; `rollout_limits` is read by
   the runner when it has no limits of its own.
 
@@ -52,7 +52,7 @@ from rlpure.records import (
 from shell.chat._base import Message, ParseTermination, Renderer, classify_parse_failure
 from shell.completion import StopCondition
 from shell.env import Action, ActionExtra, Env, Observation
-from shell.limits import ParseErrorPolicy, RolloutLimits
+from shell.rollouts import ParseErrorPolicy, RolloutLimits
 
 __all__ = ["EnvFromMessageEnv", "MessageEnv", "MessageStepResult", "logger"]
 

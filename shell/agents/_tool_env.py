@@ -38,7 +38,7 @@ from shell.chat._base import (
     format_content_as_string,
     get_text_content,
 )
-from shell.limits import (
+from shell.rollouts import (
     ParseErrorPolicy,
     RolloutConfig,
     TerminationRewardPolicy,

@@ -1,52 +1,29 @@
-"""Rollouts: one episode, one group under a failure strategy, and a batch of groups.
+"""Rollouts: one episode, one group under a failure strategy, a batch of groups.
 
-The semantics are tinker-cookbook 0.6.1's (`rl/rollout_strategy.py`, `rl/rollouts.py`), with
-the cookbook's names, call shapes and defaults, so cookbook code ports by an import rewrite.
+tinker-cookbook 0.6.1's `rl/rollout_limits.py`, `rollout_presets.py`, `rollout_runner.py`,
+`rollout_strategy.py` and `rollouts.py`, with their names, call shapes and defaults (the
+`shell.cookbook.rl.*` facades map onto this package). Its parts, each importing only those
+above it:
 
-Conventions:
-- `do_single_rollout(policy, env)` is `shell.limits.run_rollout(policy, env)`, the unconfigured
-  single-episode loop (actions reach `Env.step` as `list[int]`, every step becomes a
-  `rlpure.records.Transition`).
-- A `RolloutStrategy` owns the collection of a group's trajectories (`execute`, which calls
-  `make_envs` itself, so retries get fresh envs) and says whether group-level errors skip the
-  group (`catches_group_errors`):
-  `FailFast` — the first exception fails the group, cancels its siblings and propagates;
-  `RetryOnFailure(max_retries=3, per_rollout_timeout=0)` — **any** `Exception` of a rollout
-  (or a per-rollout timeout, a `TimeoutError`) is retried in a fresh env while the group's
-  budget lasts; once spent, the next failure cancels the rest and re-raises (all-or-nothing);
-  `MinViableGroup(min_successful=None, max_retries=3, per_rollout_timeout=None)` — retries only
-  while fewer than the floor (`⌈0.75·G⌉`) succeeded; keeps a partial group at or above it and
-  raises `AllTrajectoriesFailedError` below it.
-  `asyncio.CancelledError` always propagates; so do the strategy's `fatal` types (default
-  `(ConfigError,)`, a deliberate difference: the cookbook retries even configuration errors;
-  pass `fatal=()` for its behaviour).
-- `do_group_rollout(env_group_builder, policy, strategy=None, termination=None)`: the strategy
-  collects, `compute_group_rewards` scores (bounded by `termination.grader_timeout_seconds`,
-  skipped when every trajectory timed out and would be clamped anyway), limit-stopped
-  trajectories are clamped to `min(total reward, 0)` (`zero_reward_on_limit`), then `cleanup()`
-  runs exactly once — shielded from cancellation, so a slow cleanup finishes even when the
-  rollout is cancelled (the cancellation is re-raised after it).
-- Group errors become data one level up: `do_group_rollout_and_filter_constant_reward` returns
-  `None` for a skipped group (cookbook), `do_batch_rollouts` one `GroupOutcome` per group
-  (`Success(TrajectoryGroup)`, or `Failure(GroupFailure)` for a skipped one). A group is skipped on
-  `AllTrajectoriesFailedError` under every strategy, and on any other non-fatal `Exception`
-  under a strategy with `catches_group_errors`; otherwise the error propagates.
-- `set_rollout_executor(executor)` (and `get_rollout_executor`) sends each group to a
-  `concurrent.futures.Executor` (`asyncio.run` in a worker), as the cookbook's; both
-  `do_group_rollout_and_filter_constant_reward` and `do_batch_rollouts` honour it.
-- Error counts: `RolloutErrorCounter` accumulates `rollout_errors/<ErrorType>`,
-  `rollout_errors/total` and `rollout_errors/groups_skipped` across calls, as the cookbook's;
-  a skipped group counts once in `groups_skipped` (its trajectory errors are not counted).
+- `_policies`: the policy records `RolloutLimits`, `ParseErrorPolicy`,
+  `TerminationRewardPolicy`, and `apply_zero_reward_on_limit` / `should_skip_group_grading`,
+  which apply a termination policy to a graded group (the limit arithmetic is `rlpure.limits`).
+- `_presets`: `RolloutConfig`, `simple()`, `agentic()`, `default_rollout_config_for_model`.
+- `_episode`: `run_rollout(policy, env, *, limits, hooks, parse_errors, config)`, the
+  single-episode loop that enforces the limits, with its hooks and env seams.
+- `_strategies`: how a group's trajectories are collected — `FailFast`, `RetryOnFailure`,
+  `MinViableGroup` (any non-fatal `Exception` of a rollout is retried in a fresh env; `fatal`
+  defaults to `(ConfigError,)`, where the cookbook retries even those) — and
+  `do_single_rollout`, the unconfigured `run_rollout`.
+- `_group`: `do_group_rollout` (collect, grade, clamp limit-stopped trajectories, then a
+  `cleanup()` shielded from cancellation) and the rollout executor.
+- `_batch`: `do_batch_rollouts`, one `GroupOutcome` per group (a skipped group is
+  `Failure(GroupFailure)`), and `RolloutErrorCounter`.
 
-Deliberate differences from the cookbook (each strictly safer, none changes a kept/skipped
-outcome): trajectories keep **slot order** (env `g` of `make_envs()` fills slot `g`, a retry
-refills it; the cookbook keeps completion order, which varies run to run); `FailFast` cancels
-the sibling rollouts of a failed one (the cookbook's `asyncio.gather` leaves them running after
-`cleanup()` released their resources) and takes an optional `per_rollout_timeout`; a `cleanup()`
-that raises while another error propagates is logged and noted on that error instead of
-replacing it (the cookbook warns that it masks the rollout error); invalid options
-(`max_retries < 0`, a `MinViableGroup` timeout <= 0 that would time out every rollout, a floor
-< 1, a group of zero envs) raise `ValueError` at once.
+Deliberate differences from the cookbook, each strictly safer: trajectories keep slot order (env
+`g` of `make_envs()` fills slot `g`, a retry refills it); `FailFast` cancels the siblings of a
+failed rollout; a `cleanup()` error while another propagates is noted on it, not substituted;
+invalid options raise `ValueError` at once.
 """
 
 from shell.rollouts._batch import (
@@ -57,11 +34,39 @@ from shell.rollouts._batch import (
     do_batch_rollouts,
     do_group_rollout_outcome,
 )
+from shell.rollouts._episode import (
+    TRUNCATION_METRIC_KEY,
+    RolloutHooks,
+    RolloutState,
+    SamplingTurnTimeoutError,
+    SupportsParseErrorPolicy,
+    SupportsToolCallLimit,
+    run_rollout,
+    stop_reason_from_metrics,
+)
 from shell.rollouts._group import (
     do_group_rollout,
     do_group_rollout_and_filter_constant_reward,
     get_rollout_executor,
     set_rollout_executor,
+)
+from shell.rollouts._policies import (
+    DEFAULT_LIMIT_STOP_REASONS,
+    DEFAULT_RETRY_MESSAGE_TEMPLATE,
+    ZERO_REWARD_ON_LIMIT_METRIC_KEY,
+    ParseErrorPolicy,
+    RolloutLimits,
+    TerminationRewardPolicy,
+    apply_zero_reward_on_limit,
+    should_skip_group_grading,
+)
+from shell.rollouts._presets import (
+    RolloutConfig,
+    ToolExecution,
+    agentic,
+    default_rollout_config_for_model,
+    model_defaults_to_agentic,
+    simple,
 )
 from shell.rollouts._strategies import (
     FailFast,
@@ -76,15 +81,32 @@ from shell.rollouts._strategies import (
 )
 
 __all__ = [
+    "DEFAULT_LIMIT_STOP_REASONS",
+    "DEFAULT_RETRY_MESSAGE_TEMPLATE",
+    "TRUNCATION_METRIC_KEY",
+    "ZERO_REWARD_ON_LIMIT_METRIC_KEY",
     "FailFast",
     "GroupFailure",
     "GroupOutcome",
     "MinViableGroup",
+    "ParseErrorPolicy",
     "RetryOnFailure",
+    "RolloutConfig",
     "RolloutErrorCounter",
+    "RolloutHooks",
+    "RolloutLimits",
     "RolloutResult",
+    "RolloutState",
     "RolloutStrategy",
+    "SamplingTurnTimeoutError",
+    "SupportsParseErrorPolicy",
+    "SupportsToolCallLimit",
+    "TerminationRewardPolicy",
+    "ToolExecution",
+    "agentic",
+    "apply_zero_reward_on_limit",
     "batch_rollout_error_metrics",
+    "default_rollout_config_for_model",
     "default_rollout_strategy_for_model",
     "do_batch_rollouts",
     "do_group_rollout",
@@ -93,6 +115,11 @@ __all__ = [
     "do_single_rollout",
     "get_rollout_executor",
     "min_viable_floor",
+    "model_defaults_to_agentic",
     "rollout_strategy_from_config",
+    "run_rollout",
     "set_rollout_executor",
+    "should_skip_group_grading",
+    "simple",
+    "stop_reason_from_metrics",
 ]

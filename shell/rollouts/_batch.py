@@ -19,15 +19,13 @@ from returns.result import Failure, Result, Success
 from rlpure.records import RolloutError, TrajectoryGroup
 from shell.completion import TokenCompleter
 from shell.env import EnvGroupBuilder
-from shell.limits import (
-    TerminationRewardPolicy,
-)
 from shell.rollouts._group import (
     do_group_rollout,
     get_rollout_executor,
     run_in_rollout_executor,
     skips_group,
 )
+from shell.rollouts._policies import TerminationRewardPolicy
 from shell.rollouts._strategies import (
     FailFast,
     RolloutStrategy,

@@ -19,7 +19,7 @@ from shell.clients import SamplingClient
 from shell.completion import TinkerTokenCompleter, TokenCompleter
 from shell.env import EnvGroupBuilder
 from shell.errors import AllTrajectoriesFailedError
-from shell.limits import (
+from shell.rollouts._policies import (
     TerminationRewardPolicy,
     apply_zero_reward_on_limit,
     should_skip_group_grading,

@@ -23,10 +23,8 @@ from rlpure.records import RolloutError, Trajectory
 from shell.completion import TokenCompleter
 from shell.env import Env, EnvGroupBuilder
 from shell.errors import BelowMinViableGroupError, ConfigError
-from shell.limits import (
-    model_defaults_to_agentic,
-    run_rollout,
-)
+from shell.rollouts._episode import run_rollout
+from shell.rollouts._presets import model_defaults_to_agentic
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +301,7 @@ def default_rollout_strategy_for_model(model_name: str) -> RolloutStrategy:
 
 
 async def do_single_rollout(policy: TokenCompleter, env: Env) -> Trajectory:
-    """Runs one episode of `env` with `policy`: `shell.limits.run_rollout(policy, env)`.
+    """Runs one episode of `env` with `policy`: `run_rollout(policy, env)`.
 
     The cookbook's `do_single_rollout`, the unconfigured loop (limits only when the env
     advertises them); actions reach `env.step` as `list[int]`. Use `run_rollout` itself for

@@ -1,4 +1,4 @@
-"""`shell.limits.run_rollout` against tinker-cookbook 0.6.1's `rl.rollout_runner.run_rollout`.
+"""`shell.rollouts.run_rollout` against tinker-cookbook 0.6.1's `rl.rollout_runner.run_rollout`.
 
 The same scripted multi-turn env and scripted token policy run through both loops under
 several `RolloutLimits`, `ParseErrorPolicy` and hook settings; the transitions (observation and
@@ -20,7 +20,7 @@ import pytest
 import tinker
 
 from rlpure import records as ours_records
-from shell import limits as ours
+from shell import rollouts as ours
 from tests.parity.porting import require_cookbook
 
 BAD = 666
@@ -380,7 +380,7 @@ def test_deliberate_difference_an_env_timeout_error_is_not_the_rollout_deadline(
     """The cookbook turns *any* `TimeoutError` raised inside the loop into a graceful
     `rollout_timeout` stop when a rollout deadline is configured, so an env's own failure (a
     grader or sandbox timing out) becomes a budget stop and is trained on; ours lets it
-    propagate, so rollout strategies see the failure (documented in `shell.limits._runner`)."""
+    propagate, so rollout strategies see the failure (documented in `shell.rollouts._episode`)."""
     cookbook = _cookbook()
 
     def failing(kit):

@@ -45,7 +45,7 @@ _ROLLOUT_SPANS = (
 )
 COOKBOOK_ONLY: set[str] = set()
 """Nothing: both time each group's rollout and, inside it, every env and sampler call
-(`_ROLLOUT_SPANS`: two groups, so aggregated keys; ours from `shell.limits` / `shell.rollouts`
+(`_ROLLOUT_SPANS`: two groups, so aggregated keys; ours from `shell.rollouts`
 through `shell.timing`); the rollouts' whole time is `time/sampling` on both sides."""
 
 OURS_ONLY = {

@@ -31,7 +31,7 @@ from tinker_cookbook.rl import rollouts as cb_rollouts
 from tinker_cookbook.rl import types as cb_types
 
 from rlpure.records import StepResult
-from shell import limits, rollouts
+from shell import rollouts
 from shell.env import Env, EnvGroupBuilder
 from shell.errors import ConfigError
 from shell.fakes import ScriptedPolicy
@@ -262,7 +262,7 @@ class _Side:
 
     def termination(self, kwargs: dict[str, Any]) -> Any:
         """Each side's own `TerminationRewardPolicy` with the same fields."""
-        module: Any = cb_limits if self.name == "cookbook" else limits
+        module: Any = cb_limits if self.name == "cookbook" else rollouts
         return module.TerminationRewardPolicy(**kwargs)
 
 

@@ -1,4 +1,4 @@
-"""`shell.limits`: the policy records, the presets and `run_rollout` enforcing each limit."""
+"""`shell.rollouts`' episode part: the policy records, the presets and `run_rollout` enforcing each limit."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from rlpure.records import (
 )
 from shell.env import Env
 from shell.errors import RlpureError
-from shell.limits import (
+from shell.rollouts import (
     DEFAULT_LIMIT_STOP_REASONS,
     DEFAULT_RETRY_MESSAGE_TEMPLATE,
     TRUNCATION_METRIC_KEY,
@@ -426,7 +426,7 @@ def test_tool_call_limit_and_parse_error_policy_are_pushed_into_envs_that_take_t
     env, policy = Seams(turns=1), ParseErrorPolicy(max_consecutive=2)
     rollout(Policy([1]), env, limits=RolloutLimits(max_tool_calls=3), parse_errors=policy)
     assert env.max_tool_calls == 3 and env.parse_policy is policy
-    with caplog.at_level(logging.WARNING, logger="shell.limits._runner"):
+    with caplog.at_level(logging.WARNING, logger="shell.rollouts._episode"):
         rollout(
             Policy([1]),
             MultiTurnEnv(turns=1),
@@ -604,7 +604,7 @@ def test_records_take_chz_command_line_overrides_nested_in_a_config():
 
 
 def test_hooks_subclassing_rollout_hooks_inherit_the_no_op_defaults():
-    from shell.limits import RolloutHooks
+    from shell.rollouts import RolloutHooks
 
     class OnlyArtifacts(RolloutHooks):
         def __init__(self) -> None:

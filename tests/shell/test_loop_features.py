@@ -456,7 +456,7 @@ def test_the_termination_config_mirrors_the_termination_policy() -> None:
     import chz
 
     from shell.config import TerminationConfig
-    from shell.limits import TerminationRewardPolicy, agentic
+    from shell.rollouts import TerminationRewardPolicy, agentic
 
     assert set(TerminationConfig.__struct_fields__) == set(chz.chz_fields(TerminationRewardPolicy))
     assert TerminationConfig().policy() == TerminationRewardPolicy()

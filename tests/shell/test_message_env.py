@@ -17,7 +17,7 @@ from shell.agents._message_env import EnvFromMessageEnv, MessageEnv, MessageStep
 from shell.chat._base import Message
 from shell.cookbook import renderers, tokenizer_utils
 from shell.cookbook.rl.types import PARSE_ERROR_MASKED_METRIC_KEY
-from shell.limits import ParseErrorPolicy
+from shell.rollouts import ParseErrorPolicy
 
 TOK = tokenizer_utils.get_tokenizer("rlpure/tiny")
 RENDERER = renderers.get_renderer("role_colon", TOK)

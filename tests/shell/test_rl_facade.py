@@ -309,7 +309,7 @@ def test_data_processing_has_the_cookbook_signatures_with_numpy_advantages() -> 
 
 
 def test_the_termination_policy_reaches_the_train_config_and_the_model_preset_resolves() -> None:
-    from shell.limits import TerminationRewardPolicy, default_rollout_config_for_model
+    from shell.rollouts import TerminationRewardPolicy, default_rollout_config_for_model
 
     policy = TerminationRewardPolicy(zero_reward_on_limit=True, skip_grading_on_timeout=False)
     explicit = train.to_train_config(_config(Path("run"), termination=policy), backend="fake")

@@ -23,7 +23,6 @@ from shell.errors import (
 )
 from shell.fakes import ScriptedEnv, ScriptedGroupBuilder, ScriptedPolicy
 from shell.fakes._sdk import FakeSamplingClient
-from shell.limits import TerminationRewardPolicy
 from shell.rollouts import (
     FailFast,
     GroupFailure,
@@ -32,6 +31,7 @@ from shell.rollouts import (
     RolloutErrorCounter,
     RolloutResult,
     RolloutStrategy,
+    TerminationRewardPolicy,
     batch_rollout_error_metrics,
     default_rollout_strategy_for_model,
     do_batch_rollouts,

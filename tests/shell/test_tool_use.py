@@ -31,7 +31,7 @@ from shell.agents import (
 from shell.agents._message_env import EnvFromMessageEnv
 from shell.chat._base import Message, ToolCall, UnparsedToolCall
 from shell.cookbook import renderers, tokenizer_utils
-from shell.limits import ParseErrorPolicy, RolloutConfig, RolloutLimits, agentic
+from shell.rollouts import ParseErrorPolicy, RolloutConfig, RolloutLimits, agentic
 
 
 @tool

@@ -7,7 +7,7 @@
 - `metric_util`: `compute_trajectory_metrics` (`rlpure.metrics`), `RLTestSetEvaluator`
   (`shell.evaluation`).
 - `rollout_limits`, `rollout_runner`, `rollout_presets`: budgets, reward policies, the
-  single-episode loop and per-model presets (`shell.limits`).
+  single-episode loop and per-model presets (`shell.rollouts`).
 - `dataset_utils`, `interleaved`: epochs and blended datasets (`shell.datasets`).
 - `message_env`: message-level envs over a renderer (`shell.agents`).
 - `train`: `Config`, `KLReferenceConfig` and `main`, mapped onto `shell.config.TrainConfig` and

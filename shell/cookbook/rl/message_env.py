@@ -23,7 +23,7 @@ from shell.env import (
     Env,
     Observation,
 )
-from shell.limits import (
+from shell.rollouts import (
     ParseErrorPolicy,
     RolloutLimits,
 )

@@ -1,21 +1,20 @@
 """The cookbook's `tinker_cookbook.rl.rollout_presets`: per-model rollout defaults.
 
-A thin facade: `RolloutConfig`, `ToolExecution`, `simple()`, `agentic()` and
-`default_rollout_config_for_model` come from `shell.limits`;
-`default_rollout_strategy_for_model` (`MinViableGroup()` for `thinkingmachines/Inkling`
-models, `FailFast()` otherwise) from `shell.rollouts`.
+A thin facade over `shell.rollouts`: `RolloutConfig`, `ToolExecution`, `simple()`,
+`agentic()`, `default_rollout_config_for_model` and `default_rollout_strategy_for_model`
+(`MinViableGroup()` for `thinkingmachines/Inkling` models, `FailFast()` otherwise).
 """
 
 from __future__ import annotations
 
-from shell.limits import (
+from shell.rollouts import (
     RolloutConfig,
     ToolExecution,
     agentic,
     default_rollout_config_for_model,
+    default_rollout_strategy_for_model,
     simple,
 )
-from shell.rollouts import default_rollout_strategy_for_model
 
 __all__ = [
     "RolloutConfig",

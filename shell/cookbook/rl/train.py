@@ -68,9 +68,10 @@ from shell.config import TerminationConfig, TrainConfig
 from shell.cookbook.rl.types import RLDatasetBuilder
 from shell.errors import ConfigError
 from shell.evaluation import SamplingClientEvaluatorBuilder
-from shell.limits import TerminationRewardPolicy, default_rollout_config_for_model
 from shell.rollouts import (
     RolloutStrategy,
+    TerminationRewardPolicy,
+    default_rollout_config_for_model,
     default_rollout_strategy_for_model,
     rollout_strategy_from_config,
     set_rollout_executor,
@@ -223,7 +224,7 @@ class Config:
 
     def effective_termination(self) -> TerminationRewardPolicy | None:
         """The termination policy of the run: `termination`, else the model's preset
-        (`shell.limits.default_rollout_config_for_model`: the agentic grade-then-clamp policy
+        (`shell.rollouts.default_rollout_config_for_model`: the agentic grade-then-clamp policy
         for `thinkingmachines/Inkling` models, none for the others)."""
         if self.termination is not None:
             return self.termination

@@ -1,39 +1,24 @@
-"""The single-episode rollout loop with limits and hooks: `run_rollout`.
+"""The single-episode loop with limits and hooks: `run_rollout` (cookbook `rl/rollout_runner.py`).
 
-tinker-cookbook 0.6.1's `rl/rollout_runner.py`. `run_rollout(policy, env)` with no limits and
-no hooks is the plain loop (observation → `policy(ob, stop)` → `env.step(tokens, extra=...)` →
-... until `episode_done`); `shell.rollouts.do_single_rollout` delegates to it. Configured, it
-adds, each turn and in this order:
-
-1. the rollout deadline (`rollout_timeout_seconds`) and `max_turns`, before sampling;
-2. `hooks.on_turn_begin` (messages it returns are injected through `env.inject_messages`, so
-   their tokens count toward the trajectory budget);
-3. the cumulative budgets: a remainder `<= 1` of `max_trajectory_tokens - observation length`
-   stops with `max_tokens`, of `max_sampled_tokens - sampled so far` with
-   `max_sampled_tokens` (the trajectory budget wins when both are exhausted);
-4. sampling with the per-call override `max_tokens=min(max_turn_tokens, trajectory remainder,
-   sampled remainder)` (passed only when some term applies), bounded by
-   `sampling_turn_timeout_seconds` (exceeding it raises `SamplingTurnTimeoutError`);
-5. the env step; a sampler `"length"` stop the env continued past is counted
-   (`metrics["num_truncations_max_turn_tokens"]` on the final transition), and the cumulative
-   budgets are checked again before the next turn.
+Unconfigured, it is the plain loop (observation → `policy(ob, stop)` → `env.step(tokens,
+extra=...)` → ... until `episode_done`). Configured, each turn checks, in order: the rollout
+deadline and `max_turns`; `hooks.on_turn_begin` (injected messages count toward the trajectory
+budget); the cumulative budgets (a remainder `<= 1` stops, the trajectory budget winning ties);
+sampling with `max_tokens=min(max_turn_tokens, remainders)` under
+`sampling_turn_timeout_seconds` (`SamplingTurnTimeoutError`); the env step, counting `"length"`
+stops the env continued past (`TRUNCATION_METRIC_KEY` on the final transition).
 
 Conventions:
-- Actions reach `Env.step` as `list[int]` (what cookbook env code expects), with
-  `extra={"stop_reason": "stop" | "length"}`. Observations an env returns as
-  `tinker.ModelInput` are converted to `rlpure.records.ModelInput` here, before the policy sees
-  them.
-- Stop reasons: an env reports one as the one-hot metric `stop/<reason>` on its final step; a
-  runner-imposed stop (limits, deadline) marks the last transition `episode_done` with its own
-  `stop/<reason>` (an empty synthetic transition when no turn completed). Exactly one `stop/`
-  key survives on the final transition and `Trajectory.stop_reason` mirrors it.
-- Records are immutable, so where the cookbook edits the last transition in place (a hook
-  clearing or overriding a stop, a runner stop) this loop replaces it with an edited copy.
-- The whole-rollout deadline is graceful (the partial trajectory is returned); a `TimeoutError`
-  raised *inside* the loop by env or policy code is not the deadline and propagates. The
-  cookbook turns any `TimeoutError` from inside the loop into a `rollout_timeout` stop when a
-  rollout deadline is configured, which hides an env's own failure as a budget stop; we treat
-  that as a bug and do not reproduce it.
+- Actions reach `Env.step` as `list[int]` with `extra={"stop_reason": "stop" | "length"}`;
+  `tinker.ModelInput` observations become `rlpure.records.ModelInput` before the policy sees them.
+- Stop reasons are one-hot `stop/<reason>` metrics on the final transition (an env's own, or a
+  runner stop on the last transition, an empty synthetic one when no turn completed); exactly
+  one survives and `Trajectory.stop_reason` mirrors it.
+- Records are immutable: where the cookbook edits the last transition in place, this loop
+  replaces it with an edited copy.
+- The rollout deadline is graceful (the partial trajectory is returned); a `TimeoutError` raised
+  inside the loop by env or policy code propagates (the cookbook turns it into a
+  `rollout_timeout` stop, hiding the env's failure; we do not reproduce that).
 """
 
 from __future__ import annotations
@@ -63,8 +48,8 @@ from rlpure.records import (
 from shell.completion import TokenCompleter
 from shell.env import Env
 from shell.errors import RlpureError
-from shell.limits._policies import ParseErrorPolicy, RolloutLimits
-from shell.limits._presets import RolloutConfig
+from shell.rollouts._policies import ParseErrorPolicy, RolloutLimits
+from shell.rollouts._presets import RolloutConfig
 from shell.timing import span
 
 __all__ = [

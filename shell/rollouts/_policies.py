@@ -1,22 +1,15 @@
 """The rollout policy records: `RolloutLimits`, `ParseErrorPolicy`, `TerminationRewardPolicy`.
 
-tinker-cookbook 0.6.1's `rl/rollout_limits.py`, with its names, fields, defaults and
-validation; `chz` classes, as in the cookbook, so they nest in a chz `Config` and take
-command-line overrides (`limits.max_turns=5`). A default-constructed record changes nothing:
-every limit is `None` (unlimited) and no policy is applied until a runner consumes it.
-
-Check order of the limits each turn (enforced by `shell.limits.run_rollout`):
-1. before sampling: the rollout deadline, then `max_turns` (`max_tool_calls` is pushed into
-   envs that support it, `set_max_tool_calls`, and enforced there);
-2. the per-turn token budget `min(max_turn_tokens, max_trajectory_tokens - observation length,
-   max_sampled_tokens - sampled so far)`, and `sampling_turn_timeout_seconds` around the call;
-3. after sampling: a sampler `"length"` stop is handled first (the env decides whether it ends
-   the episode), then the cumulative budgets, so a truncated turn that also exhausts the sampled
-   budget reports `max_sampled_tokens`.
+tinker-cookbook 0.6.1's `rl/rollout_limits.py` (names, fields, defaults, validation), as chz
+classes so they nest in a chz `Config` and take overrides (`limits.max_turns=5`). A
+default-constructed record changes nothing: every limit is `None` (unlimited). `run_rollout`
+enforces them in the order `_episode` documents; after sampling a `"length"` stop is handled
+before the cumulative budgets, so a truncated turn that also exhausts the sampled budget reports
+`max_sampled_tokens`.
 
 Validation errors name the record and the field (`RolloutLimits.max_turns must be a positive
-value or None (unlimited), got 0`); the cookbook's messages name chz's private attribute
-(`X_max_turns ...`) and accept a string or a float turn count, which fail later or not at all.
+value or None (unlimited), got 0`); the cookbook's name chz's private attribute and accept a
+string or float turn count.
 """
 
 from __future__ import annotations

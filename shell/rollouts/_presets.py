@@ -1,14 +1,9 @@
 """Rollout configuration presets: `RolloutConfig`, `simple()`, `agentic()`, model defaults.
 
-tinker-cookbook 0.6.1's `rl/rollout_presets.py`. `RolloutConfig` bundles the rollout policy
-records (`RolloutLimits`, `ParseErrorPolicy`, `TerminationRewardPolicy`) and the tool execution
-mode in one chz value. Its pieces are consumed in three places: envs built with it (tool
-execution, parse policy, tool-call cap), `run_rollout(policy, env, config=cfg)` (`cfg.limits`,
-`cfg.parse_errors`) and `do_group_rollout(..., termination=cfg.termination)`.
-
-The group rollout strategy a model gets by default (`default_rollout_strategy_for_model`)
-lives with the strategies in `shell.rollouts`, which imports this package; it decides with
-`model_defaults_to_agentic`, as `default_rollout_config_for_model` does.
+tinker-cookbook 0.6.1's `rl/rollout_presets.py`. `RolloutConfig` bundles the policy records
+and the tool execution mode in one chz value, consumed by envs built with it, by
+`run_rollout(policy, env, config=cfg)` and by `do_group_rollout(..., termination=...)`.
+`model_defaults_to_agentic` also decides `_strategies.default_rollout_strategy_for_model`.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from typing import Literal, TypeAlias
 
 import chz
 
-from shell.limits._policies import ParseErrorPolicy, RolloutLimits, TerminationRewardPolicy
+from shell.rollouts._policies import ParseErrorPolicy, RolloutLimits, TerminationRewardPolicy
 
 __all__ = [
     "RolloutConfig",
