@@ -14,7 +14,7 @@ import math
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import msgspec
@@ -354,6 +354,16 @@ def retrieve_exceptions(tasks: Sequence[asyncio.Task[Any]]) -> None:
             task.exception()
 
 
+@dataclass
+class _Progress:
+    """What a retrying collection holds so far; updated as its rollouts finish."""
+
+    env_of_slot: list[Env]
+    retries_left: int
+    trajectory_of_slot: dict[int, Trajectory] = field(default_factory=dict)
+    errors: list[RolloutError] = field(default_factory=list)
+
+
 async def _collect_with_retries(
     builder: EnvGroupBuilder,
     policy: TokenCompleter,
@@ -365,18 +375,14 @@ async def _collect_with_retries(
 ) -> RolloutResult:
     """`RetryOnFailure` (`min_successful` None: no floor) and `MinViableGroup` collection."""
     envs = await _make_envs(builder)
-    group_size = len(envs)
     floor = None
     if isinstance(strategy, MinViableGroup):
-        floor = min_viable_floor(group_size, min_successful=min_successful)
+        floor = min_viable_floor(len(envs), min_successful=min_successful)
+    progress = _Progress(env_of_slot=list(envs), retries_left=max_retries)
     slot_of: dict[asyncio.Task[Trajectory], int] = {}
-    env_of_slot: list[Env] = list(envs)
-    trajectory_of_slot: dict[int, Trajectory] = {}
-    errors: list[RolloutError] = []
-    retries_left = max_retries
 
     def launch(slot: int, env: Env) -> asyncio.Task[Trajectory]:
-        env_of_slot[slot] = env
+        progress.env_of_slot[slot] = env
         task = asyncio.create_task(_timed_rollout(policy, env, timeout))
         slot_of[task] = slot
         return task
@@ -386,65 +392,94 @@ async def _collect_with_retries(
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=slot_of.__getitem__):
-                if task.cancelled():
-                    task.result()  # a cancelled rollout: the cancellation propagates
-                exc = task.exception()
+                exc = _failure_of(task, strategy)
                 if exc is None:
-                    trajectory_of_slot[slot_of[task]] = task.result()
-                    continue
-                if not isinstance(exc, Exception) or strategy.is_fatal(exc):
-                    raise exc  # KeyboardInterrupt and the like, and fatal errors, propagate
-                errors.append(rollout_error(exc))
-                below_floor = floor is None or len(trajectory_of_slot) < floor
-                if retries_left > 0 and below_floor:
-                    retries_left -= 1
-                    logger.warning(
-                        "Rollout failed (%s: %s); retrying in a fresh env (%d retries left)",
-                        type(exc).__name__,
-                        exc,
-                        retries_left,
-                    )
+                    progress.trajectory_of_slot[slot_of[task]] = task.result()
+                elif _retries_failure(exc, progress, floor=floor, max_retries=max_retries):
                     fresh = await _make_envs(builder)
                     pending.add(launch(slot_of[task], fresh[0]))
-                elif floor is None:
-                    logger.error(
-                        "Rollout failed (%s: %s) with the retry budget (%d) spent; "
-                        "dropping the group",
-                        type(exc).__name__,
-                        exc,
-                        max_retries,
-                    )
-                    exc.add_note(
-                        f"RetryOnFailure: retry budget spent ({len(errors)} failures, "
-                        f"max_retries={max_retries}): "
-                        + ", ".join(f"{e.error_type}: {e.error_message}" for e in errors)
-                    )
-                    raise exc
-                else:
-                    logger.warning(
-                        "Rollout failed (%s: %s); not retried (%d/%d succeeded, floor %d, "
-                        "%d retries left)",
-                        type(exc).__name__,
-                        exc,
-                        len(trajectory_of_slot),
-                        group_size,
-                        floor,
-                        retries_left,
-                    )
     finally:
         await cancel_and_wait(pending)
         retrieve_exceptions(list(slot_of))
+    return _collected_group(builder, progress, floor=floor, max_retries=max_retries)
 
-    if floor is not None and len(trajectory_of_slot) < floor:
-        raise BelowMinViableGroupError(
-            f"{type(builder).__name__}: only {len(trajectory_of_slot)}/{group_size} rollouts "
-            f"succeeded, below the minimum viable group size {floor} ({len(errors)} failures, "
-            f"max_retries={max_retries}); dropping the group",
-            errors=tuple(errors),
+
+def _failure_of(task: asyncio.Task[Trajectory], strategy: RolloutStrategy) -> Exception | None:
+    """A finished rollout's retryable failure, or None when it succeeded.
+
+    A cancellation, a `BaseException` that is not an `Exception` (`KeyboardInterrupt` and the
+    like) and the strategy's fatal errors propagate.
+    """
+    if task.cancelled():
+        task.result()  # a cancelled rollout: the cancellation propagates
+    exc = task.exception()
+    if exc is None:
+        return None
+    if not isinstance(exc, Exception) or strategy.is_fatal(exc):
+        raise exc
+    return exc
+
+
+def _retries_failure(
+    exc: Exception, progress: _Progress, *, floor: int | None, max_retries: int
+) -> bool:
+    """Records a failed rollout; True when it is retried (spending one retry).
+
+    Retried while the budget lasts and, under a floor, while fewer than `floor` succeeded.
+    Otherwise `RetryOnFailure` (no floor) re-raises `exc`, noting every failure on it, and
+    `MinViableGroup` leaves the slot empty (False).
+    """
+    progress.errors.append(rollout_error(exc))
+    succeeded = len(progress.trajectory_of_slot)
+    if progress.retries_left > 0 and (floor is None or succeeded < floor):
+        progress.retries_left -= 1
+        logger.warning(
+            "Rollout failed (%s: %s); retrying in a fresh env (%d retries left)",
+            type(exc).__name__,
+            exc,
+            progress.retries_left,
         )
-    slots = sorted(trajectory_of_slot)
+        return True
+    if floor is None:
+        logger.error(
+            "Rollout failed (%s: %s) with the retry budget (%d) spent; dropping the group",
+            type(exc).__name__,
+            exc,
+            max_retries,
+        )
+        exc.add_note(
+            f"RetryOnFailure: retry budget spent ({len(progress.errors)} failures, "
+            f"max_retries={max_retries}): "
+            + ", ".join(f"{e.error_type}: {e.error_message}" for e in progress.errors)
+        )
+        raise exc
+    logger.warning(
+        "Rollout failed (%s: %s); not retried (%d/%d succeeded, floor %d, %d retries left)",
+        type(exc).__name__,
+        exc,
+        succeeded,
+        len(progress.env_of_slot),
+        floor,
+        progress.retries_left,
+    )
+    return False
+
+
+def _collected_group(
+    builder: EnvGroupBuilder, progress: _Progress, *, floor: int | None, max_retries: int
+) -> RolloutResult:
+    """The successful trajectories in slot order; `BelowMinViableGroupError` below `floor`."""
+    succeeded = len(progress.trajectory_of_slot)
+    if floor is not None and succeeded < floor:
+        raise BelowMinViableGroupError(
+            f"{type(builder).__name__}: only {succeeded}/{len(progress.env_of_slot)} rollouts "
+            f"succeeded, below the minimum viable group size {floor} "
+            f"({len(progress.errors)} failures, max_retries={max_retries}); dropping the group",
+            errors=tuple(progress.errors),
+        )
+    slots = sorted(progress.trajectory_of_slot)
     return RolloutResult(
-        trajectories=[trajectory_of_slot[s] for s in slots],
-        envs=[env_of_slot[s] for s in slots],
-        errors=errors,
+        trajectories=[progress.trajectory_of_slot[s] for s in slots],
+        envs=[progress.env_of_slot[s] for s in slots],
+        errors=progress.errors,
     )
