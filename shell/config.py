@@ -2,8 +2,11 @@
 
 Conventions:
 - `TrainConfig` holds every option of the loop (`shell.training.train`); `FIELD_HELP` documents
-  each one (the CLI's `--help` prints it). Unknown keys are refused, values are type-checked by
-  msgspec, and range checks raise `ConfigError` naming the field.
+  each one (the CLI's `--help` prints it). Unknown keys are refused and values are type-checked
+  by msgspec. A field's own constraint lives in its type (`PositiveInt`,
+  `Annotated[float, msgspec.Meta(ge=0, lt=1)]`, `Literal[...]`), enforced when decoding and on
+  direct construction alike; `__post_init__` adds the checks that span fields. Either raises
+  a one-line `ConfigError` naming the field and the value.
 - Precedence: defaults < config file (`.toml` or `.json`) < command-line overrides.
 - The Tinker API key is **not** a config field: the SDK reads `TINKER_API_KEY` from the
   environment, so the key never appears in a config file, a config dump (`config.json` in the
@@ -12,15 +15,18 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import os
+import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
+import msgspec.inspect as mi
 
 from rlpure.advantages import AggregationMode, Estimator
 from rlpure.losses import PolicyLossName
@@ -63,6 +69,18 @@ LossName = Literal[PolicyLossName, "stable_reinforce"]
 cookbook's async default), which trains on the sampler's provenance spans."""
 LOCAL_LOSSES: frozenset[str] = frozenset(get_args(PolicyLossName))
 """The losses the local backend computes (`rlpure.losses`); others are refused at config time."""
+
+# Field types with their constraint. Floats are finite: `config.json` records the config as JSON,
+# which has no inf or NaN (they would read back as null and make every resume look changed),
+# and Tinker's requests are JSON too. msgspec takes finite bounds only, so `le=_FLOAT_MAX`
+# refuses inf; NaN fails every bound.
+_FLOAT_MAX = sys.float_info.max
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+FiniteFloat = Annotated[float, msgspec.Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0, le=_FLOAT_MAX)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0, le=_FLOAT_MAX)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class TerminationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -124,8 +142,8 @@ class StreamMinibatchConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
         num_minibatches: `forward_backward` calls per optimizer substep.
     """
 
-    groups_per_batch: int
-    num_minibatches: int
+    groups_per_batch: PositiveInt
+    num_minibatches: PositiveInt
 
 
 class AsyncConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -145,196 +163,125 @@ class AsyncConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             e.g. `ppo`).
     """
 
-    max_steps_off_policy: int
-    groups_per_batch: int
+    max_steps_off_policy: NonNegativeInt
+    groups_per_batch: PositiveInt
     loss_fn: LossName = "stable_reinforce"
 
 
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every option of the GRPO loop; see `FIELD_HELP` for each field's meaning."""
+    """Every option of the GRPO loop; see `FIELD_HELP` for each field's meaning.
 
-    log_dir: str = "runs/rlpure"
+    A field's own constraint is its type (`PositiveInt`, `Literal[...]`, ...); `__post_init__`
+    refuses the same values on direct construction and checks the options that depend on
+    others.
+    """
+
+    log_dir: NonEmptyStr = "runs/rlpure"
     backend: Backend = "local"
     base_model: str = "rlpure/tiny"
-    lora_rank: int = 32
-    seed: int = 0
-    max_steps: int | None = None
-    num_epochs: int = 1
-    load_checkpoint_path: str | None = None
-    learning_rate: float = 4e-5
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
+    lora_rank: PositiveInt = 32
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] = 0
+    max_steps: NonNegativeInt | None = None
+    num_epochs: PositiveInt = 1
+    load_checkpoint_path: NonEmptyStr | None = None
+    learning_rate: PositiveFloat = 4e-5
+    adam_beta1: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.9
+    adam_beta2: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.95
+    adam_eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip_norm: NonNegativeFloat = 0.0
     loss_fn: LossName = "importance_sampling"
-    loss_fn_config: dict[str, float] | None = None
-    num_substeps: int = 1
-    max_tokens: int = 256
-    temperature: float = 1.0
-    eval_temperature: float = 1.0
+    loss_fn_config: dict[str, FiniteFloat] | None = None
+    num_substeps: PositiveInt = 1
+    max_tokens: PositiveInt = 256
+    temperature: NonNegativeFloat = 1.0
+    eval_temperature: NonNegativeFloat = 1.0
     advantage_estimator: Estimator = "group_centered"
     loss_aggregation: AggregationMode = "token_sum"
-    aggregation_length: float | None = None
+    aggregation_length: PositiveFloat | None = None
     remove_constant_reward_groups: bool = False
-    kl_penalty_coef: float = 0.0
-    kl_discount: float = 0.0
+    kl_penalty_coef: NonNegativeFloat = 0.0
+    kl_discount: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     kl_reference_model: str | None = None
     kl_reference_checkpoint: str | None = None
     kl_reference_initial_policy: bool = False
     compute_post_kl: bool = False
     termination: TerminationConfig | None = None
     rollout_strategy: StrategyName = "fail_fast"
-    max_retries: int = 3
-    rollout_timeout: float | None = None
-    min_viable_group: int | None = None
-    max_concurrent_groups: int | None = None
-    eval_every: int = 0
-    save_every: int = 0
-    ttl_seconds: int | None = 604800
-    rolling_save_every: int = 0
-    rolling_ttl_seconds: int = 7200
-    num_groups_to_log: int = 1
+    max_retries: NonNegativeInt = 3
+    rollout_timeout: PositiveFloat | None = None
+    min_viable_group: PositiveInt | None = None
+    max_concurrent_groups: PositiveInt | None = None
+    eval_every: NonNegativeInt = 0
+    save_every: NonNegativeInt = 0
+    ttl_seconds: PositiveInt | None = 604800
+    rolling_save_every: NonNegativeInt = 0
+    rolling_ttl_seconds: PositiveInt = 7200
+    num_groups_to_log: NonNegativeInt = 1
     progress: bool = True
     stream_minibatch_config: StreamMinibatchConfig | None = None
     async_config: AsyncConfig | None = None
-    price_table: str | None = None
-    wandb_project: str | None = None
+    price_table: NonEmptyStr | None = None
+    wandb_project: NonEmptyStr | None = None
     wandb_name: str | None = None
-    tensorboard_dir: str | None = None
+    tensorboard_dir: NonEmptyStr | None = None
 
     def __post_init__(self) -> None:
-        def need(ok: bool, field: str, rule: str) -> None:
-            if not ok:
-                raise ConfigError(f"TrainConfig.{field}: {rule}, got {getattr(self, field)!r}")
+        # msgspec checks the types' constraints only when decoding (`build_config`); this
+        # refuses the same values when a caller builds the record itself.
+        _check_fields(self)
+        self._check_local_backend()
+        self._check_modes()
+        self._check_kl_reference()
+        self._check_dependent_options()
+        if self.termination is not None:
+            try:  # its fields are validated by the policy it describes
+                self.termination.policy()
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"TrainConfig.termination: {err}") from None
 
-        finite = math.isfinite
-        need(bool(self.log_dir), "log_dir", "must be a non-empty path")
-        need(self.lora_rank >= 1, "lora_rank", "must be >= 1")
-        need(0 <= self.seed <= MAX_SEED, "seed", "must lie in [0, 2**63 - 1]")
-        need(self.max_steps is None or self.max_steps >= 0, "max_steps", "must be >= 0 or null")
-        need(self.num_epochs >= 1, "num_epochs", "must be >= 1")
-        need(
-            self.load_checkpoint_path is None or bool(self.load_checkpoint_path),
-            "load_checkpoint_path",
-            "must be a non-empty path or null",
+    def _need(self, ok: bool, field: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"TrainConfig.{field}: {rule}, got {getattr(self, field)!r}")
+
+    def _check_local_backend(self) -> None:
+        """What the local backend cannot run, refused before any compilation."""
+        if self.backend != "local":
+            return
+        # The local model's context length is known from its config. (A name outside
+        # MODEL_CONFIGS may be a `LocalServiceClient`'s own `model_configs` entry; the local
+        # service refuses an unknown one when it makes the training client.)
+        model = MODEL_CONFIGS.get(self.base_model)
+        self._need(
+            model is None or self.max_tokens < model.max_seq_len,
+            "max_tokens",
+            f"must be < the context length of local model {self.base_model!r} "
+            f"({model.max_seq_len if model else 0} tokens, prompt included)",
         )
-        need(finite(self.learning_rate) and self.learning_rate > 0, "learning_rate", "must be > 0")
-        need(0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
-        need(0 <= self.adam_beta2 < 1, "adam_beta2", "must lie in [0, 1)")
-        need(finite(self.adam_eps) and self.adam_eps > 0, "adam_eps", "must be > 0")
-        need(finite(self.weight_decay) and self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(
-            finite(self.grad_clip_norm) and self.grad_clip_norm >= 0,
-            "grad_clip_norm",
-            "must be >= 0 (0 disables clipping)",
-        )
-        need(self.num_substeps >= 1, "num_substeps", "must be >= 1")
-        need(self.max_tokens >= 1, "max_tokens", "must be >= 1")
-        if self.backend == "local":
-            # Refused here, before any compilation: the local model's context length is known
-            # from its config. (A name outside MODEL_CONFIGS may be a `LocalServiceClient`'s
-            # own `model_configs` entry; the local service refuses an unknown one when it makes the
-            # training client.)
-            model = MODEL_CONFIGS.get(self.base_model)
-            need(
-                model is None or self.max_tokens < model.max_seq_len,
-                "max_tokens",
-                f"must be < the context length of local model {self.base_model!r} "
-                f"({model.max_seq_len if model else 0} tokens, prompt included)",
-            )
-        need(finite(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0")
-        need(
-            finite(self.eval_temperature) and self.eval_temperature >= 0,
-            "eval_temperature",
-            "must be >= 0 (0: greedy)",
-        )
-        need(
-            self.backend != "local" or self.loss_fn in LOCAL_LOSSES,
+        self._need(
+            self.loss_fn in LOCAL_LOSSES,
             "loss_fn",
             "is a Tinker loss the local backend does not implement (local losses: "
             + ", ".join(sorted(LOCAL_LOSSES))
             + "); use backend 'tinker' or another loss",
         )
-        self._check_modes()
-        need(
+
+    def _check_dependent_options(self) -> None:
+        """Options that only make sense together with another option's value."""
+        self._need(
             (self.loss_aggregation == "constant_length") == (self.aggregation_length is not None),
             "aggregation_length",
             "is required for loss_aggregation 'constant_length' and only for it",
         )
-        need(
-            self.aggregation_length is None
-            or (finite(self.aggregation_length) and self.aggregation_length > 0),
-            "aggregation_length",
-            "must be finite and > 0",
-        )
-        # config.json records the config as JSON, which has no inf or NaN (they would read back
-        # as null and make every resume look changed); Tinker's requests are JSON too.
-        for key, value in (self.loss_fn_config or {}).items():
-            need(finite(value), "loss_fn_config", f"[{key!r}] must be finite")
-        need(
-            finite(self.kl_penalty_coef) and self.kl_penalty_coef >= 0,
-            "kl_penalty_coef",
-            "must be >= 0",
-        )
-        need(0 <= self.kl_discount <= 1, "kl_discount", "must lie in [0, 1]")
-        self._check_kl_reference()
-        if self.termination is not None:
-            try:
-                self.termination.policy()
-            except (ValueError, TypeError) as err:
-                raise ConfigError(f"TrainConfig.termination: {err}") from None
-        need(self.max_retries >= 0, "max_retries", "must be >= 0")
-        need(
-            self.rollout_timeout is None
-            or (finite(self.rollout_timeout) and self.rollout_timeout > 0),
-            "rollout_timeout",
-            "must be finite and > 0, or null (no timeout)",
-        )
-        need(
-            self.min_viable_group is None or self.min_viable_group >= 1,
-            "min_viable_group",
-            "must be >= 1 or null",
-        )
-        need(
+        self._need(
             self.rollout_strategy == "min_viable" or self.min_viable_group is None,
             "min_viable_group",
             "only applies to rollout_strategy 'min_viable'",
         )
-        need(
-            self.max_concurrent_groups is None or self.max_concurrent_groups >= 1,
-            "max_concurrent_groups",
-            "must be >= 1 or null",
-        )
-        need(self.eval_every >= 0, "eval_every", "must be >= 0 (0 disables evaluation)")
-        need(self.save_every >= 0, "save_every", "must be >= 0 (0: only a final checkpoint)")
-        need(
-            self.ttl_seconds is None or self.ttl_seconds > 0,
-            "ttl_seconds",
-            "must be > 0 or null (kept indefinitely)",
-        )
-        need(self.rolling_save_every >= 0, "rolling_save_every", "must be >= 0 (0: none)")
-        need(self.rolling_ttl_seconds > 0, "rolling_ttl_seconds", "must be > 0")
-        need(self.num_groups_to_log >= 0, "num_groups_to_log", "must be >= 0")
-        need(
-            self.price_table is None or bool(self.price_table),
-            "price_table",
-            "must be a non-empty path or null",
-        )
-        need(
-            self.wandb_project is None or bool(self.wandb_project),
-            "wandb_project",
-            "must be a non-empty W&B project name or null (no W&B logging)",
-        )
-        need(
+        self._need(
             self.wandb_name is None or self.wandb_project is not None,
             "wandb_name",
             "names a W&B run, so it needs wandb_project",
-        )
-        need(
-            self.tensorboard_dir is None or bool(self.tensorboard_dir),
-            "tensorboard_dir",
-            "must be a non-empty path or null (no TensorBoard logging)",
         )
 
     def _check_modes(self) -> None:
@@ -343,11 +290,6 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         stream, run_async = self.stream_minibatch_config, self.async_config
         if stream is not None:
             where = "TrainConfig.stream_minibatch_config"
-            if stream.groups_per_batch < 1 or stream.num_minibatches < 1:
-                raise ConfigError(
-                    f"{where}: groups_per_batch and num_minibatches must be >= 1, got "
-                    f"{stream.groups_per_batch} and {stream.num_minibatches}"
-                )
             if stream.groups_per_batch % self.num_substeps:
                 raise ConfigError(
                     f"{where}.groups_per_batch: {stream.groups_per_batch} is not divisible by "
@@ -367,14 +309,6 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ConfigError(
                 f"{where}: async training with streaming minibatches (both async_config and "
                 "stream_minibatch_config set) is not supported; set one of them"
-            )
-        if run_async.max_steps_off_policy < 0:
-            raise ConfigError(
-                f"{where}.max_steps_off_policy: must be >= 0, got {run_async.max_steps_off_policy}"
-            )
-        if run_async.groups_per_batch < 1:
-            raise ConfigError(
-                f"{where}.groups_per_batch: must be >= 1, got {run_async.groups_per_batch}"
             )
         if self.loss_fn not in ("importance_sampling", run_async.loss_fn):
             # the cookbook's check in `main`: async runs train with AsyncConfig.loss_fn
@@ -447,6 +381,128 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             max_retries=self.max_retries,
             per_rollout_timeout=self.rollout_timeout,
         )
+
+
+# --- single-field constraints, read back from the field types ----------------------------------
+
+
+@functools.cache
+def _struct_info(cls: type[msgspec.Struct]) -> mi.StructType:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    return info
+
+
+def _check_fields(record: msgspec.Struct) -> None:
+    """Refuses what msgspec refuses when decoding, for a record built directly: raises
+    `ConfigError` naming the first field of `record` (nested records included) whose value
+    breaks its type's constraint."""
+    _check_value(_struct_info(type(record)), record, type(record).__name__)
+
+
+def _check_value(info: mi.Type, value: Any, where: str) -> None:
+    """Raises `ConfigError` (`where: rule, got value`) if `value` breaks the constraint of its
+    type `info`: bounds (`gt`, `ge`, `lt`, `le`), a string's `min_length`, a `Literal`'s
+    values. Records (given as records or mappings) and dicts are checked field by field and
+    item by item; a value of another type is left to msgspec's type checks."""
+    info, nullable = _unwrap_optional(info)
+    if value is None and nullable:
+        return
+    if isinstance(info, mi.StructType) and isinstance(value, Mapping | msgspec.Struct):
+        values = value if isinstance(value, Mapping) else msgspec.structs.asdict(value)
+        for field in info.fields:
+            if field.name in values:
+                _check_value(field.type, values[field.name], f"{where}.{field.name}")
+    elif isinstance(info, mi.DictType) and isinstance(value, Mapping):
+        for key, item in value.items():
+            if _breaks(info.value_type, item):
+                raise ConfigError(f"{where}: [{key!r}] {_rule(info.value_type)}, got {item!r}")
+    elif _breaks(info, value):
+        raise ConfigError(
+            f"{where}: {_rule(info)}{' (or null)' if nullable else ''}, got {value!r}"
+        )
+
+
+def _unwrap_optional(info: mi.Type) -> tuple[mi.Type, bool]:
+    """`(T, True)` for `T | None`, else `(info, False)`."""
+    if isinstance(info, mi.UnionType) and info.includes_none:
+        rest = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        if len(rest) == 1:
+            return rest[0], True
+    return info, False
+
+
+def _breaks(info: mi.Type, value: Any) -> bool:
+    if isinstance(info, mi.LiteralType):
+        return value not in info.values
+    if isinstance(info, mi.StrType):
+        return isinstance(value, str) and len(value) < (info.min_length or 0)
+    if not isinstance(info, mi.IntType | mi.FloatType):
+        return False
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    # written so that NaN fails every bound, as in msgspec
+    return not (
+        (info.ge is None or value >= info.ge)
+        and (info.gt is None or value > info.gt)
+        and (info.le is None or value <= info.le)
+        and (info.lt is None or value < info.lt)
+    )
+
+
+def _rule(info: mi.Type) -> str:
+    """What the constraint of `info` asks of a value, in words (`must lie in [0, 1)`)."""
+    if isinstance(info, mi.LiteralType):
+        return "must be one of " + ", ".join(repr(v) for v in info.values)
+    if isinstance(info, mi.StrType):
+        return "must be non-empty" if info.min_length == 1 else f"must be {info.min_length}+ long"
+    assert isinstance(info, mi.IntType | mi.FloatType)
+    low = (">=", "[", info.ge) if info.ge is not None else (">", "(", info.gt)
+    high = ("<=", "]", info.le) if info.le is not None else ("<", ")", info.lt)
+    if high[2] == _FLOAT_MAX:
+        if low[2] is None or low[2] == -_FLOAT_MAX:
+            return "must be finite"
+        return f"must be finite and {low[0]} {_number(low[2])}"
+    if low[2] is not None and high[2] is not None:
+        return f"must lie in {low[1]}{_number(low[2])}, {_number(high[2])}{high[1]}"
+    op, _, bound = low if low[2] is not None else high
+    return f"must be {op} {_number(bound)}"
+
+
+def _number(bound: float | None) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+
+def _decode_error(err: msgspec.ValidationError, data: Mapping[str, Any]) -> str:
+    """msgspec's decoding error on `data` as a one-liner naming the field: the message direct
+    construction gives when the field's constraint refused its value, else msgspec's words."""
+    text, _, path = str(err).partition(" - at `$")
+    info: mi.Type = _struct_info(TrainConfig)
+    value: Any = data
+    where = "TrainConfig"
+    for name in re.findall(r"\.(\w+)", path.partition("[")[0]):
+        info, _ = _unwrap_optional(info)
+        types = {f.name: f.type for f in info.fields} if isinstance(info, mi.StructType) else {}
+        if name not in types or not isinstance(value, Mapping | msgspec.Struct):
+            break
+        value = value.get(name) if isinstance(value, Mapping) else getattr(value, name)
+        info, where = types[name], f"{where}.{name}"
+    if where == "TrainConfig":  # e.g. an unknown field
+        return f"TrainConfig: {err}"
+    _check_value(info, _parsed(info, value), where)
+    return f"{where} = {value!r}: {text}"
+
+
+def _parsed(info: mi.Type, value: Any) -> Any:
+    """`value` as `build_config`'s lax decoding reads it: a number given as text (CLI flags)
+    becomes the number."""
+    kind = {mi.IntType: int, mi.FloatType: float}.get(type(_unwrap_optional(info)[0]))
+    if kind is None or not isinstance(value, str):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        return value
 
 
 FIELD_HELP: Mapping[str, str] = {
@@ -590,7 +646,10 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
     try:
         return msgspec.convert(merged, TrainConfig, strict=False)
     except msgspec.ValidationError as err:
-        raise ConfigError(f"TrainConfig: {err}") from None
+        if isinstance(err.__cause__, ConfigError):  # from `TrainConfig.__post_init__`
+            raise err.__cause__ from None
+        error = err
+    raise ConfigError(_decode_error(error, merged))  # out of `except`: a one-line error
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -600,17 +659,9 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 def field_choices(field: str) -> tuple[str, ...] | None:
-    """The allowed values of a `Literal` field (used by the CLI for `choices=`)."""
-    annotation = {
-        "backend": Backend,
-        "loss_fn": LossName,
-        "eval_temperature": "Sampling temperature of the test-set evaluation (1.0, the "
-        "cookbook's RLTestSetEvaluator; 0 samples greedily).",
-        "advantage_estimator": Estimator,
-        "loss_aggregation": AggregationMode,
-        "rollout_strategy": StrategyName,
-    }.get(field)
-    return None if annotation is None else get_args(annotation)
+    """The allowed values of a `Literal` field of `TrainConfig` (the CLI's `choices=`)."""
+    annotation = get_type_hints(TrainConfig).get(field)
+    return get_args(annotation) if get_origin(annotation) is Literal else None
 
 
 def check_log_dir(path: str | os.PathLike[str], *, option: str = "--log-dir") -> None:
