@@ -32,7 +32,13 @@ is traced.
 
 from __future__ import annotations
 
-from rlpure.model._config import RopeScaling, llama3_rope_scaling_from_factors
+from rlpure.model._config import (
+    MODEL_CONFIGS,
+    ModelConfig,
+    RopeScaling,
+    get_model_config,
+    llama3_rope_scaling_from_factors,
+)
 from rlpure.model._hf_names import config_from_hf, params_from_hf
 from rlpure.model._layers import rope_inv_freq
 from rlpure.model._lora import LoraConfig, count_lora_params, init_lora, merge_lora
@@ -45,17 +51,14 @@ from rlpure.model._optimizer import (
 from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens, stop_string_end
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
-    MODEL_CONFIGS,
     DecodeOutput,
     ForwardOutput,
     KVCache,
-    ModelConfig,
     Params,
     PrefillOutput,
     count_params,
     decode_step,
     forward,
-    get_model_config,
     init_params,
     logits,
     prefill,

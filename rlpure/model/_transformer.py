@@ -53,12 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpure.model._config import (
-    MODEL_CONFIGS,
-    ModelConfig,
-    RopeScaling,
-    get_model_config,
-)
+from rlpure.model._config import ModelConfig
 from rlpure.model._layers import (
     _attend,
     _attend_recomputed,
@@ -67,27 +62,21 @@ from rlpure.model._layers import (
     _finish_block,
     _qkv,
     _unembed,
-    rope_inv_freq,
 )
 from rlpure.model._lora import LoraConfig
 
 __all__ = [
-    "MODEL_CONFIGS",
     "DecodeOutput",
     "ForwardOutput",
     "KVCache",
-    "ModelConfig",
     "Params",
     "PrefillOutput",
-    "RopeScaling",
     "count_params",
     "decode_step",
     "forward",
-    "get_model_config",
     "init_params",
     "logits",
     "prefill",
-    "rope_inv_freq",  # defined in `_layers`; tests/parity/test_model_parity.py reads it here
     "target_logprobs",
     "target_logprobs_fn",
 ]
