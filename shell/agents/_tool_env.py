@@ -171,21 +171,7 @@ class AgentToolMessageEnv(MessageEnv):
             logs["parse_errors"] = "\n".join(tc.error for tc in unparsed)
 
         if unparsed and not tool_calls:  # every call malformed: a content parse failure
-            self._consecutive_parse_errors += 1
-            if self.parse_error_policy is not None:
-                return self._content_parse_error_step(unparsed, metrics, logs, max_turns_reached)
-            done = self.terminate_on_parse_error or max_turns_reached
-            if max_turns_reached:
-                metrics["max_turns"] = 1.0
-            if done:
-                _stop(metrics, StopReason.PARSE_ERROR)
-            return MessageStepResult(
-                reward=self.failed_parse_reward,
-                episode_done=done,
-                next_messages=self.history,
-                metrics=metrics,
-                logs=logs,
-            )
+            return self._malformed_turn_step(unparsed, metrics, logs, max_turns_reached)
         self._consecutive_parse_errors = 0
 
         to_run = tool_calls
@@ -248,6 +234,30 @@ class AgentToolMessageEnv(MessageEnv):
         timeout = None if policy is None else policy.grader_timeout_seconds
         async with asyncio.timeout(timeout):
             return await self.reward_fn(messages)
+
+    def _malformed_turn_step(
+        self,
+        unparsed: list[UnparsedToolCall],
+        metrics: dict[str, float],
+        logs: Logs,
+        max_turns_reached: bool,
+    ) -> MessageStepResult:
+        """A turn whose tool calls were all malformed: `failed_parse_reward`, or the policy's."""
+        self._consecutive_parse_errors += 1
+        if self.parse_error_policy is not None:
+            return self._content_parse_error_step(unparsed, metrics, logs, max_turns_reached)
+        done = self.terminate_on_parse_error or max_turns_reached
+        if max_turns_reached:
+            metrics["max_turns"] = 1.0
+        if done:
+            _stop(metrics, StopReason.PARSE_ERROR)
+        return MessageStepResult(
+            reward=self.failed_parse_reward,
+            episode_done=done,
+            next_messages=self.history,
+            metrics=metrics,
+            logs=logs,
+        )
 
     def _content_parse_error_step(
         self,
