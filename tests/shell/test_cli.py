@@ -16,7 +16,14 @@ import pytest
 
 from shell import cli
 from shell.commands import Command, TrainRecipe, by_name
-from shell.config import FIELD_HELP, TrainConfig, build_config, load_config_file
+from shell.config import (
+    FIELD_HELP,
+    AsyncConfig,
+    TrainConfig,
+    build_config,
+    field_choices,
+    load_config_file,
+)
 from shell.errors import ConfigError
 from shell.jobs import COMMANDS, TRAIN_RECIPES, gsm8k, toy
 from shell.jobs.smollm2 import SMOLLM2_CONFIG_DEFAULTS
@@ -108,6 +115,33 @@ def test_json_config_files_load_and_bad_files_are_config_errors(tmp_path: Path) 
         build_config({"loss_fn_config": {"clip_high_threshold": inf}})
     with pytest.raises(ConfigError, match=r"rollout_timeout: must be finite"):
         build_config({"rollout_strategy": "retry", "rollout_timeout": inf})
+
+
+def test_a_field_constraint_reads_the_same_built_directly_or_decoded() -> None:
+    """The constraints live in the field types: msgspec checks them when decoding
+    (`build_config`), `TrainConfig` refuses the same values when built directly."""
+    cases: dict[str, tuple[object, str]] = {
+        "seed": (-1, r"TrainConfig\.seed: must lie in \[0, 9223372036854775807\], got -1$"),
+        "adam_beta1": (1.0, r"TrainConfig\.adam_beta1: must lie in \[0, 1\), got 1\.0$"),
+        "learning_rate": (float("nan"), r"TrainConfig\.learning_rate: must be finite and > 0"),
+        "wandb_project": ("", r"TrainConfig\.wandb_project: must be non-empty \(or null\)"),
+        "backend": ("gpu", r"TrainConfig\.backend: must be one of .*'local'.*, got 'gpu'$"),
+    }
+    for field, (value, message) in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(**{field: value})  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=message):
+            build_config({field: value})
+    bad_async = AsyncConfig(max_steps_off_policy=0, groups_per_batch=0)
+    with pytest.raises(ConfigError, match=r"async_config\.groups_per_batch: must be >= 1, got 0"):
+        TrainConfig(backend="fake", async_config=bad_async)
+
+
+def test_only_literal_fields_offer_choices_on_the_command_line() -> None:
+    assert field_choices("backend") == ("local", "tinker", "fake")
+    assert field_choices("eval_temperature") is None  # it once gave (), refusing every value
+    args = cli.build_parser().parse_args(["train", "toy", "--eval-temperature", "0.5"])
+    assert cli._config_from_args(TRAIN_RECIPES["toy"], args).eval_temperature == 0.5
 
 
 def test_invalid_options_exit_with_code_2(
