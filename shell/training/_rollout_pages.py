@@ -1,35 +1,20 @@
-"""Per-iteration rollout reports, as tinker-cookbook 0.6.1's `rl.train` writes them.
+"""Per-iteration rollout pages, as tinker-cookbook 0.6.1's `rl.train` writes them.
 
-For step `i` of a run the loop writes, in `<log_dir>/iteration_NNNNNN/` (`iteration_dir`, the
-cookbook's six-digit naming):
+Conventions: for step `i` the loop writes, in `<log_dir>/iteration_NNNNNN/` (`iteration_dir`):
 
-- `{base}.html` — a self-contained logtree page (`shell.logtree`, inline CSS, no network)
-  of the first `num_groups_to_log` groups: one section per group (tags, rewards), one
-  collapsed `<details>` per trajectory (a click expands it) whose summary line carries the total
-  reward, final group reward, advantage and stop reason, and inside it each turn's decoded
-  observation (after the first turn, only the tokens it adds to the previous observation and
-  action when it extends them) and action (coloured differently), step reward, stop reason, the env's step
-  metrics and logs, then the episode totals (the cookbook's `Episode totals` keys) and the
-  group metrics;
-- `{base}_logtree.json` — the same tree as JSON (`Trace.to_dict()`, the cookbook's
-  `store.write_logtree`);
-- `{base}_rollout_summaries.jsonl` — one record per trajectory of **every** successful group,
-  with the cookbook's `rl.rollout_logging.serialize_rollout_summaries` schema
-  (`serialize_rollout_summaries`, same signature): the cookbook exports them whatever `num_groups_to_log` is; they hold
-  lengths, rewards and metrics only (no text), so they stay small.
+- `{base}.html`: a self-contained logtree page (`shell.logtree`) of the first
+  `num_groups_to_log` groups: a section per group, a collapsed `<details>` per trajectory
+  (total and final reward, advantage, stop reason in its summary line) holding each turn's
+  decoded observation (after the first turn only what it adds to the previous observation and
+  action) and action, step reward, stop reason, the env's metrics and logs, then the episode
+  totals and the group metrics;
+- `{base}_logtree.json`: the same tree as JSON (`Trace.to_dict()`);
+- `{base}_rollout_summaries.jsonl`: one record per trajectory of every successful group, the
+  cookbook's schema (`serialize_rollout_summaries`): lengths, rewards and metrics, no text.
 
 `base` is `train` for a training step and `eval_<name>` for an `RLTestSetEvaluator` named
-`name` (`eval_test`, split `eval/test`), as the cookbook's `run_single_evaluation`.
-
-Differences from the cookbook, deliberate:
-
-- The cookbook builds the page *while* rolling out (env code's own logtree calls land in it);
-  this shell's rollouts write no logtree, so the page is built after the rollouts from the
-  trajectory groups. Env-side logtree calls are therefore not in it; what the cookbook's
-  rollout code logs (turn stats, step metrics, diagnostics, episode totals) is, plus what it
-  does not show: the decoded turns and each trajectory's advantage.
-- The advantage shown is the configured estimator's (`rlpure.advantages.compute_advantages`
-  over the whole batch, before constant-group removal and KL shaping).
+`name`. The page is built after the rollouts, from the trajectory groups; the advantage shown is
+the configured estimator's over the whole batch (before constant-group removal and KL shaping).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from rlpure.testing import batches
 from shell.to_cookbook import to_cookbook_groups
-from shell.training._reports import (
+from shell.training._rollout_pages import (
     iteration_dir,
     rollout_summaries_jsonl_path,
 )

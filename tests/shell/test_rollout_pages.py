@@ -1,5 +1,14 @@
-"""Per-iteration rollout reports: `iteration_NNNNNN/train.html`, its logtree JSON and the
-rollout-summary JSONL, written by the loop on a fake-SDK run (`shell.training._reports`)."""
+"""Per-iteration rollout pages: `iteration_NNNNNN/train.html`, its logtree JSON and the
+rollout-summary JSONL, written by the loop on a fake-SDK run (`shell.training._rollout_pages`).
+
+Differences from the cookbook, deliberate: the cookbook builds the page *while* rolling out (env
+code's own logtree calls land in it); rlpure's rollouts write no logtree, so the page is built
+after the rollouts from the trajectory groups. Env-side logtree calls are therefore not in it;
+what the cookbook's rollout code logs (turn stats, step metrics, diagnostics, episode totals) is,
+plus what it does not show: the decoded turns and each trajectory's advantage (the configured
+estimator's, `rlpure.advantages.compute_advantages` over the whole batch, before constant-group
+removal and KL shaping).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ from rlpure.records import TokensWithLogprobs, Trajectory, TrajectoryGroup, Tran
 from shell.config import build_config
 from shell.fakes import FakeServiceClient, ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
 from shell.training import read_jsonl, train
-from shell.training._reports import (
+from shell.training._rollout_pages import (
     iteration_dir,
     serialize_rollout_summaries,
     write_rollout_report,
