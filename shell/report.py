@@ -15,11 +15,10 @@ Conventions:
   outside any step (sampling of groups dropped for a constant reward) are the difference
   between the last `tokens/cumulative/<kind>` logged (the totals row's, when there is one) and
   the steps' sum; they are shown apart and included in the total.
-- `rlpure report` draws with matplotlib's object API on an Agg canvas (headless, no `pyplot`):
-  `report_curves.png` (the train reward of every env tag, and every eval curve: `.../reward/
-  total` and `.../correct` keys outside `env/`), and `report_timing_NNNNNN.png` (the Gantt of
-  one step's spans: one row per span name, bars from `wall_start` to `wall_end`). Files go to
-  the log dir or `--out DIR`; their paths are printed, one a line.
+- `rlpure report` draws with `shell.plots`: `report_curves.png` (the train reward of every env
+  tag, and every eval curve: `.../reward/total` and `.../correct` keys outside `env/`) and
+  `report_timing_NNNNNN.png` (one step's spans as a Gantt), in the log dir or `--out DIR`;
+  their paths are printed, one a line.
 - Errors are `ConfigError` lines naming the log dir or file (exit code 2): a missing dir, no
   `metrics.jsonl`, no training rows, no token counts, a `--step` without spans.
 """
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +37,7 @@ from rlpure.usage import TOKEN_KINDS, TokenUsage
 from shell.commands import Command
 from shell.cost import load_price_table
 from shell.errors import ConfigError
+from shell.plots import Panel, metric_curve, plot_span_gantt, plot_step_curves
 from shell.timing import TIMING_SPANS_FILE
 from shell.training import METRICS_FILE, read_jsonl
 
@@ -48,9 +47,8 @@ __all__ = [
     "REPORT_COMMAND",
     "cost_main",
     "cost_text",
+    "curve_panels",
     "is_totals_row",
-    "plot_curves",
-    "plot_step_timing",
     "read_step_spans",
     "report_main",
     "run_cost",
@@ -282,64 +280,39 @@ COST_COMMAND = Command(
 # --- rlpure report -----------------------------------------------------------------------------
 
 
-def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    points = [
-        (int(r["step"]), float(r[key]))
-        for r in rows
-        if isinstance(r.get(key), (int, float))
-        and not isinstance(r.get(key), bool)
-        and math.isfinite(float(r[key]))
-    ]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
 def _is_eval_key(key: str) -> bool:
     return not key.startswith("env/") and (
         key.endswith("/reward/total") or key.endswith("/correct")
     )
 
 
-def plot_curves(all_rows: Sequence[Mapping[str, Any]], png_path: str | Path) -> Path:
-    """Draws the train reward of every env tag (`env/<tag>/reward/total`) and every eval curve
-    into one PNG (two panels when there are eval values).
+def curve_panels(all_rows: Sequence[Mapping[str, Any]]) -> list[Panel]:
+    """The panels of `report_curves.png`: the train reward of every env tag
+    (`env/<tag>/reward/total`, training rows only), then, when there are any, every eval curve.
 
     Raises:
         ConfigError: the rows hold no reward and no eval value.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     train = [r for r in all_rows if "final_eval" not in r]
     keys = sorted({k for r in all_rows for k in r})
-    train_keys = [k for k in keys if k.startswith("env/") and k.endswith("/reward/total")]
-    eval_keys = [k for k in keys if _is_eval_key(k)]
-    train_keys = [k for k in train_keys if _series(train, k)[0]]
-    eval_keys = [k for k in eval_keys if _series(all_rows, k)[0]]
-    if not train_keys and not eval_keys:
+    train_curves = [
+        metric_curve(train, k) for k in keys if k.startswith("env/") and k.endswith("/reward/total")
+    ]
+    eval_curves = [metric_curve(all_rows, k) for k in keys if _is_eval_key(k)]
+    panels = [
+        Panel(title=title, curves=[c for c in curves if c.steps])
+        for title, curves in (
+            ("train reward (mean total per trajectory)", train_curves),
+            ("evaluations", eval_curves),
+        )
+    ]
+    panels = [panel for panel in panels if panel.curves]
+    if not panels:
         raise ConfigError(
             "metrics.jsonl: no reward (env/<tag>/reward/total) or eval (.../reward/total, "
             ".../correct) values to draw"
         )
-    panels = [("train reward (mean total per trajectory)", train, train_keys)] if train_keys else []
-    if eval_keys:
-        panels.append(("evaluations", list(all_rows), eval_keys))
-    fig = Figure(figsize=(8, 3.4 * len(panels)), dpi=110)
-    FigureCanvasAgg(fig)
-    for i, (title, rows, series_keys) in enumerate(panels):
-        ax = fig.add_subplot(len(panels), 1, i + 1)
-        for key in series_keys:
-            steps, values = _series(rows, key)
-            ax.plot(steps, values, marker="o" if len(steps) < 40 else None, label=key)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    out = Path(png_path)
-    fig.savefig(out)
-    return out
+    return panels
 
 
 def read_step_spans(
@@ -382,46 +355,6 @@ def read_step_spans(
     return chosen, spans
 
 
-def plot_step_timing(step: int, spans: Sequence[Mapping[str, Any]], png_path: str | Path) -> Path:
-    """Draws one step's spans as a Gantt chart: a row per span name in order of first start,
-    a bar per span from `wall_start` to `wall_end` (seconds from the step's first span),
-    labelled with its duration."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    ordered = sorted(spans, key=lambda s: (float(s["wall_start"]), -float(s["wall_end"])))
-    names: list[str] = []
-    for span in ordered:
-        if span["name"] not in names:
-            names.append(str(span["name"]))
-    start = min(float(s["wall_start"]) for s in ordered)
-    end = max(float(s["wall_end"]) for s in ordered)
-    fig = Figure(figsize=(10, 1.2 + 0.38 * len(names)), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    palette = [f"C{i % 10}" for i in range(len(names))]
-    for span in ordered:
-        row = names.index(str(span["name"]))
-        left = float(span["wall_start"]) - start
-        width = max(float(span["wall_end"]) - float(span["wall_start"]), 0.0)
-        ax.barh(
-            row, width, left=left, height=0.6, color=palette[row], edgecolor="black", linewidth=0.4
-        )
-        if width >= 0.04 * max(end - start, 1e-9):
-            ax.text(
-                left + width / 2, row, f"{width:.3g}s", ha="center", va="center", fontsize="x-small"
-            )
-    ax.set_yticks(range(len(names)), labels=names, fontsize="small")
-    ax.invert_yaxis()  # first phase on top
-    ax.set_xlabel("seconds from the step's first span")
-    ax.set_title(f"step {step}: phase timing ({end - start:.3g} s, {len(ordered)} spans)")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    out = Path(png_path)
-    fig.savefig(out)
-    return out
-
-
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """`rlpure report`'s flags."""
     parser.add_argument("log_dir", metavar="LOG_DIR", help="A training run's log dir.")
@@ -456,10 +389,11 @@ def report_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     timing = None  # read first: a bad --step is refused before any file is written
     if args.step is not None or (log_dir / TIMING_SPANS_FILE).is_file():
         timing = read_step_spans(log_dir, args.step, trained_steps=trained_steps)
-    written = [plot_curves(read_jsonl(log_dir / METRICS_FILE), target / CURVES_FILE)]
+    panels = curve_panels(read_jsonl(log_dir / METRICS_FILE))
+    written = [plot_step_curves(panels, target / CURVES_FILE)]
     if timing is not None:
         step, spans = timing
-        written.append(plot_step_timing(step, spans, target / f"report_timing_{step:06d}.png"))
+        written.append(plot_span_gantt(step, spans, target / f"report_timing_{step:06d}.png"))
     else:
         print(
             f"rlpure report: {log_dir} has no {TIMING_SPANS_FILE}; no timing chart drawn",

@@ -11,8 +11,8 @@ Conventions:
   `final_eval`, when the run evaluates) and the final totals row (marked `FINAL_TOTALS_KEY`,
   the cookbook's `CostTracker.cumulative_metrics()` row: `tokens/cumulative/<kind>`,
   `tokens/discarded/<kind>`, and `cost/cumulative_usd`, `cost/discarded_usd` with a price
-  table). Readers of step rows skip both (`is_step_row`); the reward curve draws from reward
-  keys, which neither holds. Both are at the run's last step, so a resume that continues past
+  table). Readers of step rows skip both (`is_step_row`); the reward curve draws the final
+  evaluation's test values and nothing of the totals row. Both are at the run's last step, so a resume that continues past
   it drops them with the rest (`truncate_jsonl_by_step`) and writes them anew at its end.
 - A line cut short by a kill (no trailing newline, not valid JSON) can only be the last one; it
   is dropped with a warning. An unreadable line anywhere else, or a `step` that is not an
@@ -30,8 +30,7 @@ Conventions:
   else of the process's logging is replaced: when the root logger is above INFO, it is lowered
   to INFO for the call while each of its handlers is raised to the old level, so the console
   shows what it showed before (and warnings still reach stderr when no handler was configured).
-- The reward curve is drawn with matplotlib's object API on an Agg canvas (no `pyplot`, no
-  global backend switch), so it works headless and from any thread.
+- The reward curve (`REWARD_CURVE_FILE`) is drawn by `shell.plots`, as `rlpure report`'s.
 - Nothing here reads the environment: secrets such as `TINKER_API_KEY` never reach a log.
 """
 
@@ -60,6 +59,7 @@ from rich.progress import (
 
 from rlpure.records import TrajectoryGroup
 from shell.errors import CheckpointError
+from shell.plots import Panel, metric_curve, plot_step_curves
 
 __all__ = [
     "FINAL_TOTALS_KEY",
@@ -478,38 +478,20 @@ _CURVES = (
 def plot_reward_curve(
     metrics_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
 ) -> Path | None:
-    """Draws reward (and test reward/accuracy, when logged) against step into a PNG.
+    """Draws reward (and test reward/accuracy, when logged) against step into a PNG
+    (`shell.plots.plot_step_curves`).
 
     Returns:
         The PNG path, or None when `metrics_path` holds no reward values.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     records = read_jsonl(metrics_path)
-    fig = Figure(figsize=(7, 4), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    drawn = False
     # Train reward drawn last (on top): test points sit on train's line when both are 1.0.
-    for zorder, (key, label) in zip((3, 2, 2), _CURVES, strict=True):
-        points = [(r["step"], r[key]) for r in records if "step" in r and r.get(key) is not None]
-        if points:
-            steps, values = zip(*points, strict=True)
-            marker = "o" if len(points) < 30 else None
-            ax.plot(steps, values, marker=marker, label=label, zorder=zorder)
-            drawn = True
+    curves = [
+        metric_curve(records, key, label=label, zorder=zorder)
+        for zorder, (key, label) in zip((3, 2, 2), _CURVES, strict=True)
+    ]
+    drawn = [curve for curve in curves if curve.steps]
     if not drawn:
         return None
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title("rlpure: reward per step")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    out = Path(png_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    panel = Panel(title="rlpure: reward per step", curves=drawn, ylabel="reward")
+    return plot_step_curves([panel], Path(png_path))
