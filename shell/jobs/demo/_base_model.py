@@ -169,8 +169,41 @@ async def pretrain_base_model(
 
     start = time.perf_counter()
     entry = cache_dir / _pretrain_cache_key(config, seed)
-    record_path = entry / _BASE_RECORD
-    record = _read_base_record(record_path)
+    cached = _cached_base_state(entry)
+    if cached is not None:
+        cached_state, final_loss_per_token = cached
+        logger.info("Base model: cached at %s", cached_state)
+        return PretrainResult(
+            state_path=str(cached_state),
+            cached=True,
+            seconds=time.perf_counter() - start,
+            final_loss_per_token=final_loss_per_token,
+        )
+    service = LocalServiceClient(seed=seed, checkpoint_dir=entry)
+    trainer: TrainingClient = await service.create_lora_training_client(
+        base_model=config.base_model
+    )
+    renderer = get_renderer("role_colon", trainer.get_tokenizer())
+    corpus, responses_SB = _pretraining_corpus(config, seed, corpus_problems)
+    loss_per_token, records = await _pretrain_steps(
+        trainer, renderer, corpus, responses_SB, config=config
+    )
+    if metrics_path is not None:
+        # written once at the end: one fsynced JsonlWriter line per step would cost seconds
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    saved = await trainer.save_state("base", overwrite=True)
+    _write_base_record(entry, saved.path, loss_per_token)
+    return PretrainResult(
+        state_path=str(saved.path),
+        cached=False,
+        seconds=time.perf_counter() - start,
+        final_loss_per_token=loss_per_token,
+    )
+
+
+def _cached_base_state(entry: Path) -> tuple[Path, float] | None:
+    """The cache entry's state path and final loss per token, or None when it is incomplete."""
+    record = _read_base_record(entry / _BASE_RECORD)
     # Stored relative to the cache entry, so a moved log dir keeps its cache (an absolute path
     # from an earlier version still works where it exists).
     cached_state = entry / record["state_path"] if record is not None else None
@@ -179,30 +212,37 @@ async def pretrain_base_model(
         and cached_state is not None
         and (cached_state / "manifest.json").exists()
     ):
-        logger.info("Base model: cached at %s", cached_state)
-        return PretrainResult(
-            state_path=str(cached_state),
-            cached=True,
-            seconds=time.perf_counter() - start,
-            final_loss_per_token=float(record["final_loss_per_token"]),
-        )
-    service = LocalServiceClient(seed=seed, checkpoint_dir=entry)
-    trainer: TrainingClient = await service.create_lora_training_client(
-        base_model=config.base_model
-    )
-    renderer = get_renderer("role_colon", trainer.get_tokenizer())
-    corpus_key = demo_keys(seed)["corpus"]
-    adam = tinker.AdamParams(learning_rate=config.pretrain_lr, beta1=0.9, beta2=0.95, eps=1e-8)
-    loss_per_token = float("nan")
-    records: list[dict[str, float]] = []
-    # The whole corpus up front (one PRNG call each, not one per step): S·B documents.
-    pick_key, answer_key = jax.random.split(corpus_key)
+        return cached_state, float(record["final_loss_per_token"])
+    return None
+
+
+def _pretraining_corpus(
+    config: DemoConfig, seed: int, corpus_problems: Sequence[ArithmeticProblem]
+) -> tuple[list[ArithmeticProblem], list[str]]:
+    """The whole corpus up front (one PRNG call each, not one per step): `S·B` documents'
+    problems and their responses, keyed by the seed's corpus key."""
+    pick_key, answer_key = jax.random.split(demo_keys(seed)["corpus"])
     num_docs = config.pretrain_steps * config.pretrain_batch
     index_SB = np.asarray(jax.random.randint(pick_key, (num_docs,), 0, len(corpus_problems)))
     corpus = [corpus_problems[i] for i in index_SB.tolist()]
     responses_SB = arithmetic.corpus_responses(
         answer_key, corpus, p_correct=config.p_correct, p_high=config.p_high
     )
+    return corpus, responses_SB
+
+
+async def _pretrain_steps(
+    trainer: TrainingClient,
+    renderer: Renderer,
+    corpus: Sequence[ArithmeticProblem],
+    responses_SB: Sequence[str],
+    *,
+    config: DemoConfig,
+) -> tuple[float, list[dict[str, float]]]:
+    """Runs the `pretrain_steps` supervised steps; the last loss per token and every step's."""
+    adam = tinker.AdamParams(learning_rate=config.pretrain_lr, beta1=0.9, beta2=0.95, eps=1e-8)
+    loss_per_token = float("nan")
+    records: list[dict[str, float]] = []
     for step in range(config.pretrain_steps):
         batch = slice(step * config.pretrain_batch, (step + 1) * config.pretrain_batch)
         problems, responses = corpus[batch], responses_SB[batch]
@@ -221,28 +261,24 @@ async def pretrain_base_model(
                 config.pretrain_steps,
                 loss_per_token,
             )
-    if metrics_path is not None:
-        # written once at the end: one fsynced JsonlWriter line per step would cost seconds
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    saved = await trainer.save_state("base", overwrite=True)
+    return loss_per_token, records
+
+
+def _write_base_record(entry: Path, state_path: str, final_loss_per_token: float) -> None:
+    """Writes the cache entry's record atomically: a kill mid-write leaves the old record or
+    none, never a torn one. The state path is stored relative to `entry`."""
     entry.mkdir(parents=True, exist_ok=True)
-    # Atomic: a kill mid-write leaves the old record or none, never a torn one.
+    record_path = entry / _BASE_RECORD
     temp = record_path.with_name(f".{_BASE_RECORD}.tmp-{os.getpid()}")
     temp.write_text(
         json.dumps(
             {
-                "state_path": os.path.relpath(saved.path, os.path.abspath(entry)),
-                "final_loss_per_token": loss_per_token,
+                "state_path": os.path.relpath(state_path, os.path.abspath(entry)),
+                "final_loss_per_token": final_loss_per_token,
             }
         )
     )
     os.replace(temp, record_path)
-    return PretrainResult(
-        state_path=str(saved.path),
-        cached=False,
-        seconds=time.perf_counter() - start,
-        final_loss_per_token=loss_per_token,
-    )
 
 
 class BaseModelServiceClient:

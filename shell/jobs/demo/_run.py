@@ -18,17 +18,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import msgspec
 
 from rlpure.model import ByteTokenizer
-from rlpure.render import get_renderer
+from rlpure.render import Renderer, get_renderer
 from rlpure.tasks import arithmetic
 from shell.config import TrainConfig
 from shell.jobs.demo._arithmetic import ArithmeticDataset
-from shell.jobs.demo._base_model import BaseModelServiceClient, pretrain_base_model
+from shell.jobs.demo._base_model import (
+    BaseModelServiceClient,
+    PretrainResult,
+    pretrain_base_model,
+)
 from shell.jobs.demo._config import DemoConfig, demo_keys
 from shell.training import (
     METRICS_FILE,
+    TrainResult,
     checked_last_checkpoint,
     eval_metric_before_after,
     recipe_options,
@@ -86,22 +92,8 @@ async def run_demo_async(
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else log_dir / "base_model"
-    train_config = TrainConfig(
-        log_dir=str(log_dir),
-        backend="local",
-        base_model=config.base_model,
-        seed=seed,
-        max_steps=config.rl_steps,
-        learning_rate=config.rl_lr,
-        adam_eps=1e-8,
-        loss_fn="importance_sampling",
-        max_tokens=config.max_tokens,
-        temperature=1.0,
-        advantage_estimator="group_centered",
-        eval_every=config.eval_every,
-        eval_temperature=0.0,  # the summary reports held-out *greedy* accuracy
-        save_every=save_every,
-        progress=progress,
+    train_config = _demo_train_config(
+        config, seed=seed, log_dir=log_dir, save_every=save_every, progress=progress
     )
     recipe_options = demo_recipe_options(config)
     # Refuse a resume with another recipe before the (cached, but maybe 30 s) pretraining.
@@ -118,24 +110,8 @@ async def run_demo_async(
         metrics_path=log_dir / PRETRAIN_METRICS_FILE,
     )
     tokenizer = ByteTokenizer()
-    renderer = get_renderer("role_colon", tokenizer)
-    dataset = ArithmeticDataset(
-        split.train,
-        renderer,
-        num_batches=config.rl_steps,
-        groups_per_batch=min(config.groups_per_batch, len(split.train)),
-        group_size=config.group_size,
-        key=keys["rl"],
-        format_coef=config.format_coef,
-    )
-    test_dataset = ArithmeticDataset(
-        split.test,
-        renderer,
-        num_batches=1,
-        groups_per_batch=len(split.test),
-        group_size=1,
-        key=None,
-        format_coef=config.format_coef,
+    dataset, test_dataset = _demo_datasets(
+        split, get_renderer("role_colon", tokenizer), config=config, key=keys["rl"]
     )
     service = BaseModelServiceClient(
         LocalServiceClient(seed=seed, checkpoint_dir=log_dir / "local_states"),
@@ -153,9 +129,36 @@ async def run_demo_async(
     )
     rl_seconds = time.perf_counter() - rl_start
     before, after = eval_metric_before_after(log_dir / METRICS_FILE, "test/env/all/correct")
-    wall_s = time.perf_counter() - start
+    summary = _demo_summary(
+        seed,
+        config,
+        result,
+        base,
+        split,
+        wall_s=time.perf_counter() - start,
+        rl_seconds=rl_seconds,
+        before=before,
+        after=after,
+    )
+    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _demo_summary(
+    seed: int,
+    config: DemoConfig,
+    result: TrainResult,
+    base: PretrainResult,
+    split: arithmetic.ProblemSplit,
+    *,
+    wall_s: float,
+    rl_seconds: float,
+    before: float | None,
+    after: float | None,
+) -> dict[str, Any]:
+    """The `summary.json` record: accuracies, steps, the time split and the recipe."""
     ran = result.end_step - result.start_step
-    summary: dict[str, Any] = {
+    return {
         "seed": seed,
         "accuracy_before": before,
         "accuracy_after": after,
@@ -172,8 +175,55 @@ async def run_demo_async(
         "reward_curve": result.reward_curve,
         "recipe": msgspec.to_builtins(config),
     }
-    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+
+
+def _demo_train_config(
+    config: DemoConfig, *, seed: int, log_dir: Path, save_every: int, progress: bool
+) -> TrainConfig:
+    """The GRPO stage's `TrainConfig`: local backend, importance sampling, greedy evaluation."""
+    return TrainConfig(
+        log_dir=str(log_dir),
+        backend="local",
+        base_model=config.base_model,
+        seed=seed,
+        max_steps=config.rl_steps,
+        learning_rate=config.rl_lr,
+        adam_eps=1e-8,
+        loss_fn="importance_sampling",
+        max_tokens=config.max_tokens,
+        temperature=1.0,
+        advantage_estimator="group_centered",
+        eval_every=config.eval_every,
+        eval_temperature=0.0,  # the summary reports held-out *greedy* accuracy
+        save_every=save_every,
+        progress=progress,
+    )
+
+
+def _demo_datasets(
+    split: arithmetic.ProblemSplit, renderer: Renderer, *, config: DemoConfig, key: jax.Array
+) -> tuple[ArithmeticDataset, ArithmeticDataset]:
+    """The training dataset (`rl_steps` batches, groups keyed by `key`) and the held-out one
+    (every test problem once, in one batch)."""
+    dataset = ArithmeticDataset(
+        split.train,
+        renderer,
+        num_batches=config.rl_steps,
+        groups_per_batch=min(config.groups_per_batch, len(split.train)),
+        group_size=config.group_size,
+        key=key,
+        format_coef=config.format_coef,
+    )
+    test_dataset = ArithmeticDataset(
+        split.test,
+        renderer,
+        num_batches=1,
+        groups_per_batch=len(split.test),
+        group_size=1,
+        key=None,
+        format_coef=config.format_coef,
+    )
+    return dataset, test_dataset
 
 
 def run_demo(

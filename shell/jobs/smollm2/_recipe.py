@@ -29,7 +29,8 @@ from typing import Any
 import jax
 import msgspec
 
-from rlpure.render import get_renderer
+from rlpure.render import Renderer, get_renderer
+from rlpure.tasks.arithmetic import ProblemSplit
 from shell.clients import ServiceClient, make_service_client
 from shell.commands import TrainRecipe
 from shell.config import TrainConfig, build_config
@@ -169,44 +170,12 @@ async def run_smollm2(
     options = options or Smollm2Options()
     recorded = smollm2_recipe_options(options)
     resume = checked_last_checkpoint(config, recipe_options=recorded)
-    try:
-        split = addition_split(
-            jax.random.key(config.seed),
-            max_operand=options.max_operand,
-            num_test=options.num_test,
-        )
-    except ValueError as err:
-        raise ConfigError(f"smollm2-addition --num-test: {err}") from None
-    if len(split.train) < options.groups_per_batch:
-        raise ConfigError(
-            f"smollm2-addition --groups-per-batch: {options.groups_per_batch} exceeds the "
-            f"{len(split.train)} training problems"
-        )
+    split = _checked_split(config, options)
     service = service_client if service_client is not None else make_service_client(config)
     opened = await open_training_client(config, service, resume)
     tokenizer = await asyncio.to_thread(opened.client.get_tokenizer)
-    renderer = get_renderer("smollm2", tokenizer)
-    prefix = addition_prefix(fewshot=options.fewshot)
-    num_batches = config.max_steps if config.max_steps is not None else 1
-    dataset = AdditionDataset(
-        split.train,
-        renderer,
-        num_batches=max(num_batches, 1),
-        groups_per_batch=options.groups_per_batch,
-        group_size=options.group_size,
-        key=jax.random.fold_in(jax.random.key(config.seed), 1),
-        convo_prefix=prefix,
-        format_coef=options.format_coef,
-    )
-    test_dataset = AdditionDataset(
-        split.test,
-        renderer,
-        num_batches=1,
-        groups_per_batch=len(split.test),
-        group_size=1,
-        key=None,
-        convo_prefix=prefix,
-        format_coef=options.format_coef,
+    dataset, test_dataset = _addition_datasets(
+        split, get_renderer("smollm2", tokenizer), config=config, options=options
     )
     rl_start = time.perf_counter()
     result: TrainResult = await train(
@@ -237,6 +206,58 @@ async def run_smollm2(
     }
     (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _checked_split(config: TrainConfig, options: Smollm2Options) -> ProblemSplit:
+    """The seed's train/test split, refused when it leaves too few training problems.
+
+    Raises:
+        ConfigError: naming `--num-test` or `--groups-per-batch`.
+    """
+    try:
+        split = addition_split(
+            jax.random.key(config.seed),
+            max_operand=options.max_operand,
+            num_test=options.num_test,
+        )
+    except ValueError as err:
+        raise ConfigError(f"smollm2-addition --num-test: {err}") from None
+    if len(split.train) < options.groups_per_batch:
+        raise ConfigError(
+            f"smollm2-addition --groups-per-batch: {options.groups_per_batch} exceeds the "
+            f"{len(split.train)} training problems"
+        )
+    return split
+
+
+def _addition_datasets(
+    split: ProblemSplit, renderer: Renderer, *, config: TrainConfig, options: Smollm2Options
+) -> tuple[AdditionDataset, AdditionDataset]:
+    """The training dataset (`max_steps` batches, at least one) and the held-out one (every
+    test problem once, in one batch), both with the recipe's conversation prefix."""
+    prefix = addition_prefix(fewshot=options.fewshot)
+    num_batches = config.max_steps if config.max_steps is not None else 1
+    dataset = AdditionDataset(
+        split.train,
+        renderer,
+        num_batches=max(num_batches, 1),
+        groups_per_batch=options.groups_per_batch,
+        group_size=options.group_size,
+        key=jax.random.fold_in(jax.random.key(config.seed), 1),
+        convo_prefix=prefix,
+        format_coef=options.format_coef,
+    )
+    test_dataset = AdditionDataset(
+        split.test,
+        renderer,
+        num_batches=1,
+        groups_per_batch=len(split.test),
+        group_size=1,
+        key=None,
+        convo_prefix=prefix,
+        format_coef=options.format_coef,
+    )
+    return dataset, test_dataset
 
 
 # --- command line ------------------------------------------------------------------------------

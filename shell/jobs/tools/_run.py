@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,21 @@ from shell.errors import ConfigError
 from shell.jobs.demo import BaseModelServiceClient, supervised_step
 from shell.jobs.smollm2 import SMOLLM2_MODEL
 from shell.jobs.tools._renderer import RoleColonToolRenderer
-from shell.jobs.tools._task import AgentDataset, corpus_conversations, split_tool_problems
+from shell.jobs.tools._task import (
+    AgentDataset,
+    ToolProblem,
+    corpus_conversations,
+    split_tool_problems,
+)
 from shell.model_meta import get_recommended_renderer_name
 from shell.tokenizers import Tokenizer, get_tokenizer
-from shell.training import METRICS_FILE, eval_metric_before_after, recipe_options, train
+from shell.training import (
+    METRICS_FILE,
+    TrainResult,
+    eval_metric_before_after,
+    recipe_options,
+    train,
+)
 
 __all__ = [
     "AGENT_MODELS",
@@ -336,7 +348,6 @@ async def run_agent_async(
     warmup_start = time.perf_counter()
     tokenizer = get_tokenizer(config.base_model)
     renderer = agent_renderer(config.base_model, tokenizer)
-    prefix = conversation_prefix(config)
     state_path, cached, warmup_loss = await _warm_up(
         config=config,
         seed=seed,
@@ -347,46 +358,10 @@ async def run_agent_async(
         progress=progress,
     )
     warmup_s = time.perf_counter() - warmup_start
-    dataset = AgentDataset(
-        train_problems,
-        renderer,
-        num_batches=config.rl_steps,
-        groups_per_batch=config.groups_per_batch,
-        group_size=config.group_size,
-        key=rl_key,
-        max_turns=config.max_turns,
-        format_coef=config.format_coef,
-        convo_prefix=prefix,
+    dataset, test_dataset = _agent_datasets(
+        train_problems, test_problems, renderer, config=config, key=rl_key
     )
-    test_dataset = AgentDataset(
-        test_problems,
-        renderer,
-        num_batches=1,
-        groups_per_batch=len(test_problems),
-        group_size=1,
-        key=None,
-        max_turns=config.max_turns,
-        format_coef=config.format_coef,
-        convo_prefix=prefix,
-    )
-    train_config = TrainConfig(
-        log_dir=str(log_dir),
-        backend="local",
-        base_model=config.base_model,
-        lora_rank=config.lora_rank,
-        seed=seed,
-        max_steps=config.rl_steps,
-        learning_rate=config.rl_lr,
-        adam_eps=1e-8,
-        loss_fn="importance_sampling",
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        advantage_estimator="group_centered",
-        eval_every=config.eval_every,
-        eval_temperature=0.0,
-        num_groups_to_log=config.num_groups_to_log,
-        progress=progress,
-    )
+    train_config = _agent_train_config(config, seed=seed, log_dir=log_dir, progress=progress)
     service = BaseModelServiceClient(
         LocalServiceClient(seed=seed, checkpoint_dir=log_dir / "local_states"),
         base_model=config.base_model,
@@ -404,10 +379,43 @@ async def run_agent_async(
         ),
     )
     rl_s = time.perf_counter() - rl_start
-    metrics_path = log_dir / METRICS_FILE
+    summary = _agent_summary(
+        seed,
+        config,
+        result,
+        metrics_path=log_dir / METRICS_FILE,
+        start=start,
+        warmup_s=warmup_s,
+        warmup_cached=cached,
+        warmup_loss=warmup_loss,
+        rl_s=rl_s,
+        num_train_problems=len(train_problems),
+        num_test_problems=len(test_problems),
+    )
+    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _agent_summary(
+    seed: int,
+    config: AgentConfig,
+    result: TrainResult,
+    *,
+    metrics_path: Path,
+    start: float,
+    warmup_s: float,
+    warmup_cached: bool,
+    warmup_loss: float,
+    rl_s: float,
+    num_train_problems: int,
+    num_test_problems: int,
+) -> dict[str, Any]:
+    """The `summary.json` record: held-out accuracy and tool use before and after (read from
+    `metrics_path`), steps, the time split (`wall_s` since `start`, a `perf_counter` value)
+    and the recipe."""
     before, after = eval_metric_before_after(metrics_path, "test/env/all/correct")
     tool_before, tool_after = eval_metric_before_after(metrics_path, "test/env/all/used_tool")
-    summary: dict[str, Any] = {
+    return {
         "seed": seed,
         "base_model": config.base_model,
         "accuracy_before": before,
@@ -418,16 +426,74 @@ async def run_agent_async(
         "resumed_from_step": result.start_step,
         "wall_s": round(time.perf_counter() - start, 2),
         "warmup_s": round(warmup_s, 2),
-        "warmup_cached": cached,
+        "warmup_cached": warmup_cached,
         "warmup_final_loss_per_token": warmup_loss,
         "rl_s": round(rl_s, 2),
-        "num_train_problems": len(train_problems),
-        "num_test_problems": len(test_problems),
+        "num_train_problems": num_train_problems,
+        "num_test_problems": num_test_problems,
         "reward_curve": result.reward_curve,
         "recipe": msgspec.to_builtins(config),
     }
-    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+
+
+def _agent_datasets(
+    train_problems: Sequence[ToolProblem],
+    test_problems: Sequence[ToolProblem],
+    renderer: Renderer,
+    *,
+    config: AgentConfig,
+    key: jax.Array,
+) -> tuple[AgentDataset, AgentDataset]:
+    """The training dataset (`rl_steps` batches, groups keyed by `key`) and the held-out one
+    (every test problem once, in one batch), both after `conversation_prefix(config)`."""
+    prefix = conversation_prefix(config)
+    dataset = AgentDataset(
+        train_problems,
+        renderer,
+        num_batches=config.rl_steps,
+        groups_per_batch=config.groups_per_batch,
+        group_size=config.group_size,
+        key=key,
+        max_turns=config.max_turns,
+        format_coef=config.format_coef,
+        convo_prefix=prefix,
+    )
+    test_dataset = AgentDataset(
+        test_problems,
+        renderer,
+        num_batches=1,
+        groups_per_batch=len(test_problems),
+        group_size=1,
+        key=None,
+        max_turns=config.max_turns,
+        format_coef=config.format_coef,
+        convo_prefix=prefix,
+    )
+    return dataset, test_dataset
+
+
+def _agent_train_config(
+    config: AgentConfig, *, seed: int, log_dir: Path, progress: bool
+) -> TrainConfig:
+    """The GRPO stage's `TrainConfig`: local backend, importance sampling, greedy evaluation."""
+    return TrainConfig(
+        log_dir=str(log_dir),
+        backend="local",
+        base_model=config.base_model,
+        lora_rank=config.lora_rank,
+        seed=seed,
+        max_steps=config.rl_steps,
+        learning_rate=config.rl_lr,
+        adam_eps=1e-8,
+        loss_fn="importance_sampling",
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        advantage_estimator="group_centered",
+        eval_every=config.eval_every,
+        eval_temperature=0.0,
+        num_groups_to_log=config.num_groups_to_log,
+        progress=progress,
+    )
 
 
 def run_agent(
