@@ -30,7 +30,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -87,10 +87,12 @@ def _parse_value(kind: Any, nullable: bool, name: str) -> Callable[[str], Any]:
                 return json.loads(text)
             except json.JSONDecodeError as err:
                 raise argparse.ArgumentTypeError(f"{_flag(name)}: expected JSON: {err}") from None
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
+        if kind is int or kind is float:
+            try:
+                return kind(text)
+            except ValueError:
+                expected = "an integer" if kind is int else "a number"
+                raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         return text
 
     return parse
@@ -138,7 +140,7 @@ def _add_config_options(
         help="TOML or JSON file with TrainConfig fields and the recipe's own options, named "
         "as their flags with '_' for '-' (e.g. data_dir = \"data\"); flags override it.",
     )
-    hints = inspect.get_annotations(TrainConfig, eval_str=True)
+    hints = get_type_hints(TrainConfig)  # without the `Annotated` constraints
     base = TrainConfig()
     for name in TrainConfig.__struct_fields__:
         kind, nullable = _optional_inner(hints[name])
