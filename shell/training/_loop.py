@@ -37,8 +37,8 @@ Records (the cookbook's names, so a Tinker user reads them as the cookbook's): a
 `metrics.jsonl` row holds `progress/batch`, `progress/done_frac`, `optim/lr`, the evaluators'
 metrics on eval steps, `env/*` (`rlpure.metrics`), `rollout_errors/*`, the update's metrics
 (`shell.training._policy_update`: the optimizer's own keys verbatim, `optim/kl_sample_train_*`,
-`optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run.count_tokens`), our
-`batch/*` and `train/*` keys, and the `time/*` metrics of the step's spans
+`optim/entropy`, ...), `tokens/*` and `tokens/cumulative/*` (`shell.training._run.count_tokens`),
+our `batch/*` and `train/*` keys, and the `time/*` metrics of the step's spans
 (`shell.timing`; `time/total` is the whole step). Spans are named as the cookbook's
 (`run_evals`, `sampling`, `do_train_step_and_get_sampling_client`, `train_step`, ...) and
 written to `timing_spans.jsonl`, one line per step, after the step's checkpoint when one is
@@ -62,9 +62,9 @@ Clients are the `shell.clients` protocols: `tinker.ServiceClient`,
 Resuming: when `log_dir` holds checkpoints, training restarts from the last one (weights,
 optimizer state, step index, the loop's PRNG key) and the metrics and samples logged at or
 after its step are dropped first. What a run records for that (`config.json`,
-`recipe_options.json`), which changes a resume refuses (`ConfigError`), and the training client
-a caller may hand over (`OpenedTrainingClient`) are the conventions of
-`shell.training._resume`; `train` follows them.
+`recipe_options.json`) and which changes a resume refuses (`ConfigError`) are the conventions of
+`shell.training._resume`, the training client a caller may hand over (`OpenedTrainingClient`)
+those of `shell.training._restore`; `train` follows them.
 
 One writer per log dir: `train` holds the log dir's advisory lock (`shell.training._lock`) for
 the whole call, so a second run on the same `log_dir` is refused (`LogDirLockedError`, naming the

@@ -72,13 +72,20 @@ class StepStart(NamedTuple):
 
     Attributes:
         metrics: the step's first metrics (evaluators' included when they ran).
-        seed: the step's sampling seed (sampler call `n` of the step uses `seed + n`).
         key: the loop's PRNG key after the step's split.
+        step_key: the step's half of the split, from which its sampling seed is drawn.
     """
 
     metrics: dict[str, Any]
-    seed: int
     key: jax.Array
+    step_key: jax.Array
+
+    @property
+    def seed(self) -> int:
+        """The step's sampling seed (sampler call `n` of the step uses `seed + n`), drawn
+        from `step_key` by the modes that sample with it (not the async mode, whose groups
+        have their own seeds)."""
+        return int(jax.random.randint(self.step_key, (), 0, 2**31 - 1))
 
 
 class StepResult(NamedTuple):
@@ -184,7 +191,6 @@ async def begin_step(
     """
     config = ctx.config
     key, step_key = jax.random.split(state.key)
-    seed = int(jax.random.randint(step_key, (), 0, 2**31 - 1))
     metrics: dict[str, Any] = {
         step_metric: step,
         "optim/lr": config.learning_rate,
@@ -192,7 +198,7 @@ async def begin_step(
     }
     if evaluates(ctx) and step % config.eval_every == 0:
         metrics.update(await run_evaluators(ctx, state.sampling_client, step))
-    return StepStart(metrics=metrics, seed=seed, key=key)
+    return StepStart(metrics=metrics, key=key, step_key=step_key)
 
 
 def record_rollouts(
