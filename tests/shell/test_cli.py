@@ -152,6 +152,19 @@ def test_invalid_options_exit_with_code_2(
     assert "TrainConfig.learning_rate" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value", "expected"), [("--seed", "abc", "an integer"), ("--learning-rate", "fast", "a number")])  # fmt: skip
+def test_a_numeric_flag_parses_as_its_field_type_and_names_what_it_expected(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str, expected: str
+) -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "toy", "--seed", "3", "--learning-rate", "1e-3"])
+    assert (args.seed, args.learning_rate) == (3, 1e-3)  # typed by argparse, not left as text
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "toy", "--backend", "fake", "--log-dir", str(tmp_path), flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: expected {expected}, got {value!r}" in capsys.readouterr().err
+
+
 def test_tinker_backend_needs_the_api_key_in_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -38,7 +38,7 @@ How the fields map onto `TrainConfig`: `log_path` â†’ `log_dir`, `model_name` â†
 `shell.config.AsyncConfig` / `StreamMinibatchConfig` records (async and streaming training,
 `shell.training._async` and `shell.training._stream`); the optimizer, loss, sampling, KL,
 cadence, epoch and step fields keep their names (`save_every`, `ttl_seconds`, `rolling_save_every` and `rolling_ttl_seconds`
-save as the cookbook's `CheckpointManager`, see `shell.training._checkpoints`); `wandb_project`
+save as the cookbook's `CheckpointManager`, see `shell.training._saves`); `wandb_project`
 and `wandb_name` log to W&B as the cookbook's `WandbLogger`
 (`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
 and the dataset builder's class are recorded as recipe options, so a resume with another recipe
