@@ -140,7 +140,8 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 
 OUR_ENV = _module(
-    "bench_loop_env", re.sub(r"^from tinker_cookbook\b", "from shell.cookbook", ENV_SOURCE, flags=re.M)
+    "bench_loop_env",
+    re.sub(r"^from tinker_cookbook\b", "from shell.cookbook", ENV_SOURCE, flags=re.M),
 )
 
 

@@ -222,7 +222,7 @@ def merged_unembedding(
 ) -> jax.Array:
     """The unembedding with its adapter folded in, in `w`'s layout and dtype: `embed_V_E +
     scale (A B)ᵀ` when `tied` (`w` is the token embedding), else `unembed_E_V + scale A B`,
-    summed in float32. `merge_lora` merges with it for samplers, `rlpure.model._transformer`
+    summed in float32. `merge_lora` merges with it for samplers, `rlpure.model._lora_kernels`
     for a training call (`_adapted_unembed`)."""
     spec = "er,rv->ve" if tied else "er,rv->ev"
     delta = scale * jnp.einsum(spec, a_E_R, b_R_V)

@@ -1,5 +1,6 @@
 """`tinker_cookbook.cli_utils`: re-exported from `shell.run_dirs`."""
 
+from shell.cookbook.exceptions import ConfigurationError
 from shell.errors import (
     ConfigError,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "DEFAULT_RUNS_DIR",
     "RUNS_DIR_ENV_VAR",
     "ConfigError",
+    "ConfigurationError",
     "LogdirBehavior",
     "check_log_dir",
     "model_name_from_argv",

@@ -26,7 +26,7 @@ waits only for the logprobs and metrics, so stage 3 is still running when it ret
 next call that needs the gradient (`optim_step`) waits for it; a LoRA `forward_backward`
 returns when its one stage, backward included, is done.
 
-Conventions: arrays are padded `[D, T]` batches from `shell.local._inputs.pack_data`
+Conventions: arrays are padded `[D, T]` batches from `shell.local._inputs.pack_rows`
 (position `i` predicts target `i`; `valid_D_T` masks padding). A batch too large for memory is
 split into row chunks whose gradients add up and whose metrics `merge_metrics` combines by
 their `name:reduction` suffix. The LoRA stages take chunks of one shape stacked `[X, D, T]`

@@ -471,7 +471,9 @@ async def run_async(
     await save_checkpoint_due(ctx, state, start, periodic=True)
     done = await _run_loops(shared, logs, write_state, num_workers=slots)
     write_state(shared.async_state(ctx.num_steps))  # the row of train's final checkpoint
-    return done
+    # the totals as they stand now: workers may have counted dropped groups after the loops'
+    # last step, and the final row and checkpoint carry every token counted (the old live totals)
+    return done._replace(state=shared.state)
 
 
 async def _run_loops(

@@ -1,4 +1,4 @@
-"""`shell.chat._qwen3`, `.llama3` and `.chatml`: the cookbook's API over `rlpure.render`.
+"""`shell.chat._qwen3`, `._llama3` and `._chatml`: the cookbook's API over `rlpure.render`.
 
 (Token-for-token agreement with the cookbook is `tests/parity/test_chat_renderer_parity.py`;
 the token maths is tested in `tests/core/test_render_chat.py`.)

@@ -175,3 +175,31 @@ def test_isinstance_refuses_a_client_missing_a_method() -> None:
 
     assert not isinstance(SampleOnly(), SamplingClient)
     assert not isinstance(FakeSamplingClient(), TrainingClient)
+
+
+def test_a_backend_is_read_from_what_the_client_declares_not_its_class() -> None:
+    from unittest.mock import MagicMock
+
+    from shell.clients import backend_of
+    from shell.errors import ConfigError
+    from shell.fakes import FakeServiceClient
+    from shell.local import LocalServiceClient
+
+    class Forwarding:  # a wrapper such as the demo's BaseModelServiceClient
+        def __init__(self, inner: object) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._inner, name)
+
+    class Declares:
+        backend_kind = "gpu-cluster"
+
+    local = LocalServiceClient()
+    assert backend_of(local) == "local"
+    assert backend_of(Forwarding(local)) == "local"
+    assert backend_of(FakeServiceClient()) == "fake"
+    assert backend_of(object()) == "tinker"  # the SDK's client declares nothing
+    assert backend_of(MagicMock()) == "tinker"  # answers every attribute, declares nothing
+    with pytest.raises(ConfigError, match="backend_kind='gpu-cluster'"):
+        backend_of(Declares())

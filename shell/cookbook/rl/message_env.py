@@ -18,6 +18,7 @@ from shell.chat._base import (
     Renderer,
     classify_parse_failure,
 )
+from shell.completion import StopCondition
 from shell.env import (
     ActionExtra,
     Env,
@@ -42,6 +43,7 @@ __all__ = [
     "Renderer",
     "RolloutLimits",
     "StepResult",
+    "StopCondition",
     "StopReason",
     "as_model_input",
     "classify_parse_failure",

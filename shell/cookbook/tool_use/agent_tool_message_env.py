@@ -22,6 +22,7 @@ from shell.agents._tools import (
     handle_tool_call,
 )
 from shell.chat._base import (
+    PARSE_FAILURE_DETAIL_MAX_CHARS,
     Message,
     Renderer,
     ToolCall,
@@ -33,10 +34,12 @@ from shell.rollouts import (
     ParseErrorPolicy,
     RolloutConfig,
     TerminationRewardPolicy,
+    ToolExecution,
     default_rollout_config_for_model,
 )
 
 __all__ = [
+    "PARSE_FAILURE_DETAIL_MAX_CHARS",
     "AgentToolMessageEnv",
     "EnvFromMessageEnv",
     "Message",
@@ -51,6 +54,7 @@ __all__ = [
     "TerminationRewardPolicy",
     "Tool",
     "ToolCall",
+    "ToolExecution",
     "ToolResult",
     "UnparsedToolCall",
     "build_agent_tool_env",

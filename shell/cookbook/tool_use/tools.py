@@ -13,11 +13,13 @@ from shell.agents._tools import (
     tool,
 )
 from shell.chat._base import (
+    ContentPart,
     ToolCall,
     ToolSpec,
 )
 
 __all__ = [
+    "ContentPart",
     "FunctionTool",
     "Tool",
     "ToolCall",
