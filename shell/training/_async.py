@@ -76,7 +76,6 @@ from returns.result import Success
 
 from rlpure import metrics as metrics_lib
 from rlpure.records import TrajectoryGroup
-from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.errors import CheckpointError, ConfigError
@@ -91,6 +90,7 @@ from shell.training._steps import (
     begin_step,
     finish_step,
     record_rollouts,
+    sampling_policy,
     save_checkpoint_due,
     update_metrics,
     update_policy,
@@ -265,12 +265,7 @@ async def _worker(shared: _Async) -> None:
         await shared.slots.acquire()
         # read the sampler and its step together, after taking a slot (no await between)
         sampler, sampler_step = shared.state.sampling_client, shared.sampler_step
-        policy = TinkerTokenCompleter(
-            sampler,
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-            seed=group_seed(config.seed, position),
-        )
+        policy = sampling_policy(config, sampler, seed=group_seed(config.seed, position))
         start = time.perf_counter()
         with span("trajectory_group_worker"):
             outcome = await do_group_rollout_outcome(

@@ -32,6 +32,8 @@ import jax
 
 from rlpure.records import TrajectoryGroup
 from shell.clients import SamplingClient
+from shell.completion import TinkerTokenCompleter
+from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder
 from shell.timing import StepTimer, recording, span, span_dicts
 from shell.training._checkpoints import CheckpointRecord, prng_key_data
@@ -175,6 +177,20 @@ async def run_evaluators(ctx: RunContext, sampler: SamplingClient, step: int) ->
             title=f"Running evaluation {ctx.test_evaluator.name} {step}",
         )
     return merged
+
+
+def sampling_policy(
+    config: TrainConfig, sampling_client: SamplingClient, *, seed: int
+) -> TinkerTokenCompleter:
+    """The policy rollouts sample with, in every mode: `sampling_client` at the run's
+    `max_tokens` and `temperature`; its sampler call `n` uses `seed + n` (a step's seed in the
+    sync and streaming modes, a group's in the async mode)."""
+    return TinkerTokenCompleter(
+        sampling_client,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        seed=seed,
+    )
 
 
 async def begin_step(

@@ -76,7 +76,7 @@ from shell.training._policy_update import (
     records_stability_info,
 )
 from shell.training._run import RunContext, RunState, count_tokens
-from shell.training._steps import StepResult, begin_step, record_rollouts
+from shell.training._steps import StepResult, begin_step, record_rollouts, sampling_policy
 
 __all__ = ["check_stream_dataset", "minibatch_sizes", "run_stream_step"]
 
@@ -207,12 +207,7 @@ async def run_stream_step(
     start = await begin_step(ctx, state, step)
     state = state._replace(key=start.key)
     builders = list(dataset.get_batch(step))
-    policy = TinkerTokenCompleter(
-        state.sampling_client,
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        seed=start.seed,
-    )
+    policy = sampling_policy(config, state.sampling_client, seed=start.seed)
     arrivals: asyncio.Queue[_Arrival | Exception] = asyncio.Queue()
     limit = asyncio.Semaphore(config.max_concurrent_groups or max(1, len(builders)))
     tasks = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 
 from rlpure import metrics as metrics_lib
-from shell.completion import TinkerTokenCompleter
 from shell.env import RLDataset
 from shell.rollouts import do_batch_rollouts
 from shell.timing import span
@@ -27,6 +26,7 @@ from shell.training._steps import (
     StepResult,
     begin_step,
     record_rollouts,
+    sampling_policy,
     update_metrics,
     update_policy,
 )
@@ -45,12 +45,7 @@ async def run_sync_step(
     start = await begin_step(ctx, state, step)
     state, metrics = state._replace(key=start.key), start.metrics
     builders = list(dataset.get_batch(step))
-    policy = TinkerTokenCompleter(
-        state.sampling_client,
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        seed=start.seed,
-    )
+    policy = sampling_policy(config, state.sampling_client, seed=start.seed)
     with span("sampling"):
         outcomes = await do_batch_rollouts(
             builders,
