@@ -18,12 +18,16 @@ method names, signatures and return conventions:
 Standing in for `tinker.ServiceClient`: `LocalServiceClient` takes every keyword of the SDK's
 constructor (`user_metadata`, `project_id`, `display_name` kept; `base_url`, `api_key`,
 `default_headers_overrides` accepted and ignored: nothing is contacted), then its own options
-(`seed`, `checkpoint_dir`, ...); an unknown keyword is a `TypeError` (the SDK only warns). It is
-a context manager, and `create_rest_client()` answers the REST calls of the cookbook's
-`checkpoint_utils` (run metadata for the renderer-name check on resume, deleting rolling
-checkpoints). So the cookbook's `rl.train.main` runs unchanged with `tinker.ServiceClient =
-LocalServiceClient`; to resume in another process, bind a lasting checkpoint directory:
-`tinker.ServiceClient = functools.partial(LocalServiceClient, checkpoint_dir=...)`.
+(`seed`, `checkpoint_dir`, `temporary_checkpoints`, ...); an unknown keyword is a `TypeError`
+(the SDK only warns). It is a context manager, and `create_rest_client()` answers the REST calls
+of the cookbook's `checkpoint_utils` (run metadata for the renderer-name check on resume,
+deleting rolling checkpoints) and lists runs and checkpoints (`list_training_runs`,
+`list_user_checkpoints`). So the cookbook's `rl.train.main` runs unchanged with
+`tinker.ServiceClient = LocalServiceClient`, and resumes in another process with no extra
+argument (checkpoints are durable by default, below); to keep them elsewhere, bind a directory:
+`tinker.ServiceClient = functools.partial(LocalServiceClient, checkpoint_dir=...)`. The training
+client factories take one local extension, `training_run_id=` (keyword-only), for a host that
+names its runs (`rlpure serve`: `{session_id}:train:{n}`, as Tinker).
 
 Semantics and decisions:
 - **Models.** `base_model` is resolved once per service (`shell.local._models.
@@ -92,7 +96,17 @@ Semantics and decisions:
   directory's absolute filesystem path, accepted by `load_state`,
   `create_training_client_from_state[_with_optimizer]` and `create_sampling_client`. As in the
   SDK, `load_state` restores weights only and `load_state_with_optimizer` weights and Adam
-  state. They live under `checkpoint_dir` (default: a fresh temporary directory per service).
+  state. They live under `checkpoint_dir / <training run id> / <state|sampler> / <name>`.
+  The default `checkpoint_dir` is the user's durable store,
+  `shell.data_dir.default_checkpoint_dir()` (`$RLPURE_HOME/checkpoints`, else
+  `$XDG_DATA_HOME/rlpure/checkpoints`, else `~/.local/share/rlpure/checkpoints`), shared by every
+  process of the user and by `rlpure serve`; `temporary_checkpoints=True` gives a fresh
+  temporary directory instead, removed at exit.
+- **Training runs** own a folder of the checkpoint directory each, claimed atomically when the
+  training client is made (`local-{seed}-{index}`, or the host's `training_run_id`), so
+  processes sharing the directory never share a run id; its `run.json` (base model, rank,
+  LoRA or not, `user_metadata`, creation time) makes a run with no checkpoint yet known to
+  every process's REST client.
 - Clients are not thread-safe: use them from one thread (typically the event loop's).
 - Not supported (raise `NotImplementedError`): custom losses, `topk_*` logprobs,
   `target_prompt_logprobs`, `prompt_alt_tokens_k`, non-Adam optimizers, multimodal chunks.
@@ -101,11 +115,12 @@ Layout (this module is the public entry point; import the clients from here, the
 modules are its parts):
 - `_service`: `LocalServiceClient`, the model configs and the client factories;
 - `_runtime`: `LocalRuntime`, what the service shares with its clients (seed, model configs,
-  memory budgets, checkpoint paths, the training runs opened, the sample-request counter);
+  memory budgets, checkpoint paths, the training runs opened and their `run.json`, the
+  sample-request counter);
 - `_training`: `LocalTrainingClient`;
 - `_sampling`: `LocalSamplingClient`, its request validation and batching;
-- `_rest`: `LocalRestClient` (training runs and checkpoints, read from the checkpoint files)
-  and `LocalLookupError`;
+- `_rest`: `LocalRestClient` (training runs and checkpoints, read from `run.json` and the
+  checkpoint files) and `LocalLookupError`;
 - `_train_steps`: the jitted forward/backward stages and the merging of chunk metrics;
 - `_inputs`: validation of Tinker inputs and packing of datums into bucketed arrays;
 - `_checkpoints`: the checkpoint directory format;

@@ -353,9 +353,10 @@ def _temporary_dir_hint(directory: Path) -> str:
     if directory.exists() or not any(part.startswith("rlpure-local-") for part in directory.parts):
         return ""
     return (
-        " (it was saved in the temporary checkpoint directory of a LocalServiceClient without "
-        "checkpoint_dir, which is removed when that process exits; to resume in a new process, "
-        "create the service with checkpoint_dir=..., e.g. "
+        " (it was saved in the temporary checkpoint directory of a LocalServiceClient made with "
+        "temporary_checkpoints=True, which is removed when that process exits; to resume in a "
+        "new process, leave the default (durable: $RLPURE_HOME/checkpoints or "
+        "~/.local/share/rlpure/checkpoints) or pass checkpoint_dir=..., e.g. "
         "functools.partial(LocalServiceClient, checkpoint_dir='<log_path>/local_states'))"
     )
 

@@ -2,19 +2,30 @@
 
 The SDK's `RestClient` (from `ServiceClient.create_rest_client()`) queries the Tinker server
 about training runs and their checkpoints. Here every answer comes from the service's
-`LocalRuntime` (the training runs its clients opened) and from the checkpoint directories'
-manifests (`shell.local._checkpoints`), so it also answers for runs of earlier processes whose
-checkpoints are on disk.
+`LocalRuntime` (the training runs its clients opened), the runs' `run.json` records and the
+checkpoint directories' manifests (`shell.local._checkpoints`), so it also answers for runs of
+other and earlier processes sharing the checkpoint directory (by default the user's store,
+`shell.data_dir.default_checkpoint_dir()`).
 
 Conventions:
 - A *tinker path* is what `save_state` / `save_weights_for_sampler` returned: the checkpoint
   directory's filesystem path (`<checkpoint_dir>/<training run id>/<state|sampler>/<name>`). A
   checkpoint's id is `"<kind>/<name>"` (the SDK's `"weights/<name>"` /
   `"sampler_weights/<name>"`), its type `"training"` or `"sampler"`.
-- A training run is known if this service opened it or if its folder exists under the service's
-  checkpoint directory. `TrainingRun.user_metadata` is the `user_metadata` its training client
-  was created with (recorded in every checkpoint it saved), as on Tinker; the cookbook's resume
-  reads the renderer name from it (`check_renderer_name_for_checkpoint_async`).
+- A training run is known if this service opened it, if its folder under the service's
+  checkpoint directory holds its `run.json` (written when it was opened, so a run with no
+  checkpoint yet is known to every process) or if the folder holds checkpoints of it (runs of an
+  earlier rlpure, which wrote no `run.json`). `TrainingRun.user_metadata` is the `user_metadata`
+  its training client was created with (recorded in `run.json` and in every checkpoint it
+  saved), as on Tinker; the cookbook's resume reads the renderer name from it
+  (`check_renderer_name_for_checkpoint_async`). `is_lora` is whether the run trains LoRA
+  adapters (a pretrained model; a toy model trains every weight), `lora_rank` the `rank` it
+  was created with (a LoRA checkpoint's own rank where the run has no `run.json`).
+- Listings are newest first and paged by `offset` and `limit`, with a `Cursor` whose
+  `total_count` counts every item: `list_training_runs` orders runs by creation time (an
+  earlier rlpure's run: its oldest checkpoint's), `list_user_checkpoints` every run's
+  checkpoints by the time they were saved. Every process of the user shares the default
+  checkpoint directory, so they list each other's runs.
 - Every method returns a ready `APIFuture` (await it or `.result()` it), as the SDK's do.
 - An unknown run or a path that is not a local checkpoint raises `LocalLookupError`, a
   `CheckpointError` that is also a `ValueError`: the SDK raises `ValueError` for a path it
@@ -36,9 +47,11 @@ from typing import Literal
 import tinker
 from tinker import types
 
+from rlpure import model as model_lib
 from shell.errors import CheckpointError
 from shell.local._checkpoints import (
     CheckpointInfo,
+    _read_manifest,  # the LoRA config, until `CheckpointInfo` carries it
     checkpoint_name,
     delete_checkpoint,
     read_checkpoint_info,
@@ -58,6 +71,22 @@ class LocalLookupError(CheckpointError, ValueError):
 
 def _timestamp(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+
+
+def _lora_of(info: CheckpointInfo) -> model_lib.LoraConfig | None:
+    """The LoRA config of the checkpoint `info` describes (None: full weights).
+
+    Raises:
+        CheckpointError: its manifest is no longer readable.
+    """
+    return _read_manifest(Path(info.path), f"checkpoint {info.path!r}").lora
+
+
+def _check_page(limit: object, offset: object, where: str) -> None:
+    """Refuses a `limit` or `offset` that is not an int >= 0, naming it."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{where}.{name}: expected an int >= 0, got {value!r}")
 
 
 def _as_checkpoint(info: CheckpointInfo) -> types.Checkpoint:
@@ -124,21 +153,24 @@ class LocalRestClient:
         return sorted(found, key=lambda info: (info.saved_at, info.path))
 
     def _training_run(self, training_run_id: str) -> types.TrainingRun:
-        record: TrainingRunRecord | None = self._runtime.training_runs.get(training_run_id)
+        record: TrainingRunRecord | None = self._runtime.training_run(training_run_id)
         checkpoints = self._checkpoints(training_run_id)
         if record is None and not checkpoints:
             raise LocalLookupError(
-                f"unknown local training run {training_run_id!r} (not opened by this service and "
-                f"no checkpoints of it under {self._runtime.checkpoint_root})"
+                f"unknown local training run {training_run_id!r} (not opened by this service, "
+                f"no run.json and no checkpoints of it under {self._runtime.checkpoint_root})"
             )
         states = [info for info in checkpoints if info.kind == "state"]
         samplers = [info for info in checkpoints if info.kind == "sampler"]
+        lora_rank: int | None
         if record is not None:
-            base_model, lora_rank = record.base_model, record.lora_rank
+            base_model, is_lora, lora_rank = record.base_model, record.is_lora, record.lora_rank
             metadata, last_time = record.user_metadata, record.created_at
-        else:
+        else:  # an earlier rlpure's run: what its newest checkpoint says
             newest = checkpoints[-1]
-            base_model, lora_rank, metadata = newest.base_model, None, newest.run_metadata
+            lora = _lora_of(newest)
+            base_model, metadata = newest.base_model, newest.run_metadata
+            is_lora, lora_rank = lora is not None, lora.rank if lora is not None else None
             last_time = newest.saved_at
         if checkpoints:
             last_time = max(last_time, checkpoints[-1].saved_at)
@@ -146,13 +178,33 @@ class LocalRestClient:
             training_run_id=training_run_id,
             base_model=base_model,
             model_owner=_OWNER,
-            is_lora=False,
+            is_lora=is_lora,
             lora_rank=lora_rank,
             last_request_time=_timestamp(last_time),
             last_checkpoint=_as_checkpoint(states[-1]) if states else None,
             last_sampler_checkpoint=_as_checkpoint(samplers[-1]) if samplers else None,
             user_metadata=dict(metadata) or None,
         )
+
+    def _run_ids_newest_first(self) -> list[str]:
+        """The ids of every run under the checkpoint directory (with a `run.json` or
+        checkpoints), newest first: by creation time (without `run.json`, the oldest
+        checkpoint's time), then by id."""
+        root = self._runtime.checkpoint_root
+        if root is None or not root.is_dir():
+            return []
+        created: list[tuple[float, str]] = []
+        for entry in os.scandir(root):
+            if not entry.is_dir():
+                continue
+            record = self._runtime.training_run(entry.name)
+            if record is not None:
+                created.append((record.created_at, entry.name))
+                continue
+            checkpoints = self._checkpoints(entry.name)
+            if checkpoints:
+                created.append((checkpoints[0].saved_at, entry.name))
+        return [run_id for _, run_id in sorted(created, reverse=True)]
 
     # -- SDK surface --
 
@@ -185,11 +237,13 @@ class LocalRestClient:
         try:
             run = self._training_run(info.training_run_id)
         except LocalLookupError:  # a checkpoint moved out of its run's folder: its own manifest
+            lora = _lora_of(info)
             run = types.TrainingRun(
                 training_run_id=info.training_run_id,
                 base_model=info.base_model,
                 model_owner=_OWNER,
-                is_lora=False,
+                is_lora=lora is not None,
+                lora_rank=lora.rank if lora is not None else None,
                 last_request_time=_timestamp(info.saved_at),
                 user_metadata=dict(info.run_metadata) or None,
             )
@@ -200,13 +254,74 @@ class LocalRestClient:
     def get_weights_info_by_tinker_path(
         self, tinker_path: str
     ) -> tinker.APIFuture[types.WeightsInfoResponse]:
-        """The base model of the checkpoint at `tinker_path` (full weights: `is_lora=False`).
+        """The base model of the checkpoint at `tinker_path` and, for LoRA adapters, their
+        rank and matrices (full weights of a toy model: `is_lora=False`).
 
         Raises:
             LocalLookupError: `tinker_path` is not a readable local checkpoint.
         """
         info = self._info(tinker_path)
-        return ReadyFuture(types.WeightsInfoResponse(base_model=info.base_model, is_lora=False))
+        lora = _lora_of(info)
+        if lora is None:
+            return ReadyFuture(types.WeightsInfoResponse(base_model=info.base_model, is_lora=False))
+        return ReadyFuture(
+            types.WeightsInfoResponse(
+                base_model=info.base_model,
+                is_lora=True,
+                lora_rank=lora.rank,
+                train_unembed=lora.train_unembed,
+                train_mlp=lora.train_mlp,
+                train_attn=lora.train_attn,
+            )
+        )
+
+    def list_training_runs(
+        self,
+        limit: int = 20,
+        offset: int = 0,
+        access_scope: Literal["owned", "accessible"] = "owned",
+        project_id: str | None = None,
+    ) -> tinker.APIFuture[types.TrainingRunsResponse]:
+        """The training runs under the checkpoint directory, newest first, `limit` of them
+        from `offset` on (`cursor.total_count`: all of them).
+
+        `access_scope` and `project_id` are accepted and ignored: every local run is the
+        user's, and runs record no project.
+
+        Raises:
+            ValueError: `limit` or `offset` is not an int >= 0.
+        """
+        _check_page(limit, offset, "list_training_runs")
+        run_ids = self._run_ids_newest_first()
+        return ReadyFuture(
+            types.TrainingRunsResponse(
+                training_runs=[
+                    self._training_run(run_id) for run_id in run_ids[offset : offset + limit]
+                ],
+                cursor=types.Cursor(offset=offset, limit=limit, total_count=len(run_ids)),
+            )
+        )
+
+    def list_user_checkpoints(
+        self, limit: int = 100, offset: int = 0
+    ) -> tinker.APIFuture[types.CheckpointsListResponse]:
+        """Every run's checkpoints, state and sampler, newest first, `limit` of them from
+        `offset` on (`cursor.total_count`: all of them).
+
+        Raises:
+            ValueError: `limit` or `offset` is not an int >= 0.
+        """
+        _check_page(limit, offset, "list_user_checkpoints")
+        found = [
+            info for run_id in self._run_ids_newest_first() for info in self._checkpoints(run_id)
+        ]
+        found.sort(key=lambda info: (info.saved_at, info.path), reverse=True)
+        return ReadyFuture(
+            types.CheckpointsListResponse(
+                checkpoints=[_as_checkpoint(info) for info in found[offset : offset + limit]],
+                cursor=types.Cursor(offset=offset, limit=limit, total_count=len(found)),
+            )
+        )
 
     def list_checkpoints(
         self, training_run_id: types.ModelID

@@ -15,16 +15,23 @@ Conventions:
   SmolLM2 token holds ~2.4 MB of them, so the issue's GRPO batch (128 datums × 128 tokens) in
   one call needed ~40 GB and was killed on a 24 GB machine; the toy models never reach this
   bound. Row counts are powers of two (at least 1), so chunking reuses compiled shapes.
-- Checkpoints live under `checkpoint_dir / model_id / kind / name`; without a `checkpoint_dir`
-  a fresh temporary directory (`rlpure-local-*`) is created on first use and removed when the
-  interpreter exits (`atexit`; a killed process leaves it). A given `checkpoint_dir` is never
-  removed.
-- `training_runs` records each training run (training client) the service opened, by id:
-  base model, rank, the `user_metadata` it was created with, when. The REST client reads it;
-  `new_training_run_id()` names runs `local-{seed}-{index}`, skipping ids in use by this service
-  or present as folders under the checkpoint directory, so a resumed run sharing a
-  `checkpoint_dir` with an earlier process never writes into that process's run folder (on
-  Tinker, too, a training client restored from a state is a new training run).
+- Checkpoints live under `checkpoint_dir / model_id / kind / name`. The service passes its
+  checkpoint directory (by default `shell.data_dir.default_checkpoint_dir()`, shared by every
+  process of the user; created on first use, never removed) or `None` for a temporary one: a
+  fresh `rlpure-local-*` directory created on first use and removed when the interpreter exits
+  (`atexit`; a killed process leaves it).
+- A training run owns the folder `checkpoint_dir / run_id`. `new_training_run_id()` claims it
+  atomically (`mkdir` without `exist_ok`: of several processes sharing the directory exactly one
+  gets a name) and writes the run's `TrainingRunRecord` there as `run.json` (base model, rank,
+  whether it trains LoRA adapters, the `user_metadata` it was created with, when; replaced
+  atomically, so a reader sees a whole record or none), so a run with no checkpoint yet is known
+  to a later process. Runs the service names itself are `local-{seed}-{index}`: the first claim
+  starts after the highest index on disk (one directory listing) and each later one after the
+  last index claimed, moving on at each folder another process took first, so a claim costs
+  O(runs) at worst and ids are never reused, even once a run's folder is deleted (on Tinker,
+  too, a training client restored from a state is a new training run). A host may name a run
+  itself (`run_id=`: a plain folder name not yet claimed). `training_runs` keeps the records of
+  the runs this service opened; `training_run(run_id)` answers from it, then from `run.json`.
 - `base_model(name)` resolves a `base_model` name once per service
   (`shell.local._models.resolve_base_model`: the service's toy configs first, then local
   paths, the packaged SmolLM2, the offline Hugging Face cache) and keeps the result, a
@@ -41,9 +48,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,10 +61,11 @@ import msgspec
 from tinker import types
 
 from rlpure import model as model_lib
+from shell.errors import ConfigError
 from shell.local._checkpoints import checkpoint_name
 from shell.local._models import resolve_base_model
 
-__all__ = ["LoadedModel", "LocalRuntime", "TrainingRunRecord"]
+__all__ = ["LoadedModel", "LocalRuntime", "TrainingRunRecord", "read_run_record"]
 
 if TYPE_CHECKING:  # transformers is imported only where a pretrained tokenizer is built
     from transformers import PreTrainedTokenizerFast
@@ -119,13 +129,55 @@ def _floor_power_of_two(n: int) -> int:
 
 
 class TrainingRunRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A training run (training client) a service opened."""
+    """A training run (training client) a service opened, as its `run.json` holds it."""
 
     base_model: str
     lora_rank: int
+    """The `rank` the run was created with (a toy model records it without using it)."""
+    is_lora: bool
+    """Whether the run trains LoRA adapters (a pretrained model) rather than every weight."""
     user_metadata: dict[str, str]
     created_at: float
     """Seconds since the epoch."""
+
+
+_RUN_FILE = "run.json"
+_RUN_DECODER = msgspec.json.Decoder(TrainingRunRecord)
+_RUN_ID = re.compile(r"local-(\d+)-(\d+)")
+
+
+def read_run_record(folder: Path) -> TrainingRunRecord | None:
+    """The `run.json` of the run folder `folder`, or None where it is missing or unreadable
+    (a folder being claimed has none yet; a damaged one reads as absent)."""
+    try:
+        return _RUN_DECODER.decode((folder / _RUN_FILE).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _write_run_record(folder: Path, record: TrainingRunRecord) -> None:
+    """Writes `folder/run.json` atomically (a temporary sibling, then `os.replace`)."""
+    staging = folder / f".{_RUN_FILE}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        staging.write_bytes(msgspec.json.encode(record))
+        os.replace(staging, folder / _RUN_FILE)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def _highest_run_index(root: Path, seed: int) -> int:
+    """The highest `index` of the `local-{seed}-{index}` folders under `root` (-1: none)."""
+    highest = -1
+    try:
+        entries = os.scandir(root)
+    except FileNotFoundError:
+        return highest
+    with entries:
+        for entry in entries:
+            match = _RUN_ID.fullmatch(entry.name)
+            if match is not None and match[1] == str(seed):
+                highest = max(highest, int(match[2]))
+    return highest
 
 
 class LoadedModel(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -170,8 +222,8 @@ class LocalRuntime:
         max_batch_rows: most sample rows per jitted sampling call (>= 1).
         max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call.
         max_train_tokens: most `datums × length bucket` per jitted training call.
-        checkpoint_dir: where checkpoints are written (`None`: a temporary directory, removed
-            at exit).
+        checkpoint_dir: where checkpoints and training runs are written (created on first
+            use, never removed; `None`: a temporary directory, removed at exit).
     """
 
     def __init__(
@@ -191,6 +243,7 @@ class LocalRuntime:
         self.max_batch_tokens = max_batch_tokens
         self.max_train_tokens = max_train_tokens
         self._checkpoint_dir = checkpoint_dir
+        self._next_index: int | None = None  # of the next `local-{seed}-{index}` to try
         self._sample_requests = 0
         self._base_models: dict[str, LoadedModel] = {}
 
@@ -273,26 +326,88 @@ class LocalRuntime:
             ]
         )
 
-    def new_training_run_id(
-        self, *, base_model: str, lora_rank: int, user_metadata: Mapping[str, str] | None
-    ) -> str:
-        """Registers a new training run and returns its id (`local-{seed}-{index}`, unused)."""
-        index = 0
+    def _root(self) -> Path:
+        """The checkpoint directory, created if missing (a temporary one on first use)."""
+        if self._checkpoint_dir is None:
+            self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
+            # at exit, not when this runtime is collected: a saved path may outlive the service
+            atexit.register(shutil.rmtree, self._checkpoint_dir, ignore_errors=True)
+        else:
+            self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        return self._checkpoint_dir
+
+    def _claim_own_run_id(self, root: Path) -> str:
+        """Claims the next free `local-{seed}-{index}` folder under `root` (see module doc)."""
+        if self._next_index is None:
+            self._next_index = _highest_run_index(root, self.seed) + 1
         while True:
-            run_id = f"local-{self.seed}-{index}"
-            taken = run_id in self.training_runs or (
-                self._checkpoint_dir is not None and (self._checkpoint_dir / run_id).exists()
-            )
-            if not taken:
-                break
-            index += 1
-        self.training_runs[run_id] = TrainingRunRecord(
+            run_id = f"local-{self.seed}-{self._next_index}"
+            self._next_index += 1
+            try:
+                (root / run_id).mkdir()
+            except FileExistsError:
+                continue  # another process (or a host-named run) took it first
+            return run_id
+
+    def new_training_run_id(
+        self,
+        *,
+        base_model: str,
+        lora_rank: int,
+        is_lora: bool,
+        user_metadata: Mapping[str, str] | None,
+        run_id: str | None = None,
+    ) -> str:
+        """Claims a new training run's folder, writes its `run.json` and returns its id.
+
+        Args:
+            base_model: the run's base model name.
+            lora_rank: the `rank` it was created with.
+            is_lora: whether it trains LoRA adapters.
+            user_metadata: the metadata of the factory that opened it.
+            run_id: the id a host gives the run (a plain folder name); None: the service names
+                it `local-{seed}-{index}`.
+
+        Raises:
+            ConfigError: `run_id` is not a plain folder name, or a run of that id exists under
+                the checkpoint directory.
+        """
+        root = self._root()
+        if run_id is None:
+            run_id = self._claim_own_run_id(root)
+        else:
+            try:
+                checkpoint_name(run_id)
+            except ValueError as err:
+                raise ConfigError(f"training_run_id: {err}") from err
+            try:
+                (root / run_id).mkdir()
+            except FileExistsError as err:
+                raise ConfigError(
+                    f"training_run_id: a training run {run_id!r} already exists under {root}"
+                ) from err
+        record = TrainingRunRecord(
             base_model=base_model,
             lora_rank=lora_rank,
+            is_lora=is_lora,
             user_metadata=dict(user_metadata or {}),
             created_at=time.time(),
         )
+        _write_run_record(root / run_id, record)
+        self.training_runs[run_id] = record
         return run_id
+
+    def training_run(self, run_id: str) -> TrainingRunRecord | None:
+        """The record of training run `run_id`: this service's, else its `run.json` (None if
+        neither: an unknown run, an earlier rlpure's, or one whose folder is being claimed)."""
+        record = self.training_runs.get(run_id)
+        if record is not None or self._checkpoint_dir is None:
+            return record
+        try:
+            checkpoint_name(run_id)
+        except ValueError:
+            return None
+        return read_run_record(self._checkpoint_dir / run_id)
 
     def next_sample_request_index(self) -> int:
         """The index of a new `sample` request among all of this service's requests."""
@@ -307,14 +422,8 @@ class LocalRuntime:
             FileExistsError: the checkpoint exists and `overwrite` is False.
             ValueError: `name` is not a usable checkpoint name (see `checkpoint_name`).
         """
-        if self._checkpoint_dir is None:
-            self._checkpoint_dir = Path(tempfile.mkdtemp(prefix="rlpure-local-"))
-            # at exit, not when this runtime is collected: a saved path may outlive the service
-            atexit.register(shutil.rmtree, self._checkpoint_dir, ignore_errors=True)
         # absolute, not resolved: a symlinked `local_states` keeps its paths inside the log dir
-        directory = Path(
-            os.path.abspath(self._checkpoint_dir / model_id / kind / checkpoint_name(name))
-        )
+        directory = Path(os.path.abspath(self._root() / model_id / kind / checkpoint_name(name)))
         if directory.exists() and not overwrite:
             raise FileExistsError(f"checkpoint {str(directory)!r} exists (pass overwrite=True)")
         return directory

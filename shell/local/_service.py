@@ -3,11 +3,14 @@
 Conventions:
 - The service owns what its clients share, as one `LocalRuntime` (`shell.local._runtime`) handed
   to every client: the run's `seed` (the base model is `init_params(key(seed))`; unseeded
-  sampling derives from it), the checkpoint directory (a fresh temporary directory on first use,
-  removed at exit, unless `checkpoint_dir` is given), the named model configs, the training runs
-  it opened (named `local-{seed}-{index}`, never an id already used under the checkpoint
-  directory), the sample-request counter and the memory budgets that bound one jitted call. The
-  service itself keeps the counter that numbers sampling clients and whether it is closed.
+  sampling derives from it), the checkpoint directory (`checkpoint_dir`, by default
+  `shell.data_dir.default_checkpoint_dir()`, durable and shared by every process of the user; a
+  temporary one removed at exit with `temporary_checkpoints=True`), the named model configs, the
+  training runs it opened (each claims its own folder atomically and records itself there as
+  `run.json`: named `local-{seed}-{index}` or by the host, `training_run_id=`; never an id
+  already used under the checkpoint directory), the sample-request counter and the memory
+  budgets that bound one jitted call. The service itself keeps the counter that numbers
+  sampling clients and whether it is closed.
 - The constructor takes `tinker.ServiceClient`'s keywords (network-only ones accepted and
   ignored) before the local options; `create_rest_client()` answers run and checkpoint lookups
   from the checkpoint files (`shell.local._rest`); after `close()` (or leaving a `with` block)
@@ -35,6 +38,7 @@ from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
+from shell.data_dir import default_checkpoint_dir
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint
 from shell.local._compile_cache import enable_compilation_cache
@@ -67,13 +71,35 @@ def _check_metadata(metadata: object, where: str) -> dict[str, str] | None:
     return dict(metadata)
 
 
+def _checkpoint_root(
+    checkpoint_dir: str | os.PathLike[str] | None, *, temporary: bool
+) -> Path | None:
+    """The runtime's checkpoint directory: the given one, the user's default, or `None` (a
+    temporary one) for `temporary`."""
+    if not isinstance(temporary, bool):
+        raise TypeError(
+            "LocalServiceClient.temporary_checkpoints: expected a bool, got "
+            f"{type(temporary).__name__}"
+        )
+    if temporary and checkpoint_dir is not None:
+        raise ValueError(
+            "LocalServiceClient: checkpoint_dir and temporary_checkpoints=True exclude each "
+            f"other (got checkpoint_dir={str(checkpoint_dir)!r})"
+        )
+    if temporary:
+        return None
+    return Path(checkpoint_dir) if checkpoint_dir is not None else default_checkpoint_dir()
+
+
 class LocalServiceClient:
     """Entry point, the SDK's `ServiceClient`, backed by local JAX models.
 
     The constructor takes every keyword of `tinker.ServiceClient` (SDK 0.38), so
     `tinker.ServiceClient = LocalServiceClient` runs Tinker code unchanged (the cookbook's
     `rl.train.main` calls `tinker.ServiceClient(base_url=..., user_metadata=...,
-    display_name=...)`). To keep checkpoints across processes (resume), bind the local options
+    display_name=...)`). Checkpoints are durable by default (the user's store,
+    `shell.data_dir.default_checkpoint_dir()`), so a run resumes in a new process with no
+    extra argument; to keep them elsewhere (e.g. inside a log dir), bind the local options
     first: `tinker.ServiceClient = functools.partial(LocalServiceClient,
     checkpoint_dir="<log_path>/local_states")`.
 
@@ -88,8 +114,12 @@ class LocalServiceClient:
         api_key: accepted and ignored (no credentials are needed, read or stored).
         default_headers_overrides: HTTP headers: accepted and ignored.
         seed: the run's seed: model init and unseeded sampling derive from it.
-        checkpoint_dir: where checkpoints are written (default: a new temporary directory,
-            removed when the interpreter exits; a given directory is never removed).
+        checkpoint_dir: where checkpoints and training runs are written, created on first
+            use and never removed (default: `shell.data_dir.default_checkpoint_dir()`,
+            `$RLPURE_HOME/checkpoints` or `~/.local/share/rlpure/checkpoints`, read when the
+            service is made; shared with every process of the user and with `rlpure serve`).
+        temporary_checkpoints: write into a new temporary directory instead (`rlpure-local-*`,
+            removed when the interpreter exits), for throwaway runs; not with `checkpoint_dir`.
         max_batch_rows: most sample rows served by one jitted sampling call.
         max_batch_tokens: most `rows × (prompt bucket + new-token bucket)` per sampling call
             (bounds the KV cache and prefill memory for long prompts).
@@ -132,6 +162,7 @@ class LocalServiceClient:
         default_headers_overrides: Mapping[str, str] | None = None,
         seed: int = 0,
         checkpoint_dir: str | os.PathLike[str] | None = None,
+        temporary_checkpoints: bool = False,
         max_batch_rows: int = 512,
         max_batch_tokens: int = 65_536,
         max_train_tokens: int = 16_384,
@@ -179,7 +210,7 @@ class LocalServiceClient:
             max_batch_rows=max_batch_rows,
             max_batch_tokens=max_batch_tokens,
             max_train_tokens=max_train_tokens,
-            checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir is not None else None,
+            checkpoint_dir=_checkpoint_root(checkpoint_dir, temporary=temporary_checkpoints),
         )
         self._sampling_clients = 0
         self._closed = False
@@ -242,7 +273,7 @@ class LocalServiceClient:
         detail: str | None = None,
     ) -> tinker.APIFuture[None]:
         """Ends the session: the factories refuse afterwards. Clients already made keep
-        working, and checkpoints stay on disk (a temporary `checkpoint_dir` until exit).
+        working, and checkpoints stay on disk (`temporary_checkpoints` ones until exit).
 
         The SDK's `close(status, detail)`; `status` defaults to `"success"` here.
         """
@@ -296,6 +327,7 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         lora: model_lib.LoraConfig | None = None,
         model: LoadedModel | None = None,
+        training_run_id: str | None = None,
     ) -> LocalTrainingClient:
         self._check_open()
         if model is None:
@@ -303,9 +335,6 @@ class LocalServiceClient:
         config = model.config
         if model.pretrained and lora is None:
             lora = model_lib.LoraConfig(rank=rank)
-        model_id = self._runtime.new_training_run_id(
-            base_model=base_model, lora_rank=rank, user_metadata=user_metadata
-        )
         key = jax.random.key(self.seed if seed is None else seed)
         if params is None:
             if lora is None:
@@ -314,6 +343,13 @@ class LocalServiceClient:
                 params = model_lib.init_lora(key, config, lora)
         if opt_state is None:
             opt_state = model_lib.init_optimizer_state(params)
+        model_id = self._runtime.new_training_run_id(
+            base_model=base_model,
+            lora_rank=rank,
+            is_lora=lora is not None,
+            user_metadata=user_metadata,
+            run_id=training_run_id,
+        )
         return LocalTrainingClient(
             runtime=self._runtime,
             open_sampling_client=self.create_sampling_client,
@@ -348,6 +384,8 @@ class LocalServiceClient:
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
         """A training client on `base_model` (resolved once per service, see
         `shell.local._models.resolve_base_model`).
@@ -358,9 +396,14 @@ class LocalServiceClient:
         once and shared by every client. A toy model trains in full from
         `init_params(key(seed))` (`rank` and the flags are then recorded only).
 
+        `training_run_id` is a local extension of the SDK's signature (as on every factory of
+        a training client): the id of the new run, given by a host (`rlpure serve` names runs
+        `{session_id}:train:{n}`, as Tinker does); None: the service names it
+        `local-{seed}-{index}`. It is the run's folder under the checkpoint directory.
+
         Raises:
-            ConfigError: unknown `base_model` (the message lists what is available) or a bad
-                checkpoint.
+            ConfigError: unknown `base_model` (the message lists what is available), a bad
+                checkpoint, or a `training_run_id` that is not a plain folder name or is taken.
             ValueError: a bad `rank`.
             NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`.
         """
@@ -383,6 +426,7 @@ class LocalServiceClient:
                 user_metadata=metadata,
                 lora=lora,
                 model=model,
+                training_run_id=training_run_id,
             )
         )
 
@@ -396,9 +440,19 @@ class LocalServiceClient:
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> LocalTrainingClient:
         return await self.create_lora_training_client(
-            base_model, rank, seed, train_mlp, train_attn, train_unembed, user_metadata, optimizer
+            base_model,
+            rank,
+            seed,
+            train_mlp,
+            train_attn,
+            train_unembed,
+            user_metadata,
+            optimizer,
+            training_run_id=training_run_id,
         ).result_async()
 
     def _from_state(
@@ -409,6 +463,7 @@ class LocalServiceClient:
         with_optimizer: bool,
         user_metadata: dict[str, str] | None,
         where: str,
+        training_run_id: str | None,
     ) -> ClientFuture[LocalTrainingClient]:
         self._check_open()
         metadata = _check_metadata(user_metadata, f"{where}.user_metadata")
@@ -442,6 +497,7 @@ class LocalServiceClient:
             user_metadata=metadata,
             lora=checkpoint.lora,
             model=model,
+            training_run_id=training_run_id,
         )
         return ClientFuture(client)
 
@@ -452,12 +508,17 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
-        """A training client with the checkpoint's weights and a fresh optimizer.
+        """A training client with the checkpoint's weights and a fresh optimizer: a new
+        training run (named `training_run_id`, a local extension as in
+        `create_lora_training_client`; None: `local-{seed}-{index}`).
 
         Raises:
             CheckpointError: an unusable checkpoint, or one whose config differs from
                 `base_model`'s.
+            ConfigError: a `training_run_id` that is not a plain folder name or is taken.
             NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`
                 (as `create_lora_training_client`).
         """
@@ -468,6 +529,7 @@ class LocalServiceClient:
             with_optimizer=False,
             user_metadata=user_metadata,
             where="create_training_client_from_state",
+            training_run_id=training_run_id,
         )
 
     async def create_training_client_from_state_async(
@@ -477,9 +539,16 @@ class LocalServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
         optimizer: types.OptimizerConfig | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> LocalTrainingClient:
         return await self.create_training_client_from_state(
-            path, base_model, user_metadata, weights_access_token, optimizer
+            path,
+            base_model,
+            user_metadata,
+            weights_access_token,
+            optimizer,
+            training_run_id=training_run_id,
         ).result_async()
 
     def create_training_client_from_state_with_optimizer(
@@ -488,15 +557,24 @@ class LocalServiceClient:
         base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> ClientFuture[LocalTrainingClient]:
         """A training client with the checkpoint's weights and Adam state (the SDK's signature
-        has no `optimizer`: the checkpoint's optimizer is restored)."""
+        has no `optimizer`: the checkpoint's optimizer is restored): a new training run, named
+        as in `create_training_client_from_state`.
+
+        Raises:
+            CheckpointError: as `create_training_client_from_state`.
+            ConfigError: a `training_run_id` that is not a plain folder name or is taken.
+        """
         return self._from_state(
             path,
             base_model=base_model,
             with_optimizer=True,
             user_metadata=user_metadata,
             where="create_training_client_from_state_with_optimizer",
+            training_run_id=training_run_id,
         )
 
     async def create_training_client_from_state_with_optimizer_async(
@@ -505,9 +583,11 @@ class LocalServiceClient:
         base_model: str | None = None,
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
+        *,
+        training_run_id: str | None = None,
     ) -> LocalTrainingClient:
         return await self.create_training_client_from_state_with_optimizer(
-            path, base_model, user_metadata, weights_access_token
+            path, base_model, user_metadata, weights_access_token, training_run_id=training_run_id
         ).result_async()
 
     def create_sampling_client(

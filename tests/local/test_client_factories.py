@@ -3,8 +3,10 @@
 - Non-Adam optimizers are refused by every factory that takes `optimizer` (sync and async), as
   `create_lora_training_client` refuses them, with a message naming the factory; `None` and
   `AdamOptimizerConfig` are accepted.
-- The factories' signatures mirror `tinker.ServiceClient`'s (SDK 0.38), the async from-state
-  factories forward every argument, and no client method is annotated `-> Any`.
+- The factories' signatures mirror `tinker.ServiceClient`'s (SDK 0.38), plus one local
+  extension on the training client factories (keyword-only `training_run_id=None`, for a host
+  that names its runs), the async from-state factories forward every argument, and no client
+  method is annotated `-> Any`.
 """
 
 from __future__ import annotations
@@ -91,13 +93,19 @@ def test_factory_signatures_mirror_the_sdk(name: str) -> None:
     def shape(fn: Any) -> list[tuple[str, Any, Any]]:
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
-    assert shape(getattr(LocalServiceClient, name)) == shape(getattr(tinker.ServiceClient, name))
+    extension = []
+    if "training_client" in name:
+        extension = [("training_run_id", inspect.Parameter.KEYWORD_ONLY, None)]
+    assert shape(getattr(LocalServiceClient, name)) == [
+        *shape(getattr(tinker.ServiceClient, name)),
+        *extension,
+    ]
 
 
 def test_the_async_from_state_factories_forward_every_argument(
-    pristine: Path, monkeypatch: pytest.MonkeyPatch
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    service = micro_service()
+    service = micro_service(tmp_path)  # its own folder: the run names below are fixed
     seen: dict[str, dict[str, Any]] = {}
     for name in (
         "create_training_client_from_state",
@@ -117,11 +125,26 @@ def test_the_async_from_state_factories_forward_every_argument(
         "user_metadata": {"k": "v"},
         "weights_access_token": "token",
     }
-    asyncio.run(service.create_training_client_from_state_async(**common, optimizer=adam))
-    asyncio.run(service.create_training_client_from_state_with_optimizer_async(**common))
+    asyncio.run(
+        service.create_training_client_from_state_async(
+            **common, optimizer=adam, training_run_id="named-0"
+        )
+    )
+    asyncio.run(
+        service.create_training_client_from_state_with_optimizer_async(
+            **common, training_run_id="named-1"
+        )
+    )
     assert seen == {
-        "create_training_client_from_state": {**common, "optimizer": adam},
-        "create_training_client_from_state_with_optimizer": common,
+        "create_training_client_from_state": {
+            **common,
+            "optimizer": adam,
+            "training_run_id": "named-0",
+        },
+        "create_training_client_from_state_with_optimizer": {
+            **common,
+            "training_run_id": "named-1",
+        },
     }
 
 

@@ -693,34 +693,3 @@ def test_a_resumed_run_continues_exactly_like_the_uninterrupted_one(tmp_path: Pa
     )
     assert _rl_steps(resumed, 2) == expected_tokens
     assert _params_equal(resumed.params, trainer.params)
-
-
-def test_the_default_checkpoint_dir_is_removed_at_exit_and_a_given_one_kept(
-    tmp_path: Path,
-) -> None:
-    import subprocess
-    import sys
-
-    script = (
-        "import sys\n"
-        "from shell.local import LocalServiceClient\n"
-        "from tests.local.micro import MICRO, MICRO_NAME\n"
-        "for directory in (None, sys.argv[1]):\n"
-        "    service = LocalServiceClient(checkpoint_dir=directory,"
-        " model_configs={MICRO_NAME: MICRO})\n"
-        "    trainer = service.create_lora_training_client(base_model=MICRO_NAME).result()\n"
-        "    print(trainer.save_state('s').result().path)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "given")],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    default, given = (Path(line) for line in result.stdout.split())
-    temp_root = default.parents[2]
-    assert temp_root.name.startswith("rlpure-local-")
-    assert not temp_root.exists()
-    assert (given / "manifest.json").exists()
