@@ -8,6 +8,7 @@
 - `shell.jobs.tools`: `rlpure agent`, the offline tool-use agent demo (GRPO teaches the toy
   model to call a calculator tool) on the local backend.
 - `shell.report`: `rlpure cost` and `rlpure report`, a run's cost and PNG report.
+- `shell.serve`: `rlpure serve`, Tinker's HTTP API on localhost over the local backend.
 
 A new recipe module builds a `shell.commands.TrainRecipe` (or `Command`) and is added to the
 tuple below; nothing is discovered by module name, so a renamed recipe fails at import.
@@ -18,11 +19,12 @@ from __future__ import annotations
 from shell.commands import by_name
 from shell.jobs import demo, gsm8k, smollm2, tools, toy
 from shell.report import COST_COMMAND, REPORT_COMMAND
+from shell.serve import COMMAND as SERVE_COMMAND
 
 __all__ = ["COMMANDS", "TRAIN_RECIPES"]
 
 TRAIN_RECIPES = by_name([toy.RECIPE, gsm8k.RECIPE, smollm2.RECIPE])
 """`rlpure train NAME` → its `TrainRecipe`."""
 
-COMMANDS = by_name([demo.COMMAND, tools.COMMAND, COST_COMMAND, REPORT_COMMAND])
+COMMANDS = by_name([demo.COMMAND, tools.COMMAND, COST_COMMAND, REPORT_COMMAND, SERVE_COMMAND])
 """`rlpure NAME` → its `Command` (besides `train`)."""

@@ -82,6 +82,7 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     stop_strings: tuple[str, ...]
     stop_sequences: tuple[tuple[int, ...], ...]  # the stop strings' encodings
     include_prompt_logprobs: bool
+    prompt_logprobs_last_n: int | None  # score only the last N prompt tokens (earlier: NaN)
     request_index: int
 
 
@@ -176,10 +177,12 @@ class LocalSamplingClient:
                 raise NotImplementedError(f"sample: {name} is not supported by the local backend")
         if target_prompt_logprobs is not None:
             raise NotImplementedError("sample: target_prompt_logprobs is not supported locally")
-        if prompt_logprobs_last_n is not None:
-            raise NotImplementedError("sample: prompt_logprobs_last_n is not supported locally")
         request = self._make_request(
-            prompt, num_samples, sampling_params, include_prompt_logprobs=include_prompt_logprobs
+            prompt,
+            num_samples,
+            sampling_params,
+            include_prompt_logprobs=include_prompt_logprobs,
+            prompt_logprobs_last_n=prompt_logprobs_last_n,
         )
         loop = running_loop()
         if loop is None:
@@ -251,11 +254,20 @@ class LocalSamplingClient:
         params: Any,
         *,
         include_prompt_logprobs: bool,
+        prompt_logprobs_last_n: int | None = None,
     ) -> _SampleRequest:
         config = self._config
         tokens = model_input_tokens(prompt, "sample.prompt")
         if tokens.size == 0:
             raise ValueError("sample.prompt: empty prompt")
+        if prompt_logprobs_last_n is not None:
+            if not include_prompt_logprobs:
+                raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
+            if not 1 <= prompt_logprobs_last_n <= tokens.size - 1:
+                raise ValueError(
+                    f"sample.prompt_logprobs_last_n: must be in [1, {tokens.size - 1}], got "
+                    f"{prompt_logprobs_last_n}"
+                )
         check_token_range(tokens, config.vocab_size, "sample.prompt")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"sample.num_samples: expected an int >= 1, got {num_samples!r}")
@@ -305,6 +317,7 @@ class LocalSamplingClient:
             stop_strings=stop_strings,
             stop_sequences=stop_seqs,
             include_prompt_logprobs=bool(include_prompt_logprobs),
+            prompt_logprobs_last_n=prompt_logprobs_last_n,
             request_index=request_index,
         )
 
@@ -388,6 +401,8 @@ class LocalSamplingClient:
         start = 0
         for r in requests:
             prompt_lp = self._prompt_logprobs(r.prompt_T) if r.include_prompt_logprobs else None
+            if prompt_lp is not None and r.prompt_logprobs_last_n is not None:
+                prompt_lp[: prompt_lp.size - r.prompt_logprobs_last_n] = np.nan
             responses.append(
                 types.SampleResponse(
                     sequences=sequences[start : start + r.num_samples],

@@ -1,0 +1,235 @@
+"""`rlpure serve`: Tinker's HTTP API (SDK 0.38) on localhost, over the local JAX backend.
+
+Point any Tinker script at it, unchanged:
+
+    rlpure serve --port 8000
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_tinker_script.py
+
+Conventions:
+- One process owns the models (`Engine`: a `LocalServiceClient` on a worker thread); any number
+  of SDK clients, in any number of processes, share it. State (checkpoints, sampler weights,
+  training runs, checkpoint expiry, tokenizer folders) lives under `--state-dir` (default
+  `shell.data_dir.rlpure_data_dir()`, the same store an in-process `LocalServiceClient()` uses),
+  so it survives restarts and a run resumes across one.
+- Safe by default: binds 127.0.0.1; any other host needs `--api-key`; with a key set every
+  request must carry it (`X-API-Key`, which the SDK sends from `TINKER_API_KEY`); request bodies
+  are size-limited; checkpoint paths resolve inside the state dir only; nothing is unpickled.
+- SIGINT/SIGTERM: new work is refused, the operation in progress finishes (a checkpoint being
+  written is completed), queued ones fail with a message, then the server exits.
+- Layout: `_app` (routes, middleware), `_ops` (requests → local client calls), `_engine`
+  (worker thread, ordering, futures, sessions, samplers), `_wire` (protobuf bodies), `_paths`
+  (tinker paths ↔ the state dir), `_ttl` (checkpoint expiry), `_replies` (response bodies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tinker import types
+
+from shell.commands import Command
+from shell.data_dir import rlpure_data_dir
+from shell.errors import ConfigError
+from shell.local._models import PACKAGED_MODELS, cached_hf_models
+from shell.serve._app import CLIENT_CONFIG, build_app
+from shell.serve._engine import Engine
+
+__all__ = ["CLIENT_CONFIG", "COMMAND", "Engine", "build_app", "serve", "served_models"]
+
+_logger = logging.getLogger("rlpure.serve")
+
+_JANITOR_S = 30.0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def served_models(engine: Engine) -> types.GetServerCapabilitiesResponse:
+    """The models this machine can serve: the toy configs, the packaged checkpoints that are
+    installed and the Hugging Face cache's models (a local checkpoint directory also works)."""
+    import importlib.util
+
+    models = [
+        types.SupportedModel(
+            model_name=name, max_context_length=config.max_seq_len, trainable=True, sampleable=True
+        )
+        for name, config in sorted(engine.service.model_configs.items())
+    ]
+    names = [
+        name
+        for name, packaged in PACKAGED_MODELS.items()
+        if importlib.util.find_spec(packaged.package) is not None
+    ]
+    names += [name for name in cached_hf_models() if name not in names]
+    models += [
+        types.SupportedModel(model_name=name, trainable=True, sampleable=True) for name in names
+    ]
+    return types.GetServerCapabilitiesResponse(supported_models=models)
+
+
+def _janitor(engine: Engine, stop: threading.Event) -> None:
+    """Releases idle sessions and deletes expired checkpoints until `stop`."""
+    while not stop.wait(_JANITOR_S):
+        for session_id in engine.release_idle_sessions():
+            _logger.info(
+                "session %s released (no heartbeat for %.0f s)",
+                session_id,
+                engine.session_timeout_s,
+            )
+        engine.delete_expired_checkpoints()
+
+
+def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    state_dir: Path | None = None,
+    api_key: str | None = None,
+    seed: int = 0,
+    max_samplers: int = 8,
+    max_body_mb: int = 128,
+    verbose: bool = False,
+    **service_options: Any,
+) -> int:
+    """Runs the server until SIGINT/SIGTERM (see module doc); returns the exit code.
+
+    Raises:
+        ConfigError: a non-loopback `host` without `api_key`, or a port that cannot be bound.
+    """
+    import uvicorn
+
+    if not _is_loopback(host) and not api_key:
+        raise ConfigError(
+            f"--host {host}: serving beyond this machine needs --api-key (anyone who can reach "
+            "the port could train and read checkpoints)"
+        )
+    state = Path(state_dir) if state_dir is not None else rlpure_data_dir()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there: {err}") from err
+    bound_port = sock.getsockname()[1]
+    engine = Engine(state_dir=state, seed=seed, max_samplers=max_samplers, **service_options)
+    capabilities = served_models(engine)
+    app = build_app(
+        engine, api_key=api_key, max_body_bytes=max_body_mb << 20, capabilities=capabilities
+    )
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{bound_port}"
+    names = ", ".join(model.model_name or "" for model in capabilities.supported_models)
+    print(
+        f"rlpure serve: {url} (models: {names}; state: {state}); clients: "
+        f"TINKER_BASE_URL={url} TINKER_API_KEY={'<your key>' if api_key else 'tml-local'}",
+        flush=True,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        timeout_graceful_shutdown=10,
+        lifespan="off",
+    )
+    server = _Server(config, engine)
+    stop = threading.Event()
+    janitor = threading.Thread(target=_janitor, args=(engine, stop), daemon=True)
+    janitor.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stop.set()
+        engine.close()
+    return 0
+
+
+class _Server:
+    """uvicorn's server, closing the engine first on SIGINT/SIGTERM so long-polls end."""
+
+    def __new__(cls, config: Any, engine: Engine) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                threading.Thread(target=engine.close, daemon=True).start()
+                super().handle_exit(sig, frame)
+
+        return Server(config)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="checkpoints, runs and tokenizers (default: $RLPURE_HOME, else "
+        "$XDG_DATA_HOME/rlpure, else ~/.local/share/rlpure)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key in X-API-Key (clients: TINKER_API_KEY=<key>; the SDK wants keys "
+        "that start with 'tml-'); required with a non-loopback --host",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the local backend's seed")
+    parser.add_argument(
+        "--max-samplers", type=int, default=8, help="sampling clients kept in memory at once"
+    )
+    parser.add_argument("--max-body-mb", type=int, default=128, help="largest request body")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every request")
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    started = time.time()
+    code = serve(
+        host=args.host,
+        port=args.port,
+        state_dir=args.state_dir,
+        api_key=args.api_key,
+        seed=args.seed,
+        max_samplers=args.max_samplers,
+        max_body_mb=args.max_body_mb,
+        verbose=args.verbose,
+    )
+    print(f"rlpure serve: stopped after {time.time() - started:.0f} s", flush=True)
+    return code
+
+
+COMMAND = Command(
+    "serve",
+    help="Serve Tinker's HTTP API on localhost over the local backend, so Tinker code runs "
+    "offline unchanged.",
+    run=_run,
+    add_arguments=_add_arguments,
+    description=(
+        "Serves the HTTP API the tinker SDK (0.38) speaks, over rlpure's local JAX models. "
+        "Point an unmodified Tinker script or the tinker-cookbook at it with two environment "
+        "variables: TINKER_BASE_URL=http://127.0.0.1:PORT and TINKER_API_KEY=tml-local (any "
+        "key starting with 'tml-'; the SDK refuses others; with --api-key, that key). "
+        "TINKER_TELEMETRY=0 stops the SDK's telemetry (the server accepts and drops it). "
+        "Checkpoints are tinker:// paths stored under --state-dir."
+    ),
+)
+"""`rlpure serve`."""

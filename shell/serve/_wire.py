@@ -1,0 +1,217 @@
+"""The SDK's protobuf bodies ↔ `tinker.types`, with the SDK's own messages (`tinker.proto`).
+
+Conventions:
+- `forward_backward` (and `forward`, the same endpoint with `forward_only`) arrives as a
+  `tinker_public.ForwardBackwardRequest`; its result and `asample`'s go back as
+  `ForwardBackwardOutput` / `SampleResponse` messages. Everything else is JSON.
+- Decoding checks what the SDK could not have produced and raises `WireError` naming the datum,
+  the field and the fault: a token buffer or tensor whose byte length is not a whole number of
+  elements, a shape that disagrees with the data, an unknown dtype, an image or audio chunk
+  (the local models read text). A sparse CSR tensor (torch-built 2-D `target_tokens` or
+  `weights`) is densified with 0 for the missing entries, as the SDK's converter does.
+- Provenance spans (`stable_reinforce` only, which the local backend refuses) are dropped.
+- Encoding writes each output field of every datum into one `BatchedTensor` (per-datum arrays
+  concatenated, int64 byte offsets, the trailing shape of 2-D-or-more fields) and the metrics
+  as they are (`name:reduction` keys); `prompt_logprobs` of a sample response is float32 with
+  NaN where the SDK expects `None`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+import numpy as np
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+from shell.errors import RlpureError
+
+__all__ = [
+    "ForwardBackwardCall",
+    "WireError",
+    "decode_forward_backward",
+    "encode_forward_backward_output",
+    "encode_sample_response",
+]
+
+_DTYPES: Mapping[int, tuple[np.dtype, types.TensorDtype]] = {
+    pb.DTYPE_FLOAT32: (np.dtype(np.float32), "float32"),
+    pb.DTYPE_INT64: (np.dtype(np.int64), "int64"),
+    pb.DTYPE_INT32: (np.dtype(np.int32), "int64"),
+}
+_OUT_DTYPES: Mapping[str, int] = {"float32": pb.DTYPE_FLOAT32, "int64": pb.DTYPE_INT64}
+_STOP_REASONS: Mapping[str, int] = {
+    "stop": pb.STOP_REASON_STOP,
+    "length": pb.STOP_REASON_LENGTH,
+}
+
+
+class WireError(RlpureError, ValueError):
+    """A protobuf body the server cannot use; the message names the field."""
+
+
+class ForwardBackwardCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A decoded `ForwardBackwardRequest`."""
+
+    model_id: str
+    seq_id: int
+    data: tuple[types.Datum, ...]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str] | None
+    forward_only: bool
+
+
+def _frombuffer(buffer: bytes, dtype: np.dtype, where: str) -> np.ndarray:
+    if len(buffer) % dtype.itemsize:
+        raise WireError(
+            f"{where}: {len(buffer)} bytes is not a whole number of {dtype.name} elements"
+        )
+    return np.frombuffer(buffer, dtype=dtype).copy()
+
+
+def _tensor(message: pb.Tensor, where: str) -> types.TensorData:
+    if message.dtype not in _DTYPES:
+        raise WireError(f"{where}: unsupported dtype {message.dtype} (float32 or int64)")
+    np_dtype, dtype = _DTYPES[message.dtype]
+    shape = [int(size) for size in message.shape]
+    if any(size < 0 for size in shape):
+        raise WireError(f"{where}: negative shape {shape}")
+    if message.HasField("sparse_csr"):
+        return _densified(message.sparse_csr, np_dtype, dtype, shape, where)
+    values = _frombuffer(message.dense, np_dtype, where).astype(np.dtype(dtype), copy=False)
+    if shape and math.prod(shape) != values.size:
+        raise WireError(f"{where}: shape {shape} does not hold {values.size} values")
+    return types.TensorData.from_numpy(values.reshape(shape) if shape else values)
+
+
+def _densified(
+    csr: pb.SparseCsr, np_dtype: np.dtype, dtype: types.TensorDtype, shape: list[int], where: str
+) -> types.TensorData:
+    """A sparse CSR tensor as a dense `TensorData` (missing entries 0)."""
+    if len(shape) != 2:
+        raise WireError(f"{where}: a sparse CSR tensor needs a 2-D shape, got {shape}")
+    values = _frombuffer(csr.values, np_dtype, f"{where} values")
+    crow = _frombuffer(csr.crow_indices, np.dtype(np.int64), f"{where} crow_indices")
+    col = _frombuffer(csr.col_indices, np.dtype(np.int64), f"{where} col_indices")
+    rows, cols = shape
+    if (
+        crow.size != rows + 1
+        or col.size != values.size
+        or (crow.size and (crow[0] != 0 or crow[-1] != values.size or np.any(np.diff(crow) < 0)))
+        or (col.size and (col.min() < 0 or col.max() >= cols))
+    ):
+        raise WireError(f"{where}: inconsistent sparse CSR indices for shape {shape}")
+    dense = np.zeros((rows, cols), dtype=np.dtype(dtype))
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    dense[row_of, col] = values
+    return types.TensorData.from_numpy(dense)
+
+
+def _datum(message: pb.Datum, index: int) -> types.Datum:
+    where = f"data[{index}]"
+    tokens: list[int] = []
+    for position, chunk in enumerate(message.model_input):
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise WireError(
+                f"{where}.model_input[{position}]: {kind or 'empty'} chunks are not supported "
+                "(the local models read text tokens only)"
+            )
+        tokens.extend(
+            _frombuffer(chunk.encoded_text.tokens, np.dtype(np.int32), f"{where} tokens").tolist()
+        )
+    inputs = {
+        name: _tensor(tensor, f"{where}.loss_fn_inputs[{name!r}]")
+        for name, tensor in message.loss_fn_inputs.items()
+    }
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
+
+
+def _loss_config(message: pb.ForwardBackwardRequest) -> dict[str, float | str] | None:
+    config: dict[str, float | str] = {
+        key: float(value) for key, value in message.loss_fn_config.items()
+    }
+    for key, value in message.loss_fn_config_v2.items():  # v2 wins: it also carries strings
+        kind = value.WhichOneof("value")
+        if kind == "number":
+            config[key] = float(value.number)
+        elif kind == "text":
+            config[key] = value.text
+    return config or None
+
+
+def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
+    """The `ForwardBackwardRequest` in `body` as `tinker.types`.
+
+    Raises:
+        WireError: not a `ForwardBackwardRequest`, or a datum the server cannot use (the
+            message names the datum and field).
+    """
+    message = pb.ForwardBackwardRequest()
+    try:
+        message.ParseFromString(body)
+    except Exception as err:  # protobuf's DecodeError; the parser raises nothing narrower
+        raise WireError(f"body: not a protobuf ForwardBackwardRequest: {err}") from err
+    if not message.model_id:
+        raise WireError("model_id: missing")
+    return ForwardBackwardCall(
+        model_id=message.model_id,
+        seq_id=int(message.seq_id),
+        data=tuple(_datum(datum, index) for index, datum in enumerate(message.data)),
+        loss_fn=message.loss_fn,
+        loss_fn_config=_loss_config(message),
+        forward_only=bool(message.forward_only),
+    )
+
+
+def _batched(arrays: Sequence[np.ndarray], name: str) -> pb.BatchedTensor:
+    dtype = str(arrays[0].dtype) if arrays else "float32"
+    if dtype not in _OUT_DTYPES:
+        raise ValueError(f"output field {name!r}: dtype {dtype} is neither float32 nor int64")
+    trailing = list(arrays[0].shape[1:]) if arrays else []
+    sizes = [array.nbytes for array in arrays]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return pb.BatchedTensor(
+        data=b"".join(np.ascontiguousarray(array).tobytes() for array in arrays),
+        offsets=offsets.tobytes(),
+        dtype=_OUT_DTYPES[dtype],  # type: ignore[arg-type]
+        trailing_shape=trailing,
+    )
+
+
+def encode_forward_backward_output(output: types.ForwardBackwardOutput) -> bytes:
+    """`output` as a serialized `ForwardBackwardOutput` message (one `ArrayRecord`)."""
+    outputs = output.loss_fn_outputs
+    names = list(outputs[0]) if outputs else []
+    record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(outputs))
+    for name in names:
+        arrays = [datum[name].to_numpy() for datum in outputs]
+        record.fields[name].CopyFrom(_batched(arrays, name))
+    message = pb.ForwardBackwardOutput(
+        loss_fn_output_type=output.loss_fn_output_type or "ArrayRecord",
+        metrics={key: float(value) for key, value in output.metrics.items()},
+    )
+    message.loss_fn_outputs.append(record)
+    return bytes(message.SerializeToString())
+
+
+def _float32(values: Sequence[float | None]) -> bytes:
+    return np.asarray(
+        [math.nan if value is None else value for value in values], dtype=np.float32
+    ).tobytes()
+
+
+def encode_sample_response(response: types.SampleResponse) -> bytes:
+    """`response` as a serialized `SampleResponse` message."""
+    message = pb.SampleResponse()
+    for sequence in response.sequences:
+        entry = message.sequences.add()
+        entry.stop_reason = _STOP_REASONS[sequence.stop_reason]
+        entry.tokens = np.asarray(sequence.tokens, dtype=np.int32).tobytes()
+        if sequence.logprobs is not None:
+            entry.logprobs = _float32(sequence.logprobs)
+    if response.prompt_logprobs is not None:
+        message.prompt_logprobs = _float32(response.prompt_logprobs)
+    return bytes(message.SerializeToString())
