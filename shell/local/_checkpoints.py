@@ -466,6 +466,8 @@ class CheckpointInfo(msgspec.Struct, frozen=True, kw_only=True):
     saved_at: float
     """When it was written (the manifest's modification time, seconds since the epoch)."""
     size_bytes: int
+    lora: model_lib.LoraConfig | None = None
+    """The adapters' config of a LoRA checkpoint (None: full weights of a toy model)."""
 
 
 def read_checkpoint_info(path: str) -> CheckpointInfo:
@@ -495,6 +497,7 @@ def read_checkpoint_info(path: str) -> CheckpointInfo:
         user_metadata=dict(manifest.user_metadata),
         saved_at=saved_at,
         size_bytes=size,
+        lora=manifest.lora,
     )
 
 

@@ -47,11 +47,9 @@ from typing import Literal
 import tinker
 from tinker import types
 
-from rlpure import model as model_lib
 from shell.errors import CheckpointError
 from shell.local._checkpoints import (
     CheckpointInfo,
-    _read_manifest,  # the LoRA config, until `CheckpointInfo` carries it
     checkpoint_name,
     delete_checkpoint,
     read_checkpoint_info,
@@ -71,15 +69,6 @@ class LocalLookupError(CheckpointError, ValueError):
 
 def _timestamp(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
-
-
-def _lora_of(info: CheckpointInfo) -> model_lib.LoraConfig | None:
-    """The LoRA config of the checkpoint `info` describes (None: full weights).
-
-    Raises:
-        CheckpointError: its manifest is no longer readable.
-    """
-    return _read_manifest(Path(info.path), f"checkpoint {info.path!r}").lora
 
 
 def _check_page(limit: object, offset: object, where: str) -> None:
@@ -168,7 +157,7 @@ class LocalRestClient:
             metadata, last_time = record.user_metadata, record.created_at
         else:  # an earlier rlpure's run: what its newest checkpoint says
             newest = checkpoints[-1]
-            lora = _lora_of(newest)
+            lora = newest.lora
             base_model, metadata = newest.base_model, newest.run_metadata
             is_lora, lora_rank = lora is not None, lora.rank if lora is not None else None
             last_time = newest.saved_at
@@ -237,7 +226,7 @@ class LocalRestClient:
         try:
             run = self._training_run(info.training_run_id)
         except LocalLookupError:  # a checkpoint moved out of its run's folder: its own manifest
-            lora = _lora_of(info)
+            lora = info.lora
             run = types.TrainingRun(
                 training_run_id=info.training_run_id,
                 base_model=info.base_model,
@@ -261,7 +250,7 @@ class LocalRestClient:
             LocalLookupError: `tinker_path` is not a readable local checkpoint.
         """
         info = self._info(tinker_path)
-        lora = _lora_of(info)
+        lora = info.lora
         if lora is None:
             return ReadyFuture(types.WeightsInfoResponse(base_model=info.base_model, is_lora=False))
         return ReadyFuture(
