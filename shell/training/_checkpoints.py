@@ -257,9 +257,9 @@ def recorded_path(path: str, log_dir: str | os.PathLike[str]) -> str:
         _WARNED_OUTSIDE.add(root)
         logger.warning(
             "%s: the state %s is saved outside this log dir, so the log dir cannot be resumed "
-            "from elsewhere, nor at all once that state is gone (a default LocalServiceClient() "
-            "deletes its temporary states at exit; the local backend keeps states inside the "
-            "log dir with "
+            "from elsewhere, nor at all once that state is gone (a LocalServiceClient with "
+            "temporary_checkpoints=True deletes its states at exit; the local backend keeps "
+            "states inside the log dir with "
             "LocalServiceClient(checkpoint_dir=<log_dir>/local_states), the CLI's default)",
             root,
             path,
