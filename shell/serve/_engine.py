@@ -63,6 +63,7 @@ TrainingOp = Callable[[LocalTrainingClient], Reply]
 """An operation on one training model, run on the worker in `seq_id` order."""
 
 _DONE_KEEP_S = 600.0  # a delivered result stays retrievable this long (a lost response retried)
+_UNCLAIMED_KEEP_S = 3600.0  # a result nobody fetched (its client died) is dropped after this
 
 
 class EngineClosed(RuntimeError):
@@ -91,7 +92,6 @@ class SamplerSpec:
 class _Session:
     created: float
     last_seen: float
-    finished: bool = False
     models: set[str] = field(default_factory=set)
     samplers: set[str] = field(default_factory=set)
 
@@ -190,7 +190,8 @@ class Engine:
         stale = [
             rid
             for rid, pending in self._futures.items()
-            if pending.delivered_at is not None and now - pending.delivered_at > _DONE_KEEP_S
+            if (pending.delivered_at is not None and now - pending.delivered_at > _DONE_KEEP_S)
+            or (pending.future.done() and now - pending.created > _UNCLAIMED_KEEP_S)
         ]
         for rid in stale:
             del self._futures[rid]
@@ -272,7 +273,6 @@ class Engine:
             now = time.time()
             session = self._sessions.setdefault(session_id, _Session(created=now, last_seen=now))
             session.last_seen = now
-            session.finished = False
 
     def finish_session(self, session_id: str) -> None:
         """Releases the session's models and samplers (its checkpoints stay)."""
@@ -516,7 +516,8 @@ class Engine:
         run: Callable[[LocalSamplingClient], Coroutine[Any, Any, Reply]],
     ) -> str:
         """Runs `run(sampler)` on the worker loop (batched with concurrent samples)."""
-        request_id, new = self._new_pending("asample", ("sample", sampler_id, seq_id))
+        key = ("sample", sampler_id, seq_id) if seq_id >= 0 else None  # no seq_id: no dedupe
+        request_id, new = self._new_pending("asample", key)
         if not new:
             return request_id
 
@@ -562,9 +563,7 @@ class Engine:
             for slot in self._slots.values():
                 for _, future, what in slot.waiting.values():
                     if not future.done():
-                        future.set_result(
-                            failure_reply(RuntimeError("the server shut down first"), what)
-                        )
+                        future.set_result(_shut_down(what))
                 slot.waiting.clear()
             done.set()
 
@@ -572,20 +571,20 @@ class Engine:
         done.wait(timeout_s)  # runs after the operation in progress
         for future in pending:
             if not future.done():
-                future.set_result(
-                    json_reply(
-                        {
-                            "error": "the server shut down before this request ran",
-                            "category": "server",
-                        }
-                    )
-                )
+                future.set_result(_shut_down("request"))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _shut_down(what: str) -> Reply:
+    """The failed result of work the server did not run before it stopped."""
+    return json_reply(
+        {"error": f"{what}: the server shut down before this ran", "category": "server"}
+    )
 
 
 async def _as_coroutine(fn: Callable[[], Any]) -> Any:
