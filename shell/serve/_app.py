@@ -38,6 +38,7 @@ from shell.serve import _ops
 from shell.serve._engine import Engine, EngineClosed, SamplerSpec
 from shell.serve._paths import PathError, parse_checkpoint_id
 from shell.serve._replies import JSON, BadRequest, Reply, error_body, json_reply
+from shell.serve._ttl import check_ttl
 from shell.serve._wire import WireError, decode_forward_backward
 
 __all__ = ["CLIENT_CONFIG", "Guard", "build_app"]
@@ -183,6 +184,7 @@ class Api:
         body = await _parse(request, types.SaveWeightsRequest)
         seq_id = _require_seq(body.seq_id)
         name = _checkpoint_name(body.path)
+        _checked_ttl(body.ttl_seconds)
         op = _ops.save_weights(self.engine, body, name, self.ttl)
         request_id = self.engine.submit_training(body.model_id, seq_id, "save_weights", op)
         return _future(request_id, model_id=body.model_id)
@@ -193,6 +195,7 @@ class Api:
         if body.path is None and body.sampling_session_seq_id is None:
             raise BadRequest("path or sampling_session_seq_id: one is required")
         name = _checkpoint_name(body.path) if body.path is not None else None
+        _checked_ttl(body.ttl_seconds)
         session_id = body.model_id.split(":train:")[0]
         op = _ops.save_weights_for_sampler(self.engine, body, name, session_id, self.ttl)
         request_id = self.engine.submit_training(
@@ -367,9 +370,7 @@ class Api:
             self.ttl.forget(ref)
             return _ok({})
         if action == "ttl" and request.method == "PUT":
-            ttl = (await _json_object(request)).get("ttl_seconds")
-            if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
-                raise BadRequest(f"ttl_seconds: expected a positive int or null, got {ttl!r}")
+            ttl = _checked_ttl((await _json_object(request)).get("ttl_seconds"))
             await self._rest(lambda rest: rest.get_weights_info_by_tinker_path(directory).result())
             self.ttl.set(ref, ttl)
             return _ok({})
@@ -398,6 +399,13 @@ async def _json_object(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("body: expected a JSON object")
     return data
+
+
+def _checked_ttl(ttl_seconds: object) -> int | None:
+    try:
+        return check_ttl(ttl_seconds)
+    except ValueError as err:
+        raise BadRequest(str(err)) from err
 
 
 def _paging(request: Request, default_limit: int) -> tuple[int, int]:

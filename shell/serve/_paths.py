@@ -46,13 +46,20 @@ class PathError(RlpureError, ValueError):
 
 def check_folder_name(name: str, what: str) -> str:
     """`name` if it is a plain folder name, else `PathError` naming `what`."""
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = b""  # a lone surrogate: no file system takes it
     if (
-        not name
+        not encoded
         or name in (".", "..")
         or any(bad in name for bad in ("/", "\\", "\x00"))
-        or len(name) > 255
+        or len(encoded) > 255
     ):
-        raise PathError(f"{what}: {name!r} is not a plain name (no '/', '\\', '.' or '..')")
+        raise PathError(
+            f"{what}: {name!r} is not a plain name (no '/', '\\', '.' or '..'; at most 255 "
+            "bytes of UTF-8)"
+        )
     return name
 
 

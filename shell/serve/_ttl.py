@@ -13,14 +13,35 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import threading
 import time
 from pathlib import Path
 
-from shell.serve._paths import CheckpointRef, parse_tinker_path
+from shell.serve._paths import CheckpointRef, PathError, parse_tinker_path
 
-__all__ = ["CheckpointTtl"]
+__all__ = ["MAX_TTL_S", "CheckpointTtl", "check_ttl"]
+
+
+_LATEST = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last second `datetime` can hold
+MAX_TTL_S = 100 * 365 * 86_400
+"""The longest `ttl_seconds` accepted (a century; `None` means never expire)."""
+
+
+def check_ttl(ttl_seconds: object) -> int | None:
+    """`ttl_seconds` if it is `None` or an int in `[0, MAX_TTL_S]` (0: expired at once), else `ValueError`."""
+    if ttl_seconds is None:
+        return None
+    if (
+        isinstance(ttl_seconds, bool)
+        or not isinstance(ttl_seconds, int)
+        or not 0 <= ttl_seconds <= MAX_TTL_S
+    ):
+        raise ValueError(
+            f"ttl_seconds: expected an int in [0, {MAX_TTL_S}] or null, got {ttl_seconds!r}"
+        )
+    return ttl_seconds
 
 
 class CheckpointTtl:
@@ -40,11 +61,16 @@ class CheckpointTtl:
             return {}  # an unreadable table expires nothing (never deletes by mistake)
         if not isinstance(raw, dict):
             return {}
-        return {
-            str(path): float(when)
-            for path, when in raw.items()
-            if isinstance(when, (int, float)) and not isinstance(when, bool)
-        }
+        table = {}
+        for path, when in raw.items():
+            if isinstance(when, (int, float)) and not isinstance(when, bool):
+                try:
+                    seconds = float(when)
+                except OverflowError:
+                    continue
+                if math.isfinite(seconds) and 0 <= seconds <= _LATEST:
+                    table[str(path)] = seconds
+        return table
 
     def _write(self) -> None:
         self._file.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +79,12 @@ class CheckpointTtl:
         os.replace(staging, self._file)
 
     def set(self, ref: CheckpointRef, ttl_seconds: int | None) -> None:
-        """`ref` expires `ttl_seconds` from now (`None`: never)."""
+        """`ref` expires `ttl_seconds` from now (`None`: never).
+
+        Raises:
+            ValueError: a `ttl_seconds` `check_ttl` refuses.
+        """
+        ttl_seconds = check_ttl(ttl_seconds)
         with self._lock:
             if ttl_seconds is None:
                 if self._table.pop(ref.tinker_path, None) is None:
@@ -76,4 +107,10 @@ class CheckpointTtl:
         now = time.time() if now is None else now
         with self._lock:
             due = [path for path, when in self._table.items() if when <= now]
-        return [parse_tinker_path(path) for path in due]
+        refs = []
+        for path in due:
+            try:
+                refs.append(parse_tinker_path(path))
+            except PathError:  # a hand-edited table: never delete what it does not name
+                continue
+        return refs
