@@ -55,14 +55,18 @@ Conventions:
   `CheckpointError` naming the file, the line and the missing key. The last row is the latest
   save, periodic, rolling or final alike, which is what both `last_checkpoint` and the
   cookbook's `get_last_checkpoint` resume.
+- Rows as plain JSON objects, for code that writes its own keys (a cookbook recipe's
+  `save_checkpoint(loop_state=...)`): `read_checkpoint_rows` returns every row as written,
+  `append_checkpoint_row` appends one as given (no check, no path rewriting).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -79,11 +83,13 @@ __all__ = [
     "CHECKPOINTS_FILE",
     "CheckpointRecord",
     "append_checkpoint",
+    "append_checkpoint_row",
     "checkpoint_name",
     "is_uri",
     "load_checkpoints",
     "prng_key_data",
     "prng_key_from_data",
+    "read_checkpoint_rows",
     "recorded_path",
     "rederived_key_data",
     "resolved_path",
@@ -479,7 +485,11 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
     backend's paths (absolute), the `relative_*` keys and `kl_reference_path` relative to
     `log_dir` when inside it.
     """
-    path = Path(log_dir) / CHECKPOINTS_FILE
+    _append_line(Path(log_dir) / CHECKPOINTS_FILE, _ENCODER.encode(_written_row(record, log_dir)))
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Appends `line` and a newline to `path` and fsyncs it, after cutting a torn last line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
         # A torn last line (a crash mid-append) would glue onto this record and make the
@@ -492,9 +502,61 @@ def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord)
                 keep = data.rfind(b"\n") + 1
                 logger.warning("%s: dropping a torn last line before appending", path)
                 f.truncate(keep)
-        f.write(_ENCODER.encode(_written_row(record, log_dir)) + b"\n")
+        f.write(line + b"\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+# --- rows as plain JSON objects (what cookbook code reads and writes) --------------------------
+
+
+def read_checkpoint_rows(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every row of `<log_dir>/checkpoints.jsonl` as the JSON object it is, oldest first (no
+    file: an empty list), whoever wrote it: rlpure (with its own keys), the cookbook, or a
+    recipe's loop (`name` plus its `loop_state` keys). Nothing is checked nor resolved: what
+    the cookbook's `checkpoint_utils.load_checkpoints_file` reads, for code that keeps its own
+    keys. Resuming an rlpure run reads `load_checkpoints` instead.
+
+    A torn last line (a kill during the append) is ignored with a warning, as
+    `load_checkpoints` does.
+
+    Raises:
+        CheckpointError: a line other than the last is not JSON, or a line is not a JSON
+            object (naming the file and line).
+    """
+    path = Path(log_dir) / CHECKPOINTS_FILE
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.splitlines()
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
+            if number == len(lines) and not data.endswith(b"\n"):
+                logger.warning("%s: ignoring torn last line %d (%s)", path, number, err)
+                break
+            raise CheckpointError(f"{path}: line {number}: not JSON ({err})") from None
+        if not isinstance(row, dict):
+            raise CheckpointError(
+                f"{path}: line {number}: expected a JSON object, got {type(row).__name__}"
+            )
+        rows.append(row)
+    return rows
+
+
+def append_checkpoint_row(log_dir: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
+    """Appends `row` to `<log_dir>/checkpoints.jsonl` as one JSON line, as it is (the
+    cookbook's `json.dumps` line, so the same bytes its `save_checkpoint` writes), fsynced,
+    after cutting a torn last line (see `append_checkpoint`).
+
+    Raises:
+        TypeError: a value JSON cannot hold (as `json.dumps`).
+    """
+    _append_line(Path(log_dir) / CHECKPOINTS_FILE, json.dumps(dict(row)).encode("utf-8"))
 
 
 # --- the PRNG key in a checkpoint record -------------------------------------------------------

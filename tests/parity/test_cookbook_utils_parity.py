@@ -1,0 +1,299 @@
+"""Differential tests: the cookbook facade's checkpoint and utility modules against
+tinker-cookbook 0.6.1's, and the recipe entry points they let port.
+
+`shell.cookbook.checkpoint_utils` and `shell.cookbook.utils.{ml_log, lr_scheduling,
+session_naming, git_rev, deprecation, cost_estimation, trace}` are driven with the same inputs
+as the cookbook's modules (the same `checkpoints.jsonl`, the same scripted training client, the
+same steps and names) and must give the same outputs; then each recipe entry point that only
+lacked these modules is imported by the port rule. Needs the cookbook (`make parity`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import tinker
+
+from tests.parity.porting import require_cookbook
+
+COOKBOOK = require_cookbook()
+
+from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
+
+from shell.cookbook import checkpoint_utils  # noqa: E402
+from shell.fakes import FakeServiceClient  # noqa: E402
+
+# --- checkpoint_utils ----------------------------------------------------------------------------
+
+ROWS: list[dict[str, Any]] = [
+    {"name": "000005", "batch": 5, "state_path": "tinker://r/state/000005"},
+    {"name": "000005", "sampler_path": "tinker://r/sampler/000005"},  # sampler-only
+    {"name": "000010", "batch": 10, "epoch": 1, "state_path": "/abs/s10", "rolling": True},
+    {
+        "name": "final",
+        "batch": 12,
+        "final": True,
+        "state_path": "/abs/f",
+        "sampler_path": "/x",
+        "cumulative_tokens": {"sampled": 3},
+        "step": 12,
+        "rng_key_data": [0, 7],
+    },
+    {"name": "custom", "epoch": 2, "my_key": [1, 2], "state_path": None},
+]
+
+
+def _write_rows(log_dir: Path, rows: list[dict[str, Any]]) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    (log_dir / "checkpoints.jsonl").write_text(text)
+
+
+@pytest.mark.parametrize("n_rows", range(len(ROWS) + 1))
+@pytest.mark.parametrize("key", ["state_path", "sampler_path", "epoch", "my_key", "nope"])
+def test_get_last_checkpoint_picks_the_cookbooks_row(tmp_path: Path, n_rows: int, key: str) -> None:
+    _write_rows(tmp_path, ROWS[:n_rows])
+    theirs = cb_checkpoints.get_last_checkpoint(str(tmp_path), required_key=key)
+    ours = checkpoint_utils.get_last_checkpoint(str(tmp_path), required_key=key)
+    assert (ours is None) == (theirs is None)
+    if theirs is not None:
+        assert ours is not None
+        assert ours.to_dict() == theirs.to_dict()
+        assert list(ours.to_dict()) == list(theirs.to_dict())
+
+
+def test_no_file_is_no_checkpoint_in_both(tmp_path: Path) -> None:
+    assert cb_checkpoints.get_last_checkpoint(str(tmp_path)) is None
+    assert checkpoint_utils.get_last_checkpoint(str(tmp_path)) is None
+    assert checkpoint_utils.load_checkpoints_file(str(tmp_path)) == []
+
+
+def test_load_checkpoints_file_reads_every_row_as_the_cookbook(tmp_path: Path) -> None:
+    _write_rows(tmp_path, ROWS)
+    theirs = cb_checkpoints.load_checkpoints_file(str(tmp_path))
+    ours = checkpoint_utils.load_checkpoints_file(str(tmp_path))
+    assert [vars(r) for r in ours] == [vars(r) for r in theirs]
+
+
+@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("key", ["name", "batch", "epoch", "final", "state_path", "my_key", "x"])
+def test_checkpoint_record_has_get_and_round_trip_as_the_cookbooks(
+    row: dict[str, Any], key: str
+) -> None:
+    theirs = cb_checkpoints.CheckpointRecord.from_dict(row)
+    ours = checkpoint_utils.CheckpointRecord.from_dict(row)
+    assert ours.has(key) == theirs.has(key)
+    assert ours.get(key) == theirs.get(key)
+    assert ours.get(key, "d") == theirs.get(key, "d")
+    assert json.dumps(ours.to_dict()) == json.dumps(theirs.to_dict())
+
+
+def test_a_known_key_in_extra_is_dropped_as_the_cookbook_drops_it() -> None:
+    theirs = cb_checkpoints.CheckpointRecord(name="a", extra={"batch": 3, "k": 1})
+    ours = checkpoint_utils.CheckpointRecord(name="a", extra={"batch": 3, "k": 1})
+    assert ours.to_dict() == theirs.to_dict() == {"name": "a", "k": 1}
+
+
+def test_a_torn_last_line_is_skipped_where_the_cookbook_raises(tmp_path: Path) -> None:
+    _write_rows(tmp_path, ROWS[:1])
+    with (tmp_path / "checkpoints.jsonl").open("a") as f:
+        f.write('{"name": "000006", "bat')
+    with pytest.raises(json.JSONDecodeError):
+        cb_checkpoints.get_last_checkpoint(str(tmp_path))
+    last = checkpoint_utils.get_last_checkpoint(str(tmp_path))  # a deliberate difference
+    assert last is not None and last.name == "000005"
+
+
+def _training_client() -> Any:
+    service = FakeServiceClient()
+    return service.create_lora_training_client(base_model="m").result()
+
+
+SAVES: list[tuple[str, dict[str, Any], str, int | None]] = [
+    ("000001", {"batch": 1}, "state", 3600),
+    ("000002", {"batch": 2, "epoch": 0, "cumulative_tokens": {"trained": 9}}, "both", None),
+    ("000002", {"batch": 2}, "sampler", None),
+    ("final", {"batch": 3, "final": True, "extra": "kept", "step": 3}, "both", None),
+]
+
+
+def test_save_checkpoint_writes_the_cookbooks_rows_byte_for_byte(tmp_path: Path) -> None:
+    client = _training_client()
+    for log_dir, module in (
+        (tmp_path / "cb", cb_checkpoints),
+        (tmp_path / "ours", checkpoint_utils),
+    ):
+        log_dir.mkdir()
+        returned = [
+            module.save_checkpoint(
+                training_client=client,
+                name=name,
+                log_path=str(log_dir),
+                loop_state=state,
+                kind=kind,  # type: ignore[arg-type]
+                ttl_seconds=ttl,
+            )
+            for name, state, kind, ttl in SAVES
+        ]
+        (log_dir / "returned.json").write_text(json.dumps(returned))
+    for file in ("checkpoints.jsonl", "returned.json"):
+        assert (tmp_path / "ours" / file).read_bytes() == (tmp_path / "cb" / file).read_bytes()
+
+
+def test_save_checkpoint_async_and_a_store_get_the_cookbooks_rows(tmp_path: Path) -> None:
+    client = _training_client()
+
+    class Store:
+        def __init__(self) -> None:
+            self.rows: list[dict[str, Any]] = []
+
+        def write_checkpoint(self, record: dict[str, Any]) -> None:
+            self.rows.append(record)
+
+    stores = []
+    for module in (cb_checkpoints, checkpoint_utils):
+        store = Store()
+        for name, state, kind, ttl in SAVES:
+            asyncio.run(
+                module.save_checkpoint_async(
+                    client,
+                    name,
+                    str(tmp_path),
+                    state,
+                    kind,
+                    ttl,
+                    store,  # type: ignore[arg-type]
+                )
+            )
+        stores.append(store.rows)
+    assert stores[0] == stores[1]
+    assert not (tmp_path / "checkpoints.jsonl").exists()
+
+
+class _DeletingRest:
+    def __init__(self, deleted: list[str]) -> None:
+        self.deleted = deleted
+
+    async def delete_checkpoint_from_tinker_path(self, path: str) -> None:
+        self.deleted.append(path)
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def create_rest_client(self) -> _DeletingRest:
+        return _DeletingRest(self.deleted)
+
+
+def _manager_run(module: ModuleType, log_dir: Path, *, sync: bool) -> list[str]:
+    log_dir.mkdir()
+    client = _training_client()
+    service = _Service()
+    manager = module.CheckpointManager(
+        training_client=client,
+        service_client=service,
+        log_path=str(log_dir),
+        save_every=4,
+        rolling_save_every=1,
+        ttl_seconds=100,
+        rolling_ttl_seconds=10,
+        save_every_tokens=50,
+    )
+    manager.restore_last_saved_tokens(5)
+    if sync:
+        for step in range(0, 7):
+            manager.maybe_save(step, {"batch": step}, elapsed_tokens=10 * step)
+        manager.save_final({"batch": 7})
+    else:
+
+        async def run() -> None:
+            for step in range(0, 7):
+                await manager.maybe_save_async(step, {"batch": step}, elapsed_tokens=10 * step)
+            await manager.save_final_async({"batch": 7})
+
+        asyncio.run(run())
+    return service.deleted
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_checkpoint_manager_saves_and_deletes_as_the_cookbooks(tmp_path: Path, sync: bool) -> None:
+    theirs = _manager_run(cb_checkpoints, tmp_path / "cb", sync=sync)
+    ours = _manager_run(checkpoint_utils, tmp_path / "ours", sync=sync)
+    assert ours == theirs
+    assert len(theirs) >= 4  # rolling states superseded, the last one deleted after the final
+    assert (tmp_path / "ours" / "checkpoints.jsonl").read_text() == (
+        tmp_path / "cb" / "checkpoints.jsonl"
+    ).read_text()
+
+
+def test_renderer_name_metadata_as_the_cookbook() -> None:
+    for module in (cb_checkpoints, checkpoint_utils):
+        metadata = {"recipe_name": "r"}
+        module.add_renderer_name_to_user_metadata(metadata, None)
+        module.add_renderer_name_to_user_metadata(metadata, "")
+        assert metadata == {"recipe_name": "r"}
+        module.add_renderer_name_to_user_metadata(metadata, "qwen3")
+        assert metadata == {"recipe_name": "r", "renderer_name": "qwen3"}
+    assert checkpoint_utils.RENDERER_NAME_METADATA_KEY == cb_checkpoints.RENDERER_NAME_METADATA_KEY
+    assert checkpoint_utils.CHECKPOINTS_BASE_NAME == cb_checkpoints.CHECKPOINTS_BASE_NAME
+
+
+@pytest.fixture(scope="module")
+def local_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local-backend state saved by a run whose metadata names the renderer `role_colon`."""
+    from shell import LocalServiceClient
+
+    with LocalServiceClient(checkpoint_dir=tmp_path_factory.mktemp("states")) as service:
+        client = service.create_lora_training_client(
+            base_model="rlpure/tiny", user_metadata={"renderer_name": "role_colon"}
+        ).result()
+        yield str(client.save_state("s").result().path)
+
+
+def test_the_renderer_recorded_for_a_checkpoint_resolves_as_in_the_cookbook(
+    local_checkpoint: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from shell import LocalServiceClient
+
+    monkeypatch.setattr(tinker, "ServiceClient", LocalServiceClient)
+    cases: list[dict[str, Any]] = [
+        {"explicit_renderer_name": "llama3", "load_checkpoint_path": local_checkpoint},
+        {"explicit_renderer_name": None, "load_checkpoint_path": local_checkpoint},
+        {"explicit_renderer_name": None, "load_checkpoint_path": None},
+        {"explicit_renderer_name": None, "load_checkpoint_path": "/no/such/checkpoint"},
+    ]
+    for case in cases:
+        kwargs = {"model_name": "Qwen/Qwen3-8B", **case}
+        theirs = cb_checkpoints.resolve_renderer_name_from_checkpoint_or_default(**kwargs)
+        assert checkpoint_utils.resolve_renderer_name_from_checkpoint_or_default(**kwargs) == theirs
+        ours_async = checkpoint_utils.resolve_renderer_name_from_checkpoint_or_default_async
+        assert asyncio.run(ours_async(**kwargs)) == theirs
+    service = LocalServiceClient()
+    for path in (local_checkpoint, "/no/such/checkpoint"):
+        theirs = cb_checkpoints.get_renderer_name_from_checkpoint(service, path)
+        assert checkpoint_utils.get_renderer_name_from_checkpoint(service, path) == theirs
+        get_async = checkpoint_utils.get_renderer_name_from_checkpoint_async
+        assert asyncio.run(get_async(service, path)) == theirs
+    for expected in ("role_colon", "llama3", None):
+        levels = []
+        for module in (cb_checkpoints, checkpoint_utils):
+            caplog.clear()
+            with caplog.at_level(logging.INFO):
+                module.check_renderer_name_for_checkpoint(service, local_checkpoint, expected)
+                asyncio.run(
+                    module.check_renderer_name_for_checkpoint_async(
+                        service, local_checkpoint, expected
+                    )
+                )
+            levels.append(
+                [(r.levelname, r.getMessage()) for r in caplog.records if "enderer" in r.message]
+            )
+        assert levels[0] == levels[1]
