@@ -34,3 +34,10 @@ def test_bench_loop_runs_every_mode_briefly(capsys):
     assert module.main(argv) == 0
     out = capsys.readouterr().out
     assert all(mode in out for mode in ("sync", "stream", "async"))
+
+
+@pytest.mark.slow  # starts rlpure serve and compiles both sides (~30 s on 2 loaded cores)
+def test_bench_serve_runs_its_quick_case(capsys):
+    assert _load("bench_serve").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "HTTP / in-process" in out and "tokens/s" in out and "SDK, 1 process" in out
