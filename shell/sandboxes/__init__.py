@@ -3,9 +3,10 @@
 The protocol and records (`SandboxInterface`, `SandboxResult`, `SandboxTerminatedError`,
 `SandboxResource`) under the cookbook's names, and one local implementation, `LocalSandbox`
 (a subprocess with time and memory limits and, where the kernel allows, no network; its module
-docstring lists what is and is not enforced). The cookbook's remote backends
-(`SandboxFusionClient`, `ModalSandbox`, `SandboxBackend`) need services rlpure does not run and
-are not provided.
+docstring lists what is and is not enforced). The cookbook's remote backends (`_remote`):
+`SandboxBackend`, `SandboxFusionClient` (an HTTP client of a SandboxFusion server, a docker
+container rlpure does not run) and `ModalSandbox` / `ModalSandboxPool` (Modal is not integrated:
+they raise `ConfigError` when built).
 """
 
 from shell.sandboxes._interface import (
@@ -19,10 +20,24 @@ from shell.sandboxes._local import (
     LocalSandbox,
     network_namespaces_available,
 )
+from shell.sandboxes._remote import (
+    MODAL_UNAVAILABLE,
+    SANDBOXFUSION_START,
+    ModalSandbox,
+    ModalSandboxPool,
+    SandboxBackend,
+    SandboxFusionClient,
+)
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "MODAL_UNAVAILABLE",
+    "SANDBOXFUSION_START",
     "LocalSandbox",
+    "ModalSandbox",
+    "ModalSandboxPool",
+    "SandboxBackend",
+    "SandboxFusionClient",
     "SandboxInterface",
     "SandboxResource",
     "SandboxResult",

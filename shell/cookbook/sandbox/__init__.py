@@ -3,6 +3,8 @@
 from shell.sandboxes import (
     DEFAULT_MAX_OUTPUT_BYTES,
     LocalSandbox,
+    SandboxBackend,
+    SandboxFusionClient,
     SandboxInterface,
     SandboxResource,
     SandboxResult,
@@ -13,6 +15,8 @@ from shell.sandboxes import (
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "LocalSandbox",
+    "SandboxBackend",
+    "SandboxFusionClient",
     "SandboxInterface",
     "SandboxResource",
     "SandboxResult",
