@@ -37,9 +37,12 @@ __all__ = [
     "PREVIOUS_TURNS",
     "REPORT_EXPLANATION",
     "RolloutReport",
+    "RolloutSummaryExportConfig",
+    "RolloutSummaryGroup",
     "iteration_dir",
     "rollout_summaries_jsonl_path",
     "serialize_rollout_summaries",
+    "serialize_rollout_summaries_from_groups",
     "write_rollout_report",
 ]
 
@@ -153,6 +156,52 @@ def serialize_rollout_summaries(
             }
             records.append(_json_safe(record))
     return records
+
+
+@dataclass(frozen=True)
+class RolloutSummaryExportConfig:
+    """Where one rollout-summary export goes (the cookbook's, a frozen dataclass as there).
+
+    Attributes:
+        split: the dataset split (`train`, `eval/gsm8k`).
+        iteration: the training step.
+        base_name: the file's prefix (`train` → `train_rollout_summaries.jsonl`).
+        sampling_client_step: the step of the weights that sampled the rollouts, if known.
+    """
+
+    split: str
+    iteration: int
+    base_name: str
+    sampling_client_step: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSummaryGroup:
+    """One trajectory group to serialize, with its tags (the cookbook's).
+
+    Attributes:
+        trajectory_group: the group.
+        tags: its builder's `logging_tags()`.
+        sampling_client_step: the step of the weights that sampled it, if known.
+    """
+
+    trajectory_group: TrajectoryGroup
+    tags: list[str]
+    sampling_client_step: int | None = None
+
+
+def serialize_rollout_summaries_from_groups(
+    *, split: str, iteration: int, groups_P: Sequence[RolloutSummaryGroup]
+) -> list[dict[str, Any]]:
+    """`serialize_rollout_summaries` of `RolloutSummaryGroup`s (each group's own tags and
+    sampling step)."""
+    return serialize_rollout_summaries(
+        split=split,
+        iteration=iteration,
+        trajectory_groups_P=[group.trajectory_group for group in groups_P],
+        taglist_P=[group.tags for group in groups_P],
+        sampling_client_steps_P=[group.sampling_client_step for group in groups_P],
+    )
 
 
 @dataclass

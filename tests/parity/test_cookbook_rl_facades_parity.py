@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
+import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -29,8 +31,10 @@ import datasets as hf_datasets
 import numpy as np
 import pytest
 import tinker
+from hypothesis import given, settings
 
 from rlpure.model import ByteTokenizer
+from rlpure.testing import batches
 from tests.parity.porting import ported_module, ported_source, require_cookbook
 
 COOKBOOK = require_cookbook()
@@ -40,6 +44,7 @@ from tinker_cookbook import tokenizer_utils as cb_tokenizer_utils  # noqa: E402
 from tinker_cookbook.preference import preference_datasets as cb_datasets  # noqa: E402
 from tinker_cookbook.renderers import role_colon as cb_role_colon  # noqa: E402
 from tinker_cookbook.rl import preference_envs as cb_envs  # noqa: E402
+from tinker_cookbook.rl import rollout_logging as cb_rollout_logging  # noqa: E402
 from tinker_cookbook.rl import types as cb_rl_types  # noqa: E402
 from tinker_cookbook.utils import logtree as cb_logtree  # noqa: E402
 
@@ -47,10 +52,11 @@ from shell.cookbook import renderers  # noqa: E402
 from shell.cookbook import sandbox as facade_sandbox  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
 from shell.cookbook.preference import preference_datasets  # noqa: E402
-from shell.cookbook.rl import preference_envs  # noqa: E402
+from shell.cookbook.rl import preference_envs, rollout_logging  # noqa: E402
 from shell.cookbook.rl import types as rl_types  # noqa: E402
 from shell.cookbook.sandbox import modal_sandbox, sandboxfusion  # noqa: E402
 from shell.cookbook.utils import logtree  # noqa: E402
+from shell.to_cookbook import to_cookbook_groups  # noqa: E402
 
 MODEL = "rlpure/tiny"  # the byte tokenizer, here and (registered) in the cookbook
 
@@ -116,7 +122,10 @@ class LengthJudge:
         return float(np.sign(a - b)) * (0.5 if a + b > 20 else 1.0)
 
 
-PROMPT: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who are you?"}]
+PROMPT: list[Any] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Who are you?"},
+]
 RESPONSES = [
     "Hi.\n\nUser:",
     "Hello there, friend.\n\nUser:",
@@ -418,6 +427,70 @@ def test_sandbox_package_binds_the_cookbooks_names_and_backend_values() -> None:
         if isinstance(n, ast.Assign)
     ]
     assert [(m.name, m.value) for m in facade_sandbox.SandboxBackend] == values
+
+
+# --- rl/rollout_logging.py -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["RolloutSummaryExportConfig", "RolloutSummaryGroup"])
+def test_rollout_summary_records_have_the_cookbooks_fields(name: str) -> None:
+    ours, theirs = getattr(rollout_logging, name), getattr(cb_rollout_logging, name)
+    assert [(f.name, f.default) for f in dataclasses.fields(ours)] == [
+        (f.name, f.default) for f in dataclasses.fields(theirs)
+    ]
+    assert ours.__dataclass_params__.frozen and theirs.__dataclass_params__.frozen
+    if name == "RolloutSummaryExportConfig":  # positional, as the cookbook's
+        assert rollout_logging.RolloutSummaryExportConfig("train", 3, "train", 2) == (
+            rollout_logging.RolloutSummaryExportConfig(
+                split="train", iteration=3, base_name="train", sampling_client_step=2
+            )
+        )
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(reward_kind="binary", prefix="mixed", max_group_size=3))
+def test_summaries_from_groups_equal_the_cookbooks(groups_P: Any) -> None:
+    steps = [None if p % 2 else 10 + p for p in range(len(groups_P))]
+    tags = [[f"env{p}", "extra"] for p in range(len(groups_P))]
+    ours = rollout_logging.serialize_rollout_summaries_from_groups(
+        split="train",
+        iteration=4,
+        groups_P=[
+            rollout_logging.RolloutSummaryGroup(g, t, s)
+            for g, t, s in zip(groups_P, tags, steps, strict=True)
+        ],
+    )
+    theirs = cb_rollout_logging.serialize_rollout_summaries_from_groups(
+        split="train",
+        iteration=4,
+        groups_P=[
+            cb_rollout_logging.RolloutSummaryGroup(g, t, s)
+            for g, t, s in zip(to_cookbook_groups(groups_P), tags, steps, strict=True)
+        ],
+    )
+    assert [list(r) for r in ours] == [list(r) for r in theirs]
+    assert json.loads(json.dumps(ours)) == json.loads(json.dumps(theirs))
+
+
+def test_the_removed_jsonl_writers_raise_the_cookbooks_error(tmp_path: Path) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = [
+        (
+            "write_rollout_summaries_jsonl",
+            {"split": "train", "iteration": 0, "trajectory_groups_P": [], "taglist_P": []},
+        ),
+        (
+            "write_rollout_summaries_jsonl_from_groups",
+            {"split": "t", "iteration": 0, "groups_P": []},
+        ),
+    ]
+    for name, kwargs in calls:
+        messages = []
+        for module in (rollout_logging, cb_rollout_logging):
+            with pytest.raises(RuntimeError) as caught:
+                getattr(module, name)(tmp_path / "out.jsonl", **kwargs)
+            messages.append(str(caught.value))
+        assert messages[0] == messages[1]
+        assert not (tmp_path / "out.jsonl").exists()
 
 
 # --- the recipe entry points, by the port rule -----------------------------------------------------
