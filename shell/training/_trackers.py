@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from shell.config import TrainConfig, config_to_dict
 from shell.errors import ConfigError
 
-__all__ = ["Tracker", "Trackers", "check_trackers", "open_trackers"]
+__all__ = ["Tracker", "Trackers", "check_trackers", "open_trackers", "start_wandb_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,23 +90,52 @@ class _WandbTracker:
         self._run.finish(exit_code=exit_code)
 
 
-def _start_wandb(
-    config: TrainConfig, run_config: Mapping[str, Any], log_dir: Path
-) -> _WandbTracker:
+def start_wandb_run(
+    *,
+    project: str | None,
+    name: str | None,
+    directory: str | None,
+    run_config: Mapping[str, Any] | None,
+    option: str = "TrainConfig.wandb_project",
+) -> Any:
+    """`wandb.init(project=, name=, dir=, config=)`: the started W&B run.
+
+    Args:
+        project: the W&B project.
+        name: the run's display name (None: W&B's).
+        directory: where W&B keeps its files (None: W&B's default).
+        run_config: the config logged once at init (None: none).
+        option: the option that asked for W&B, named in errors.
+
+    Raises:
+        ConfigError: wandb is not installed, or the run did not start (no credentials
+            online, ...): one line naming `option` and what to do.
+    """
     wandb = _import("wandb")
     try:
-        run = wandb.init(
-            project=config.wandb_project,
-            name=config.wandb_name,
-            dir=os.environ.get("WANDB_DIR") or str(log_dir),
-            config=dict(run_config),
+        return wandb.init(
+            project=project,
+            name=name,
+            dir=directory,
+            config=None if run_config is None else dict(run_config),
         )
     except (wandb.errors.Error, OSError) as err:
         raise ConfigError(
-            f"TrainConfig.wandb_project {config.wandb_project!r}: the W&B run did not start "
+            f"{option} {project!r}: the W&B run did not start "
             f"({type(err).__name__}: {' '.join(str(err).split())}); run `wandb login` or set "
             "WANDB_API_KEY, set WANDB_MODE=offline to log locally, or unset wandb_project"
         ) from None
+
+
+def _start_wandb(
+    config: TrainConfig, run_config: Mapping[str, Any], log_dir: Path
+) -> _WandbTracker:
+    run = start_wandb_run(
+        project=config.wandb_project,
+        name=config.wandb_name,
+        directory=os.environ.get("WANDB_DIR") or str(log_dir),
+        run_config=run_config,
+    )
     return _WandbTracker(run)
 
 

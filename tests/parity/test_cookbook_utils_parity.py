@@ -11,13 +11,19 @@ lacked these modules is imported by the port rule. Needs the cookbook (`make par
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import json
 import logging
+import re
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import chz
 import pytest
 import tinker
 
@@ -26,8 +32,10 @@ from tests.parity.porting import require_cookbook
 COOKBOOK = require_cookbook()
 
 from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
+from tinker_cookbook.utils import ml_log as cb_ml_log  # noqa: E402
 
 from shell.cookbook import checkpoint_utils  # noqa: E402
+from shell.cookbook.utils import ml_log  # noqa: E402
 from shell.fakes import FakeServiceClient  # noqa: E402
 
 # --- checkpoint_utils ----------------------------------------------------------------------------
@@ -297,3 +305,188 @@ def test_the_renderer_recorded_for_a_checkpoint_resolves_as_in_the_cookbook(
                 [(r.levelname, r.getMessage()) for r in caplog.records if "enderer" in r.message]
             )
         assert levels[0] == levels[1]
+
+
+# --- utils.ml_log --------------------------------------------------------------------------------
+
+
+class _Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class _Inner:
+    rate: float = 0.5
+    tags: tuple[str, ...] = ("a", "b")
+
+
+@chz.chz
+class _RecipeConfig:
+    model_name: str = "m"
+    log_path: str = "/tmp/x"
+    max_steps: int | None = None
+    inner: _Inner = chz.field(default_factory=_Inner)
+    colour: _Colour = _Colour.RED
+    fn: Any = json.dumps
+    opaque: Any = chz.field(default_factory=object)
+    nested: dict[str, Any] = chz.field(default_factory=lambda: {"k": [1, _Inner()]})
+
+
+CONFIGS: list[Any] = [
+    _RecipeConfig(),
+    {"a": 1, "b": [1.5, None, "s"], "c": _Colour.RED},
+    [1, (2, 3)],
+    _Inner(),
+    types.SimpleNamespace(x=1, _hidden=2, X_also=3),
+    3.5,
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: type(c).__name__)
+def test_dump_config_is_the_cookbooks(config: Any) -> None:
+    def as_json(data: Any) -> str:  # an opaque object is copied by chz: compare its type
+        return json.dumps(data, default=lambda o: str(type(o)))
+
+    assert as_json(ml_log.dump_config(config)) == as_json(cb_ml_log.dump_config(config))
+
+
+def _log_a_run(module: ModuleType, log_dir: Path, caplog: pytest.LogCaptureFixture) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        ml_logger = module.setup_logging(
+            log_dir=str(log_dir),
+            wandb_project=None,
+            config=_RecipeConfig(),
+            do_configure_logging_module=False,
+        )
+        ml_logger.log_metrics(
+            {"reward/total": 0.25, "progress/batch": 0, "time/x:count": 2}, step=0
+        )
+        ml_logger.log_metrics({"optim/lr": 4e-5, "name": "s"}, step=1)
+        ml_logger.log_metrics({"no_step": 1})
+        ml_logger.log_summary({"tokens/cumulative/sampled": 10})
+        ml_logger.log_long_text("k", "text")
+        ml_logger.sync()
+        assert ml_logger.get_logger_url() is None
+        ml_logger.close()
+    messages = [r.getMessage() for r in caplog.records if r.name.endswith("ml_log")]
+    return [re.sub(r"0x[0-9a-f]+", "0x…", m.replace(str(log_dir), "D")) for m in messages]
+
+
+def test_setup_logging_writes_and_prints_what_the_cookbooks_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    theirs = _log_a_run(cb_ml_log, tmp_path / "cb", caplog)
+    ours = _log_a_run(ml_log, tmp_path / "ours", caplog)
+    assert ours == theirs
+    for name in ("config.json", "metrics.jsonl"):
+        assert (tmp_path / "ours" / name).read_text() == (tmp_path / "cb" / name).read_text()
+    diff = (tmp_path / "ours" / "code.diff").read_text()
+    assert diff.startswith(("### repo: ", "### module: shell (not in a git repository)"))
+    assert "modules: shell\n" in diff or "module_path: " in diff
+
+
+def test_metrics_jsonl_holds_null_where_the_cookbook_writes_nan(tmp_path: Path) -> None:
+    for module, log_dir in ((cb_ml_log, tmp_path / "cb"), (ml_log, tmp_path / "ours")):
+        module.JsonLogger(log_dir).log_metrics({"x": float("nan"), "y": 1.0}, step=3)
+    assert (tmp_path / "cb" / "metrics.jsonl").read_text() == '{"step": 3, "x": NaN, "y": 1.0}\n'
+    assert (tmp_path / "ours" / "metrics.jsonl").read_text() == '{"step": 3, "x": null, "y": 1.0}\n'
+
+
+def test_configure_logging_module_replaces_the_root_handlers_as_the_cookbook(
+    tmp_path: Path,
+) -> None:
+    root = logging.getLogger()
+    saved = (root.level, root.handlers[:])
+    lines = []
+    try:
+        for module, name in ((cb_ml_log, "cb.log"), (ml_log, "ours.log")):
+            returned = module.configure_logging_module(str(tmp_path / name))
+            assert returned is root
+            handlers = root.handlers
+            assert [type(h).__name__ for h in handlers] == ["StreamHandler", "FileHandler"]
+            assert root.level == logging.INFO
+            logging.getLogger("some.module").info("hello %d", 7)
+            record = logging.LogRecord("n", logging.WARNING, "f", 3, "m", None, None)
+            lines.append([h.format(record) for h in handlers])
+            for handler in handlers:
+                handler.close()
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        root.setLevel(saved[0])
+        for handler in saved[1]:
+            root.addHandler(handler)
+    assert lines[0] == lines[1]
+    cb_text, ours_text = (
+        re.sub(r"^root:\d+ ", "root:N ", (tmp_path / n).read_text(), flags=re.MULTILINE)
+        for n in ("cb.log", "ours.log")
+    )
+    assert ours_text == cb_text
+    assert "Command line invocation: " in ours_text and "some.module:" in ours_text
+
+
+class _FakeWandb(types.ModuleType):
+    """A `wandb` module that records the calls a logger makes."""
+
+    class errors:  # wandb's name
+        Error = RuntimeError
+
+    def __init__(self) -> None:
+        super().__init__("wandb")
+        self.calls: list[tuple[Any, ...]] = []
+        fake = self
+
+        class Run:
+            url = "https://wandb.example/run"
+
+            def define_metric(self, *args: Any, **kwargs: Any) -> None:
+                fake.calls.append(("define_metric", args, kwargs))
+
+            class summary:
+                @staticmethod
+                def update(metrics: dict[str, Any]) -> None:
+                    fake.calls.append(("summary", metrics))
+
+        class Config:
+            @staticmethod
+            def update(config: Any) -> None:
+                fake.calls.append(("config.update", config))
+
+        self.run_class, self.config = Run, Config
+
+    def init(self, **kwargs: Any) -> Any:
+        self.calls.append(("init", kwargs))
+        return self.run_class()
+
+    def log(self, metrics: dict[str, Any], **kwargs: Any) -> None:
+        self.calls.append(("log", metrics, kwargs))
+
+    def finish(self) -> None:
+        self.calls.append(("finish",))
+
+
+def test_the_wandb_logger_makes_the_cookbooks_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    for module in (cb_ml_log, ml_log):
+        fake = _FakeWandb()
+        monkeypatch.setitem(sys.modules, "wandb", fake)
+        monkeypatch.setattr(cb_ml_log, "wandb", fake)
+        wandb_logger = module.WandbLogger(
+            project="p", config={"a": 1}, log_dir=tmp_path, wandb_name="n"
+        )
+        wandb_logger.log_hparams(_Inner())
+        wandb_logger.log_metrics({"x": 1.0}, step=2)
+        wandb_logger.log_summary({"tokens/cumulative/trained": 5})
+        wandb_logger.log_metrics_event({"test/r": 0.5, "s": 1}, 3, "s", {"test/r": "sampler/step"})
+        wandb_logger.log_metrics({"y": 2.0}, step=4)
+        assert wandb_logger.get_logger_url() == "https://wandb.example/run"
+        wandb_logger.close()
+        calls.append(fake.calls)
+    assert calls[0] == calls[1]
+    assert calls[0][0] == (
+        "init",
+        {"project": "p", "config": {"a": 1}, "dir": str(tmp_path), "name": "n"},
+    )

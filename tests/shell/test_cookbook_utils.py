@@ -8,15 +8,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
-from shell import run_metadata
+from shell import metric_sinks, run_metadata
 from shell.cookbook import checkpoint_utils
-from shell.errors import CheckpointError
+from shell.cookbook.utils import ml_log
+from shell.errors import CheckpointError, ConfigError
 from shell.fakes import FakeServiceClient
+from shell.source_state import source_state
 from shell.training._checkpoints import (
     CHECKPOINTS_FILE,
     append_checkpoint_row,
@@ -192,3 +197,74 @@ def test_recipe_metadata_names_the_recipe_and_this_projects_version() -> None:
         "git_rev": run_metadata.code_version(),
     }
     assert run_metadata.code_version() != "unknown"
+
+
+# --- source state, metric sinks, ml_log ----------------------------------------------------------
+
+
+def _module_at(path: Path, name: str) -> ModuleType:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.py").write_text("X = 1\n")
+    module = ModuleType(name)
+    module.__file__ = str(path / f"{name}.py")
+    return module
+
+
+def test_source_state_gives_each_repos_commit_and_diff(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    module = _module_at(repo, "mod")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git[:3], "rev-parse", "HEAD"], capture_output=True, text=True)
+    clean = source_state([module, module])
+    assert (
+        clean
+        == f"### repo: {repo.resolve()} @ {head.stdout.strip()}\nmodules: mod\n(no local changes)\n"
+    )
+    (repo / "mod.py").write_text("X = 2\n")
+    dirty = source_state([module])
+    assert "-- repo-wide (vs HEAD, staged+unstaged) --\n" in dirty
+    assert "-X = 1\n+X = 2\n" in dirty
+
+
+def test_source_state_notes_a_module_outside_any_repo(tmp_path: Path) -> None:
+    module = _module_at(tmp_path / "plain", "loose")
+    text = source_state([module])
+    if "### repo:" in text:  # the temporary directory is itself inside a repository
+        pytest.skip("tmp_path lies inside a git repository")
+    where = (tmp_path / "plain").resolve()
+    assert text == f"### module: loose (not in a git repository)\nmodule_path: {where}\n"
+
+
+def test_a_config_json_cannot_hold_is_written_as_its_type(tmp_path: Path) -> None:
+    path = metric_sinks.write_config_json(tmp_path, {"a": 1, "o": object(), "f": json.dumps})
+    # a function has a __dict__, so it is written as {} (the cookbook's rule order)
+    assert json.loads(path.read_text()) == {"a": 1, "o": "<class 'object'>", "f": {}}
+
+
+def test_the_console_table_hides_aggregates_and_formats_floats() -> None:
+    text = metric_sinks.metrics_table_text({"b": 0.5, "a:count": 3, "c": "s"}, step=7)
+    assert text is not None
+    assert "Step 7" in text and "0.500000" in text and "a:count" not in text
+    assert metric_sinks.metrics_table_text({"x:total": 1.0}) is None
+
+
+def test_ml_log_writes_metrics_rows_and_closes(tmp_path: Path) -> None:
+    ml_logger = ml_log.setup_logging(
+        str(tmp_path), config={"lr": 0.1}, do_configure_logging_module=False
+    )
+    ml_logger.log_metrics({"reward": float("inf"), "n": np.int64(3)}, step=0)
+    ml_logger.log_summary({"total": 1})
+    ml_logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 0, "reward": None, "n": 3}, {"total": 1}]
+    assert json.loads((tmp_path / "config.json").read_text()) == {"lr": 0.1}
+    assert (tmp_path / "code.diff").read_text().startswith("### ")
+    assert ml_logger.store is None
+
+
+def test_ml_log_refuses_a_cloud_log_dir() -> None:
+    with pytest.raises(ConfigError, match="only local directories"):
+        ml_log.setup_logging("s3://bucket/run")
