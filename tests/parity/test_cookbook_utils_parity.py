@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import importlib.metadata
 import json
 import logging
 import re
@@ -26,16 +27,23 @@ from typing import Any
 import chz
 import pytest
 import tinker
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.parity.porting import require_cookbook
 
 COOKBOOK = require_cookbook()
 
 from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
+from tinker_cookbook import exceptions as cb_exceptions  # noqa: E402
+from tinker_cookbook.utils import git_rev as cb_git_rev  # noqa: E402
+from tinker_cookbook.utils import lr_scheduling as cb_lr  # noqa: E402
 from tinker_cookbook.utils import ml_log as cb_ml_log  # noqa: E402
+from tinker_cookbook.utils import session_naming as cb_naming  # noqa: E402
 
 from shell.cookbook import checkpoint_utils  # noqa: E402
-from shell.cookbook.utils import ml_log  # noqa: E402
+from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
+from shell.cookbook.utils import git_rev, lr_scheduling, ml_log, session_naming  # noqa: E402
 from shell.fakes import FakeServiceClient  # noqa: E402
 
 # --- checkpoint_utils ----------------------------------------------------------------------------
@@ -490,3 +498,54 @@ def test_the_wandb_logger_makes_the_cookbooks_calls(
         "init",
         {"project": "p", "config": {"a": 1}, "dir": str(tmp_path), "name": "n"},
     )
+
+
+# --- utils.lr_scheduling, utils.session_naming, utils.git_rev ------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant"])
+@pytest.mark.parametrize("total_steps", [1, 2, 7, 100, 1001])
+def test_lr_multipliers_are_the_cookbooks_at_every_step(schedule: str, total_steps: int) -> None:
+    for step in [*range(total_steps + 2), 10 * total_steps]:
+        args: Any = (schedule, step, total_steps)
+        theirs = cb_lr.compute_schedule_lr_multiplier(*args)
+        ours = lr_scheduling.compute_schedule_lr_multiplier(*args)
+        assert ours == theirs, (schedule, step, total_steps)
+
+
+@pytest.mark.parametrize(("schedule", "total_steps"), [("cosine", 0), ("linear", -3), ("warm", 5)])
+def test_lr_schedule_errors_are_the_cookbooks(schedule: str, total_steps: int) -> None:
+    args: Any = (schedule, 1, total_steps)
+    with pytest.raises(cb_exceptions.ConfigurationError) as theirs:
+        cb_lr.compute_schedule_lr_multiplier(*args)
+    with pytest.raises(ConfigurationError) as ours:
+        lr_scheduling.compute_schedule_lr_multiplier(*args)
+    assert str(ours.value).startswith(str(theirs.value))
+    assert lr_scheduling.LRSchedule == cb_lr.LRSchedule
+
+
+names = st.one_of(st.none(), st.text(max_size=12), st.sampled_from(["", "Math RL", "--", "é!"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(names, max_size=4), names, names)
+def test_session_names_are_the_cookbooks(
+    parts: list[str | None], wandb_name: str | None, session_name: str | None
+) -> None:
+    assert session_naming.default_cookbook_session_name(
+        *parts, wandb_name=wandb_name
+    ) == cb_naming.default_cookbook_session_name(*parts, wandb_name=wandb_name)
+    for text in parts:
+        if text is not None:
+            assert session_naming.slugify(text) == cb_naming.slugify(text)
+    assert session_naming.resolve_session_display_name(
+        session_name=session_name, wandb_name=wandb_name
+    ) == cb_naming.resolve_session_display_name(session_name=session_name, wandb_name=wandb_name)
+
+
+def test_recipe_user_metadata_has_the_cookbooks_keys() -> None:
+    theirs = cb_git_rev.recipe_user_metadata("recipe_rl_loop")
+    ours = git_rev.recipe_user_metadata("recipe_rl_loop")
+    assert list(ours) == list(theirs) == ["recipe_name", "git_rev"]
+    assert ours["recipe_name"] == theirs["recipe_name"]
+    assert ours["git_rev"] == importlib.metadata.version("rlpure")  # ours: the code that runs

@@ -6,6 +6,7 @@ The same modules against the cookbook itself: tests/parity/test_cookbook_utils_p
 from __future__ import annotations
 
 import asyncio
+import doctest
 import json
 import logging
 import subprocess
@@ -16,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shell import metric_sinks, run_metadata
+from shell import metric_sinks, run_metadata, schedules, session_names
 from shell.cookbook import checkpoint_utils
-from shell.cookbook.utils import ml_log
+from shell.cookbook.utils import git_rev, lr_scheduling, ml_log, session_naming
 from shell.errors import CheckpointError, ConfigError
 from shell.fakes import FakeServiceClient
 from shell.source_state import source_state
@@ -268,3 +269,35 @@ def test_ml_log_writes_metrics_rows_and_closes(tmp_path: Path) -> None:
 def test_ml_log_refuses_a_cloud_log_dir() -> None:
     with pytest.raises(ConfigError, match="only local directories"):
         ml_log.setup_logging("s3://bucket/run")
+
+
+# --- schedules, run naming -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [schedules, session_names, run_metadata])
+def test_the_examples_in_the_docstrings_hold(module: ModuleType) -> None:
+    assert doctest.testmod(module).failed == 0
+
+
+def test_schedules_end_at_zero_and_start_at_one() -> None:
+    for schedule in ("linear", "cosine"):
+        assert schedules.lr_multiplier(schedule, step=0, total_steps=9) == 1.0
+        assert schedules.lr_multiplier(schedule, step=9, total_steps=9) == pytest.approx(0.0)
+    assert schedules.lr_multiplier("constant", step=5, total_steps=2) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "total", "message"),
+    [("linear", 0, "total_steps must be positive, got 0"), ("step", 3, "one of .'linear'")],
+)
+def test_a_bad_schedule_is_a_config_error(schedule: str, total: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        lr_scheduling.compute_schedule_lr_multiplier(schedule, 0, total)  # type: ignore[arg-type]
+
+
+def test_session_names() -> None:
+    assert session_naming.default_cookbook_session_name("rl-loop") == "cookbook-rl-loop"
+    assert session_naming.default_cookbook_session_name("x", wandb_name="mine") == "mine"
+    assert session_naming.default_cookbook_session_name("!!", None, "A b") == "cookbook-a-b"
+    assert session_naming.resolve_session_display_name(session_name=None, wandb_name="") is None
+    assert git_rev.recipe_user_metadata("r")["recipe_name"] == "r"
