@@ -233,6 +233,10 @@ class LocalSamplingClient:
                 f"compute_logprobs: prompt_logprobs_last_n must be in [1, {n - 1}], "
                 f"got {prompt_logprobs_last_n}"
             )
+        # the SDK sends compute_logprobs as a one-token sample request: count it as one, so the
+        # unseeded samples after it draw what they draw through `rlpure serve`
+        self._runtime.next_sample_request_index()
+        self._requests += 1
         values = self._prompt_logprobs(tokens)
         out: list[float | None] = [None if math.isnan(x) else float(x) for x in values]
         if prompt_logprobs_last_n is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -150,6 +151,10 @@ def serve(
     stop = threading.Event()
     janitor = threading.Thread(target=_janitor, args=(engine, stop), daemon=True)
     janitor.start()
+    # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, with the handlers it found
+    # installed: with these, that ends `run` instead of the process, so the engine closes here
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
     try:
         server.run(sockets=[sock])
     finally:

@@ -154,6 +154,7 @@ class Engine:
         self.session_timeout_s = session_timeout_s
         self._lock = threading.Lock()
         self._closed = False
+        self._close_done = threading.Event()
         self._futures: dict[str, _Pending] = {}
         self._seen: dict[tuple[str, str, int], str] = {}
         self._sessions: dict[str, _Session] = {}
@@ -553,10 +554,12 @@ class Engine:
     def close(self, timeout_s: float = 30.0) -> None:
         """Refuses new work, finishes the running operation, fails the queued ones."""
         with self._lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
             pending = [p.future for p in self._futures.values()]
+        if not first:  # another thread is closing: wait until it is done
+            self._close_done.wait(timeout_s)
+            return
         done = threading.Event()
 
         def fail_waiting() -> None:
@@ -574,6 +577,7 @@ class Engine:
                 future.set_result(_shut_down("request"))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
+        self._close_done.set()
 
     @property
     def closed(self) -> bool:

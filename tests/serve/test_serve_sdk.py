@@ -425,13 +425,6 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
         assert last == [None] * skipped + full[skipped:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the SDK's compute_logprobs is a sample request (num_samples=1, max_tokens=1, "
-    "prompt_logprobs), which the server's sampler counts; LocalSamplingClient.compute_logprobs "
-    "(shell/local/_sampling.py) does not advance the request count, so the next unseeded "
-    "sample draws from another key in-process than through rlpure serve",
-)
 def test_unseeded_samples_after_compute_logprobs_match_in_process(
     service: tinker.ServiceClient, local: LocalServiceClient
 ) -> None:
