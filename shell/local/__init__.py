@@ -83,7 +83,9 @@ Semantics and decisions:
   `save_weights_and_get_sampling_client` (the step count is checkpointed) and
   `(2, index among the service's create_sampling_client calls, 0)` otherwise. Sampling
   clients of different training clients at the same step share streams (their weights
-  differ).
+  differ). The batch does change the last bits of the sampled tokens' logprobs (~1e-6: a
+  matmul of another row count rounds differently), so through `rlpure serve`, where request
+  timing decides which requests share a call, logprobs agree to ~1e-6 and tokens exactly.
 - **Shapes are bucketed** (powers of two on batch rows, prompt length, new tokens and datums;
   two sizes per doubling on datum length), so a run compiles a handful of times. A
   `forward_backward` batch runs longest datums first, each chunk padded to its own length. Large calls are split to bound memory
