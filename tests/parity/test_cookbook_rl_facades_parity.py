@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 import pytest
 import tinker
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlpure.model import ByteTokenizer
 from rlpure.testing import batches
@@ -39,20 +41,25 @@ from tests.parity.porting import ported_module, ported_source, require_cookbook
 
 COOKBOOK = require_cookbook()
 
+import termcolor  # noqa: E402
+from tinker_cookbook import display as cb_display  # noqa: E402
 from tinker_cookbook import exceptions as cb_exceptions  # noqa: E402
 from tinker_cookbook import tokenizer_utils as cb_tokenizer_utils  # noqa: E402
 from tinker_cookbook.preference import preference_datasets as cb_datasets  # noqa: E402
 from tinker_cookbook.renderers import role_colon as cb_role_colon  # noqa: E402
+from tinker_cookbook.rl import play_w_env as cb_play  # noqa: E402
 from tinker_cookbook.rl import preference_envs as cb_envs  # noqa: E402
 from tinker_cookbook.rl import rollout_logging as cb_rollout_logging  # noqa: E402
 from tinker_cookbook.rl import types as cb_rl_types  # noqa: E402
+from tinker_cookbook.utils import format_colorized as cb_format_colorized  # noqa: E402
 from tinker_cookbook.utils import logtree as cb_logtree  # noqa: E402
 
-from shell.cookbook import renderers  # noqa: E402
+from shell import terminal  # noqa: E402
+from shell.cookbook import display, renderers  # noqa: E402
 from shell.cookbook import sandbox as facade_sandbox  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
 from shell.cookbook.preference import preference_datasets  # noqa: E402
-from shell.cookbook.rl import preference_envs, rollout_logging  # noqa: E402
+from shell.cookbook.rl import play_w_env, preference_envs, rollout_logging  # noqa: E402
 from shell.cookbook.rl import types as rl_types  # noqa: E402
 from shell.cookbook.sandbox import modal_sandbox, sandboxfusion  # noqa: E402
 from shell.cookbook.utils import logtree  # noqa: E402
@@ -493,6 +500,227 @@ def test_the_removed_jsonl_writers_raise_the_cookbooks_error(tmp_path: Path) -> 
         assert not (tmp_path / "out.jsonl").exists()
 
 
+# --- display.py and utils/format_colorized.py --------------------------------------------------
+
+
+@pytest.fixture(params=["plain", "forced", "no_color"])
+def color_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Colours off (stdout is captured, not a terminal), forced on, or off by `NO_COLOR` with
+    `FORCE_COLOR` set too; termcolor's cached decision is cleared around each case."""
+    for name in ("ANSI_COLORS_DISABLED", "NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    if request.param in ("forced", "no_color"):
+        monkeypatch.setenv("FORCE_COLOR", "1")
+    if request.param == "no_color":
+        monkeypatch.setenv("NO_COLOR", "1")
+    termcolor.can_colorize.cache_clear()
+    yield request.param
+    termcolor.can_colorize.cache_clear()
+
+
+def test_colored_writes_what_termcolor_writes(color_mode: str) -> None:
+    for color in (None, "green", "yellow", "red", "cyan", "blue"):
+        for attrs in (None, ["bold"], ["bold", "underline"]):
+            assert terminal.colored("text\n", color, attrs=attrs) == termcolor.colored(
+                "text\n", color, attrs=attrs
+            )
+    assert terminal.colors_enabled() is (color_mode == "forced")
+
+
+TEXTS = st.text(alphabet=st.sampled_from("ab é\n日"), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    TEXTS,
+    st.lists(st.sampled_from([-1.0, 0.0, 0.5, 1.0]), min_size=40, max_size=40),
+    st.booleans(),
+    st.booleans(),
+)
+def test_format_colorized_matches_the_cookbook(
+    text: str, weights: list[float], arrow: bool, forced: bool
+) -> None:
+    tokenizer = ByteTokenizer()
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    weights = weights[: len(tokens)]
+    with _colors(forced):
+        ours = display.format_colorized(tokens, weights, tokenizer, draw_newline_arrow=arrow)
+        theirs = cb_format_colorized.format_colorized(
+            tokens, weights, tokenizer, draw_newline_arrow=arrow
+        )
+    assert ours == theirs
+
+
+class _colors:
+    """Forces colours on (or leaves them off) for termcolor and `shell.terminal` alike."""
+
+    def __init__(self, forced: bool) -> None:
+        self.forced = forced
+        self.saved: str | None = None
+
+    def __enter__(self) -> None:
+        self.saved = os.environ.pop("FORCE_COLOR", None)
+        if self.forced:
+            os.environ["FORCE_COLOR"] = "1"
+        termcolor.can_colorize.cache_clear()
+
+    def __exit__(self, *exc: object) -> None:
+        os.environ.pop("FORCE_COLOR", None)
+        if self.saved is not None:
+            os.environ["FORCE_COLOR"] = self.saved
+        termcolor.can_colorize.cache_clear()
+
+
+def test_format_colorized_refuses_unequal_lengths_as_the_cookbook() -> None:
+    messages = []
+    for module in (display, cb_format_colorized):
+        with pytest.raises(ValueError) as caught:
+            module.format_colorized([1, 2], [0.0], ByteTokenizer())
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+
+
+def _datum() -> tinker.Datum:
+    image = tinker.types.ImageChunk(data=b"png", format="png", expected_tokens=3)
+    chunks: list[tinker.ModelInputChunk] = [
+        tinker.EncodedTextChunk(tokens=[72, 105]),
+        image,
+        tinker.EncodedTextChunk(tokens=[33]),
+    ]
+    targets = np.array([105, 64, 64, 64, 33, 10])
+    return tinker.Datum(
+        model_input=tinker.ModelInput(chunks=chunks),
+        loss_fn_inputs={
+            "target_tokens": tinker.TensorData.from_numpy(targets),
+            "weights": tinker.TensorData.from_numpy(np.array([0.0, 0, 0, 1, 1, -1])),
+            "advantages": tinker.TensorData.from_numpy(np.array([0.0, 0, 0, -2, 3, 0])),
+        },
+    )
+
+
+@pytest.mark.parametrize("key", ["weights", "advantages"])
+def test_colorize_example_matches_the_cookbook(color_mode: str, key: str) -> None:
+    tokenizer = ByteTokenizer()
+    datum = _datum()
+    assert display.colorize_example(datum, tokenizer, key=key) == (
+        cb_display.colorize_example(datum, tokenizer, key=key)
+    )
+    for chunk in datum.model_input.chunks:
+        assert display.to_ints(chunk, tokenizer) == cb_display.to_ints(chunk, tokenizer)
+
+
+@pytest.mark.parametrize("only_last", [False, True])
+def test_format_trajectory_matches_the_cookbook(color_mode: str, only_last: bool) -> None:
+    tokenizer = ByteTokenizer()
+    turns = [tokenizer.encode(t, add_special_tokens=False) for t in ("Hi", "there", "x")]
+    theirs_traj = _trajectory(cb_rl_types, turns)
+    theirs = cb_display.format_trajectory(theirs_traj, tokenizer, only_last_transition=only_last)
+    # the cookbook's own trajectory, and ours converted to the cookbook's records
+    assert display.format_trajectory(theirs_traj, tokenizer, only_last) == theirs
+    ours_traj = _trajectory(rl_types, turns)
+    group = rl_types.TrajectoryGroup(
+        trajectories_G=[ours_traj], final_rewards_G=[0.0], metrics_G=[{}]
+    )
+    (converted,) = to_cookbook_groups([group])[0].trajectories_G
+    assert display.format_trajectory(ours_traj, tokenizer, only_last) == (
+        cb_display.format_trajectory(converted, tokenizer, only_last)
+    )
+
+
+# --- rl/play_w_env.py ----------------------------------------------------------------------------
+
+
+def _typed(monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> None:
+    """`input()` answers `lines` in turn, echoing its prompt as the real one does."""
+    answers = iter(lines)
+
+    def fake_input(prompt: str = "") -> str:
+        sys.stdout.write(prompt)
+        return next(answers)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+
+
+@pytest.mark.parametrize(
+    ("multiline", "show", "lines"),
+    [
+        (False, True, ["go north"]),
+        (False, False, ["é"]),
+        (True, True, ["one", "", "two", "", "", "unused"]),
+        (True, False, ["", ""]),
+    ],
+)
+def test_manual_policy_reads_and_prints_as_the_cookbook(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    color_mode: str,
+    multiline: bool,
+    show: bool,
+    lines: list[str],
+) -> None:
+    tokenizer = ByteTokenizer()
+    ob = tinker.ModelInput.from_ints(tokenizer.encode("Room: dark", add_special_tokens=False))
+    outputs = []
+    for module in (play_w_env, cb_play):
+        _typed(monkeypatch, lines)
+        policy = module.ManualPolicy(tokenizer, multiline=multiline, show_observation=show)
+        action = asyncio.run(policy(ob, ["\n"]))
+        outputs.append((list(map(int, action.tokens)), policy.step_count, capsys.readouterr().out))
+        assert action.maybe_logprobs is None
+    assert outputs[0] == outputs[1]
+
+
+class _CountdownEnv:
+    """Built over a `types` module: two turns, reward 1 when the typed action is `"7"`."""
+
+    @staticmethod
+    def make(types: ModuleType) -> Any:
+        class Env(types.Env):  # type: ignore[misc,name-defined]
+            def __init__(self) -> None:
+                self.turn = 0
+
+            async def initial_observation(self) -> Any:
+                return tinker.ModelInput.from_ints([71, 63]), ["\n"]
+
+            async def step(self, action: Any, *, extra: Any = None) -> Any:
+                self.turn += 1
+                hit = [int(t) for t in action] == [55]
+                return types.StepResult(
+                    reward=1.0 if hit else 0.0,
+                    episode_done=self.turn == 2,
+                    next_observation=tinker.ModelInput.from_ints([71, 50 + self.turn]),
+                    next_stop_condition=["\n"],
+                    metrics={"hit": float(hit)},
+                )
+
+        return Env()
+
+
+def test_play_env_plays_and_summarizes_as_the_cookbook(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], color_mode: str
+) -> None:
+    tokenizer = ByteTokenizer()
+    results = []
+    for module, types in ((play_w_env, rl_types), (cb_play, cb_rl_types)):
+        _typed(monkeypatch, ["3", "7"])
+        env = _CountdownEnv.make(types)
+        trajectory = asyncio.run(module.play_env(env, tokenizer, multiline=False))
+        rewards = [t.reward for t in trajectory.transitions]
+        results.append((rewards, capsys.readouterr().out))
+    assert results[0] == results[1]
+    assert results[0][0] == [0.0, 1.0]
+
+
+def test_print_trajectory_summary_matches_the_cookbook(
+    capsys: pytest.CaptureFixture[str], color_mode: str
+) -> None:
+    for turns in ([[72]], [[72], [73], [74]]):
+        play_w_env.print_trajectory_summary(_trajectory(rl_types, turns))
+        ours = capsys.readouterr().out
+        cb_play.print_trajectory_summary(_trajectory(cb_rl_types, turns))
+        assert ours == capsys.readouterr().out
+
+
 # --- the recipe entry points, by the port rule -----------------------------------------------------
 
 
@@ -538,11 +766,16 @@ PORTED_ENTRY_POINTS = [
     "recipes/code_rl/code_grading.py",
     "recipes/code_rl/code_env.py",
     "recipes/code_rl/deepcoder_tool.py",
+    "recipes/code_rl/lcb_utils.py",
+    "recipes/code_rl/train.py",
     "recipes/harbor_rl/harbor_env.py",
     "recipes/harbor_rl/harbor_tools.py",
     "recipes/harbor_rl/train.py",
+    "recipes/harbor_rl/eval.py",
     "recipes/harbor_rl/scripts/train_terminal_bench.py",
+    "recipes/harbor_rl/scripts/eval_harbor_rl.py",
     "rl/preference_envs.py",
+    "rl/play_w_env.py",
 ]
 """Recipe files that import by the port rule once this module's facades exist."""
 
@@ -551,6 +784,14 @@ PORTED_ENTRY_POINTS = [
 def test_the_recipe_file_imports_by_the_port_rule(path: str, ported_recipes: None) -> None:
     module = ported_module(path)
     assert module.__name__ == "ported." + path.removesuffix(".py").replace("/", ".")
+
+
+def test_text_arenas_play_script_imports_with_textarena(ported_recipes: None) -> None:
+    """`play.py` takes `ManualPolicy` and `print_trajectory_summary` from `rl.play_w_env`; its
+    env module needs the recipe's extra, `textarena`."""
+    pytest.importorskip("textarena")
+    module = ported_module("recipes/multiplayer_rl/text_arena/play.py")
+    assert module.ManualPolicy is play_w_env.ManualPolicy
 
 
 def test_the_shorter_recipe_builds_our_preference_dataset_builder(ported_recipes: None) -> None:
