@@ -207,6 +207,7 @@ def _run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("filelock").setLevel(logging.WARNING)  # a line per compile-cache read
     started = time.time()
     code = serve(
         host=args.host,
