@@ -19,6 +19,7 @@ import logging
 import re
 import sys
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,7 @@ COOKBOOK = require_cookbook()
 
 from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
 from tinker_cookbook import exceptions as cb_exceptions  # noqa: E402
+from tinker_cookbook.utils import deprecation as cb_deprecation  # noqa: E402
 from tinker_cookbook.utils import git_rev as cb_git_rev  # noqa: E402
 from tinker_cookbook.utils import lr_scheduling as cb_lr  # noqa: E402
 from tinker_cookbook.utils import ml_log as cb_ml_log  # noqa: E402
@@ -43,7 +45,13 @@ from tinker_cookbook.utils import session_naming as cb_naming  # noqa: E402
 
 from shell.cookbook import checkpoint_utils  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
-from shell.cookbook.utils import git_rev, lr_scheduling, ml_log, session_naming  # noqa: E402
+from shell.cookbook.utils import (  # noqa: E402
+    deprecation,
+    git_rev,
+    lr_scheduling,
+    ml_log,
+    session_naming,
+)
 from shell.fakes import FakeServiceClient  # noqa: E402
 
 # --- checkpoint_utils ----------------------------------------------------------------------------
@@ -549,3 +557,81 @@ def test_recipe_user_metadata_has_the_cookbooks_keys() -> None:
     assert list(ours) == list(theirs) == ["recipe_name", "git_rev"]
     assert ours["recipe_name"] == theirs["recipe_name"]
     assert ours["git_rev"] == importlib.metadata.version("rlpure")  # ours: the code that runs
+
+
+# --- utils.deprecation ---------------------------------------------------------------------------
+
+
+def _warned(call: Any) -> tuple[str, type[Warning], str, int] | str:
+    """What `call()` warned (message, category, file, line), or the RuntimeError it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            call()
+        except RuntimeError as error:
+            return f"RuntimeError: {error}"
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    w = caught[0]
+    return str(w.message), w.category, w.filename, w.lineno
+
+
+@pytest.mark.parametrize("removal", [None, "0.6.2", "1.0", "0.6.1", "0.6.0.dev3", "0.5"])
+@pytest.mark.parametrize("message", ["", "Use y instead."])
+def test_warn_deprecated_warns_or_raises_as_the_cookbook(removal: str | None, message: str) -> None:
+    def through(module: ModuleType) -> Any:
+        def caller() -> None:  # both warnings are attributed to this line
+            module.warn_deprecated("x", removal_version=removal, message=message)
+
+        return _warned(caller)
+
+    theirs, ours = through(cb_deprecation), through(deprecation)
+    if isinstance(theirs, str):
+        assert ours == theirs
+    else:
+        assert isinstance(ours, tuple)
+        assert ours[:2] == theirs[:2] and ours[2] == __file__ == theirs[2]
+        assert ours[3] == theirs[3]
+
+
+@pytest.mark.parametrize("removal", [None, "9.0", "0.6.1"])
+def test_deprecated_functions_classes_and_attributes_warn_as_the_cookbooks(
+    removal: str | None,
+) -> None:
+    results = []
+    for module in (cb_deprecation, deprecation):
+
+        @module.deprecated(message="Use g.", removal_version=removal)
+        def f(x: int) -> int:
+            return x + 1
+
+        @module.deprecated
+        class C:
+            def __init__(self, y: int) -> None:
+                self.y = y
+
+        getattr_ = module.make_deprecated_module_getattr(
+            "pkg.mod", {"Old": ("json.dumps", removal)}
+        )
+        outcome = [
+            _warned(lambda: f(1)),
+            _warned(lambda: C(2)),
+            _warned(lambda: getattr_("Old")),  # noqa: B023 - called at once
+        ]
+        with pytest.raises(AttributeError, match=r"module 'pkg\.mod' has no attribute 'Nope'"):
+            getattr_("Nope")
+        if removal is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                assert f(1) == 2 and C(3).y == 3 and getattr_("Old") is json.dumps
+        results.append([o if isinstance(o, str) else o[:2] for o in outcome])
+        assert f.__name__ == "f"
+    assert results[0] == results[1]
+
+
+def test_our_deprecation_warnings_point_at_the_code_that_used_the_deprecated_thing() -> None:
+    @deprecation.deprecated
+    def f() -> None:
+        pass
+
+    warned = _warned(lambda: f())  # a deliberate difference: the cookbook points at its wrapper
+    assert isinstance(warned, tuple) and warned[2] == __file__

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shell import metric_sinks, run_metadata, schedules, session_names
+from shell import deprecations, metric_sinks, run_metadata, schedules, session_names
 from shell.cookbook import checkpoint_utils
 from shell.cookbook.utils import git_rev, lr_scheduling, ml_log, session_naming
 from shell.errors import CheckpointError, ConfigError
@@ -274,7 +274,7 @@ def test_ml_log_refuses_a_cloud_log_dir() -> None:
 # --- schedules, run naming -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [schedules, session_names, run_metadata])
+@pytest.mark.parametrize("module", [schedules, session_names, run_metadata, deprecations])
 def test_the_examples_in_the_docstrings_hold(module: ModuleType) -> None:
     assert doctest.testmod(module).failed == 0
 
@@ -301,3 +301,12 @@ def test_session_names() -> None:
     assert session_naming.default_cookbook_session_name("!!", None, "A b") == "cookbook-a-b"
     assert session_naming.resolve_session_display_name(session_name=None, wandb_name="") is None
     assert git_rev.recipe_user_metadata("r")["recipe_name"] == "r"
+
+
+def test_a_deprecation_past_its_removal_version_raises() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"'x' is deprecated\. It will be removed in version 0\.2"
+    ):
+        deprecations.warn_deprecated("x", current_version="0.2.0.dev1", removal_version="0.2")
+    with pytest.warns(DeprecationWarning, match=r"^'x' is deprecated\. Use y\.$"):
+        deprecations.warn_deprecated("x", current_version="0.2", message="Use y.")
