@@ -28,7 +28,7 @@ from pathlib import Path
 from rlpure.cost import PriceTable, TokenCostRates, parse_price_table
 from shell.errors import ConfigError
 
-__all__ = ["load_price_table", "rates_for_run"]
+__all__ = ["load_models_json", "load_price_table", "rates_for_run"]
 
 
 def load_price_table(path: str | os.PathLike[str], *, option: str = "price_table") -> PriceTable:
@@ -62,6 +62,34 @@ def load_price_table(path: str | os.PathLike[str], *, option: str = "price_table
         return parse_price_table(data, where=where)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def load_models_json(
+    path: str | os.PathLike[str], *, option: str = "url"
+) -> list[dict[str, object]]:
+    """Tinker's `models.json` list as decoded (a copy of the pricing file saved by hand), for
+    code that reads its entries itself (the cookbook's `load_model_pricing`).
+
+    Args:
+        path: the saved file.
+        option: the option that named the file, for errors.
+
+    Raises:
+        ConfigError: a missing or unreadable file, malformed JSON, or not a list of objects.
+    """
+    file = Path(path)
+    where = f"{option} {file}"
+    try:
+        data: object = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{where}: cannot read it: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}: malformed JSON: {err}") from None
+    if not isinstance(data, list) or not all(isinstance(entry, dict) for entry in data):
+        raise ConfigError(f"{where}: expected a JSON list of objects (models.json)")
+    return data
 
 
 def rates_for_run(

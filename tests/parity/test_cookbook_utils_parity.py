@@ -16,6 +16,7 @@ import enum
 import importlib.metadata
 import json
 import logging
+import math
 import re
 import sys
 import types
@@ -37,6 +38,7 @@ COOKBOOK = require_cookbook()
 
 from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
 from tinker_cookbook import exceptions as cb_exceptions  # noqa: E402
+from tinker_cookbook.utils import cost_estimation as cb_cost  # noqa: E402
 from tinker_cookbook.utils import deprecation as cb_deprecation  # noqa: E402
 from tinker_cookbook.utils import git_rev as cb_git_rev  # noqa: E402
 from tinker_cookbook.utils import lr_scheduling as cb_lr  # noqa: E402
@@ -46,6 +48,7 @@ from tinker_cookbook.utils import session_naming as cb_naming  # noqa: E402
 from shell.cookbook import checkpoint_utils  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
 from shell.cookbook.utils import (  # noqa: E402
+    cost_estimation,
     deprecation,
     git_rev,
     lr_scheduling,
@@ -635,3 +638,93 @@ def test_our_deprecation_warnings_point_at_the_code_that_used_the_deprecated_thi
 
     warned = _warned(lambda: f())  # a deliberate difference: the cookbook points at its wrapper
     assert isinstance(warned, tuple) and warned[2] == __file__
+
+
+# --- utils.cost_estimation -----------------------------------------------------------------------
+
+KINDS = ("sampled", "prefill_cached", "prefill_uncached", "trained")
+usages = st.fixed_dictionaries({kind: st.integers(0, 10**9) for kind in KINDS})
+price_values = st.floats(0, 50, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["step", "discard", "extend"]), usages), max_size=6),
+    st.one_of(st.none(), st.tuples(price_values, price_values, price_values, price_values)),
+    usages,
+)
+def test_cost_tracker_metrics_are_the_cookbooks(
+    events: list[tuple[str, dict[str, int]]],
+    prices: tuple[float, float, float, float] | None,
+    resumed: dict[str, int],
+) -> None:
+    trackers = [
+        module.CostTracker(
+            None if prices is None else module.TokenCostRates(*prices),
+            cumulative=module.TokenUsage(**resumed),
+        )
+        for module in (cb_cost, cost_estimation)
+    ]
+    outputs: list[list[dict[str, float]]] = [[], []]
+    for kind, counts in events:
+        for tracker, module, out in zip(trackers, (cb_cost, cost_estimation), outputs, strict=True):
+            usage = module.TokenUsage(**counts)
+            if kind == "discard":
+                tracker.record_discarded_sampling(usage)
+                out.append(tracker.cumulative_metrics())
+            else:
+                out.append((tracker.record_step if kind == "step" else tracker.extend_step)(usage))
+    for theirs, ours in zip(*outputs, strict=True):
+        assert list(ours) == list(theirs)
+        for key, value in theirs.items():
+            assert math.isclose(ours[key], value, rel_tol=1e-12, abs_tol=1e-9), key
+    assert dataclasses.asdict(trackers[1].cumulative) == dataclasses.asdict(trackers[0].cumulative)
+
+
+ENTRIES: list[dict[str, object]] = [
+    {"tinker_id": "a", "prefill": "$0.13", "cached_prefill": "$0.026", "sample": "$0.40",
+     "train": "$0.40", "note": "n"},
+    {"tinker_id": "b", "prefill": "$1,234.5", "cached_prefill": 0, "sample": 2.5, "train": "3"},
+    {"tinker_id": "c", "prefill": "$1", "sample": "$2", "train": "$3"},
+    {"tinker_id": "d", "prefill": "free", "cached_prefill": "$0", "sample": "$1", "train": "$1"},
+    {"tinker_id": "e", "prefill": None, "cached_prefill": "", "sample": True, "train": "$1"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: str(e["tinker_id"]))
+def test_rates_from_a_pricing_entry_are_the_cookbooks(entry: dict[str, object]) -> None:
+    theirs = cb_cost.rates_from_pricing_entry(entry)
+    ours = cost_estimation.rates_from_pricing_entry(entry)
+    assert (ours is None) == (theirs is None)
+    if theirs is not None:
+        assert dataclasses.asdict(ours) == dataclasses.asdict(theirs)  # type: ignore[arg-type]
+
+
+def test_fetch_model_pricing_reads_a_saved_models_json_as_the_cookbook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "models.json"
+    saved.write_text(json.dumps(ENTRIES))
+    results = []
+    for module, flags in ((cb_cost, ("_pricing_entries", "_pricing_fetched")),
+                          (cost_estimation, ("_pricing", "_pricing_read"))):  # fmt: skip
+        picked = []
+        for model in ("a", "b", "c", "unlisted"):
+            monkeypatch.setattr(module, flags[0], None)
+            monkeypatch.setattr(module, flags[1], False)
+            rates = module.fetch_model_pricing(model, url=f"file://{saved}")
+            picked.append(None if rates is None else dataclasses.asdict(rates))
+        results.append(picked)
+    assert results[0] == results[1]
+    assert results[1][0] is not None and results[1][3] is None
+
+
+def test_prices_are_never_fetched_from_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(cost_estimation, "_pricing", None)
+    monkeypatch.setattr(cost_estimation, "_pricing_read", False)
+    with caplog.at_level(logging.WARNING):
+        assert cost_estimation.fetch_model_pricing("Qwen/Qwen3-8B") is None
+        assert cost_estimation.fetch_model_pricing("Qwen/Qwen3-8B") is None
+    assert caplog.text.count("Model prices are not fetched") == 1

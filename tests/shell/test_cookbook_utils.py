@@ -6,6 +6,7 @@ The same modules against the cookbook itself: tests/parity/test_cookbook_utils_p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import doctest
 import json
 import logging
@@ -19,7 +20,8 @@ import pytest
 
 from shell import deprecations, metric_sinks, run_metadata, schedules, session_names
 from shell.cookbook import checkpoint_utils
-from shell.cookbook.utils import git_rev, lr_scheduling, ml_log, session_naming
+from shell.cookbook.utils import cost_estimation, git_rev, lr_scheduling, ml_log, session_naming
+from shell.cost import load_models_json
 from shell.errors import CheckpointError, ConfigError
 from shell.fakes import FakeServiceClient
 from shell.source_state import source_state
@@ -310,3 +312,31 @@ def test_a_deprecation_past_its_removal_version_raises() -> None:
         deprecations.warn_deprecated("x", current_version="0.2.0.dev1", removal_version="0.2")
     with pytest.warns(DeprecationWarning, match=r"^'x' is deprecated\. Use y\.$"):
         deprecations.warn_deprecated("x", current_version="0.2", message="Use y.")
+
+
+# --- cost estimation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [(None, "no such file"), ("[1", "malformed JSON"), ('{"a": 1}', "expected a JSON list of objects")],
+)
+def test_a_bad_models_json_is_one_config_error(
+    tmp_path: Path, text: str | None, message: str
+) -> None:
+    path = tmp_path / "models.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=f"url {path}: {message}"):
+        load_models_json(path)
+
+
+def test_the_cost_tracker_prices_its_totals() -> None:
+    rates = cost_estimation.TokenCostRates(1.0, 0.5, 2.0, 3.0)
+    tracker = cost_estimation.CostTracker(rates)
+    step = tracker.record_step(cost_estimation.TokenUsage(sampled=10**6, trained=2 * 10**6))
+    assert (step["cost/step_usd"], step["tokens/trained"]) == (8.0, 2 * 10**6)
+    tracker.record_discarded_sampling(cost_estimation.TokenUsage(prefill_uncached=10**6))
+    totals = tracker.cumulative_metrics()
+    assert (totals["cost/cumulative_usd"], totals["cost/discarded_usd"]) == (9.0, 1.0)
+    assert dataclasses.asdict(tracker.cumulative)["prefill_uncached"] == 10**6
