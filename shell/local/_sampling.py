@@ -156,8 +156,16 @@ class LocalSamplingClient:
         target_prompt_logprobs: types.TensorData | None = None,
         prompt_alt_tokens_k: int = 0,
         prompt_logprobs_last_n: int | None = None,
+        *,
+        request_number: int | None = None,
     ) -> tinker.APIFuture[types.SampleResponse]:
         """Draws `num_samples` completions of `prompt` (see the module docstring for semantics).
+
+        `request_number` (a local extension of the SDK's signature) keys an unseeded request's
+        randomness by that number instead of by its position among this client's requests:
+        `rlpure serve` passes the SDK's `seq_id`, which the SDK numbers in call order as this
+        client counts, so concurrent requests draw what they would in-process whatever order
+        they arrive in.
 
         Returns:
             An `APIFuture[tinker.SampleResponse]`; each `SampledSequence` carries int tokens,
@@ -183,6 +191,7 @@ class LocalSamplingClient:
             sampling_params,
             include_prompt_logprobs=include_prompt_logprobs,
             prompt_logprobs_last_n=prompt_logprobs_last_n,
+            request_number=request_number,
         )
         loop = running_loop()
         if loop is None:
@@ -259,6 +268,7 @@ class LocalSamplingClient:
         *,
         include_prompt_logprobs: bool,
         prompt_logprobs_last_n: int | None = None,
+        request_number: int | None = None,
     ) -> _SampleRequest:
         config = self._config
         tokens = model_input_tokens(prompt, "sample.prompt")
@@ -304,7 +314,8 @@ class LocalSamplingClient:
         if params.seed is not None:
             material = (int(params.seed), 0, 0, 0, 0)
         else:
-            material = (self._runtime.seed, *self._stream, self._requests)
+            number = self._requests if request_number is None else request_number
+            material = (self._runtime.seed, *self._stream, number)
         self._requests += 1
         key_material = np.array(
             [[m % _UINT32 for m in material] + [i] for i in range(num_samples)], np.uint32

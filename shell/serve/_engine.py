@@ -7,10 +7,11 @@ Conventions:
   `call_soon_threadsafe`, and answer with a request id at once. The operation's outcome, always
   a `Reply` (a failed one included), lands in a `concurrent.futures.Future` that
   `retrieve_future` long-polls (`wait_result`).
-- **Batching.** A `sample` runs on the worker loop through the local sampling client, which
-  queues requests until an event-loop tick passes with no new one; requests that arrive while a
-  jitted call runs are all taken in the next tick, so concurrent HTTP clients share calls as
-  in-process callers do.
+- **Batching.** Sample requests are gathered until none arrived for 2 ms (at most 20 ms), then
+  started in one tick on the worker loop; the local sampling client's batcher serves requests
+  started in one tick in one jitted call, so concurrent HTTP clients share calls as in-process
+  callers do. An unseeded request is keyed by the SDK's `seq_id` (its number among the
+  sampling client's requests), so what it draws does not depend on arrival order.
 - **Training order.** Each training model executes its operations in `seq_id` order (the SDK
   numbers them from 1 and may deliver them out of order: parallel `forward_backward` chunks,
   retries); an operation waits until its predecessors have run. A repeated `(model_id, seq_id)`
@@ -63,6 +64,8 @@ TrainingOp = Callable[[LocalTrainingClient], Reply]
 """An operation on one training model, run on the worker in `seq_id` order."""
 
 _DONE_KEEP_S = 600.0  # a delivered result stays retrievable this long (a lost response retried)
+_GATHER_QUIET_S = 0.002  # samples are started together once none arrived for this long
+_GATHER_MAX_S = 0.02  # ... or once the first waited this long
 _UNCLAIMED_KEEP_S = 3600.0  # a result nobody fetched (its client died) is dropped after this
 
 
@@ -164,6 +167,8 @@ class Engine:
         # worker-only state
         self._slots: dict[str, _Slot] = {}
         self._samplers: OrderedDict[str, LocalSamplingClient] = OrderedDict()
+        self._sample_queue: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._dispatcher: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rlpure-serve-worker", daemon=True
@@ -522,17 +527,38 @@ class Engine:
         if not new:
             return request_id
 
-        def job(future: concurrent.futures.Future[Reply]) -> None:
-            async def go() -> None:
-                try:
-                    reply = await run(self._sampler(sampler_id))
-                except Exception as err:
-                    reply = failure_reply(err, "asample")
-                future.set_result(reply)
+        async def go(future: concurrent.futures.Future[Reply]) -> None:
+            try:
+                reply = await run(self._sampler(sampler_id))
+            except Exception as err:
+                reply = failure_reply(err, "asample")
+            future.set_result(reply)
 
-            self._loop.create_task(go())
+        def job(future: concurrent.futures.Future[Reply]) -> None:
+            self._sample_queue.append(lambda: go(future))
+            if self._dispatcher is None:
+                self._dispatcher = self._loop.create_task(self._dispatch_samples())
 
         return self._on_worker(request_id, job)
+
+    async def _dispatch_samples(self) -> None:
+        """Worker: starts the queued samples together once requests stop arriving.
+
+        HTTP requests of one round (a `gather` of a batch's groups) arrive over a few
+        milliseconds; started at once, the first would run alone and the rest after it. So the
+        dispatcher waits until `_GATHER_QUIET_S` passes with no new request (at most
+        `_GATHER_MAX_S`), then starts every queued request in one tick: the local sampling
+        client's batcher serves them in one jitted call.
+        """
+        started = self._loop.time()
+        seen = -1
+        while seen != len(self._sample_queue) and self._loop.time() - started < _GATHER_MAX_S:
+            seen = len(self._sample_queue)
+            await asyncio.sleep(_GATHER_QUIET_S)
+        queued, self._sample_queue = self._sample_queue, []
+        self._dispatcher = None
+        for start in queued:
+            self._loop.create_task(start())
 
     def delete_expired_checkpoints(self) -> list[str]:
         """Deletes the checkpoints whose TTL has passed; returns their tinker paths."""

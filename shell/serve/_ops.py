@@ -217,6 +217,7 @@ def sample(
             body.sampling_params,
             include_prompt_logprobs=bool(body.prompt_logprobs),
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+            request_number=body.seq_id,
         )
         response = await future.result_async()
         return proto_reply(encode_sample_response(response))
