@@ -25,7 +25,7 @@ Conventions:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -111,6 +111,10 @@ class StepTimer:
                     wall_end=self._wall_clock(),
                 )
             )
+
+    def add(self, records: Iterable[SpanRecord]) -> None:
+        """Adds spans timed elsewhere (by hand, or in a worker process), after those recorded."""
+        self._spans.extend(records)
 
     def metrics(self) -> dict[str, float]:
         """`timing_metrics` of the spans and the total."""

@@ -21,7 +21,7 @@ import re
 import sys
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,6 +44,7 @@ from tinker_cookbook.utils import git_rev as cb_git_rev  # noqa: E402
 from tinker_cookbook.utils import lr_scheduling as cb_lr  # noqa: E402
 from tinker_cookbook.utils import ml_log as cb_ml_log  # noqa: E402
 from tinker_cookbook.utils import session_naming as cb_naming  # noqa: E402
+from tinker_cookbook.utils import trace as cb_trace  # noqa: E402
 
 from shell.cookbook import checkpoint_utils  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
@@ -54,6 +55,7 @@ from shell.cookbook.utils import (  # noqa: E402
     lr_scheduling,
     ml_log,
     session_naming,
+    trace,
 )
 from shell.fakes import FakeServiceClient  # noqa: E402
 
@@ -728,3 +730,119 @@ def test_prices_are_never_fetched_from_the_network(
         assert cost_estimation.fetch_model_pricing("Qwen/Qwen3-8B") is None
         assert cost_estimation.fetch_model_pricing("Qwen/Qwen3-8B") is None
     assert caplog.text.count("Model prices are not fetched") == 1
+
+
+# --- utils.trace ---------------------------------------------------------------------------------
+
+
+def _instrumented(module: ModuleType) -> Callable[[], Any]:
+    """An async program marked with the module's `scope` / `scope_span` (its phases named as
+    a training iteration's)."""
+
+    @module.scope
+    async def sample(i: int) -> int:
+        module.update_scope_context({"i": i})
+        await asyncio.sleep(0)
+        return i
+
+    @module.scope
+    def train_step() -> None:
+        with module.scope_span_sync("forward_backward"):
+            module.get_scope_context().attributes["loss"] = 1.5
+
+    async def iteration() -> None:
+        async with module.scope_span("sampling"):
+            await asyncio.gather(*(asyncio.create_task(sample(i), name=f"s{i}") for i in range(3)))
+        train_step()
+
+    return iteration
+
+
+def test_an_iterations_timing_metrics_have_the_cookbooks_keys_and_counts() -> None:
+    shapes = []
+    for module in (cb_trace, trace):
+        program = _instrumented(module)
+        with module.trace_iteration(step=0) as window:
+            asyncio.run(program())
+        metrics = window.get_timing_metrics()
+        assert all(v >= 0 for v in metrics.values())
+        assert metrics["time/total"] >= metrics["time/sampling"] >= metrics["time/sample:max"]
+        shapes.append(
+            {k: v for k, v in metrics.items() if k.endswith(":count")} | {"keys": sorted(metrics)}
+        )
+        outside = _instrumented(module)
+        asyncio.run(outside())  # outside an iteration: nothing recorded, nothing raised
+    assert shapes[0] == shapes[1]
+    assert shapes[1]["time/sample:count"] == 3
+
+
+def test_hand_recorded_spans_aggregate_and_serialize_as_the_cookbooks(tmp_path: Path) -> None:
+    records = [("sampling", 1.0, 3.5), ("env_step", 1.5, 2.0), ("env_step", 2.0, 3.25)]
+    outputs = []
+    for module in (cb_trace, trace):
+        window = module.IterationWindow()
+        for name, start, end in records[:2]:
+            window.record_span(name, start, end)
+        window.merge_spans(
+            [module.SpanRecord(name="env_step", start_time=2.0, end_time=3.25,
+                               wall_start=100.0, wall_end=101.25)]
+        )  # fmt: skip
+        path = tmp_path / f"{module.__name__}.jsonl"
+        window.write_spans_jsonl(path, step=4)
+        module.IterationWindow().write_spans_jsonl(path, step=5)  # no spans: no line
+        row = json.loads(path.read_text())
+        outputs.append(
+            (
+                window.aggregate(),
+                window.get_timing_metrics(),
+                [(d["name"], d["duration"]) for d in window.get_span_dicts()],
+                [r["task"] for r in window.get_span_records()],
+                row["step"],
+                [(d["name"], d["duration"]) for d in row["spans"]],
+                len(path.read_text().splitlines()),
+            )
+        )
+    assert outputs[0] == outputs[1]
+
+
+def test_the_perfetto_trace_holds_the_cookbooks_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traces = []
+    for module in (cb_trace, trace):
+        path = tmp_path / f"{module.__name__}.jsonl"
+        module.trace_init(output_file=str(path))
+        try:
+            asyncio.run(_instrumented(module)())
+        finally:
+            module.trace_shutdown()
+        events = [json.loads(line) for line in path.read_text().splitlines()]
+        main = next(e["args"]["track"] for e in events if e["name"] == "sampling")
+
+        def track(name: str, main: str = main) -> str:
+            return "main" if name == main else name
+
+        spans = sorted(
+            (e["name"], e["ph"], track(e["args"]["track"]), sorted(e["args"]), e.get("cat"))
+            for e in events
+            if e["ph"] in "BE"
+        )
+        tracks = sorted(track(e["args"]["name"]) for e in events if e["name"] == "thread_name")
+        traces.append((spans, tracks))
+        converted = tmp_path / f"{module.__name__}.json"
+        monkeypatch.setattr(sys, "argv", ["convert", str(path), str(converted)])
+        module.convert_jsonl_to_json_main()
+        assert json.loads(converted.read_text()) == events
+    assert traces[0] == traces[1]
+    assert ("sample", "E", "s1", ["i", "thread", "track"], "async") in traces[1][0]
+    assert ("train_step", "E", "main", ["loss", "thread", "track"], "async") in traces[1][0]
+
+
+def test_the_gantt_chart_is_an_html_page(tmp_path: Path) -> None:
+    window = trace.IterationWindow()
+    trace.save_gantt_chart_html(window, 3, tmp_path / "empty.html")
+    assert not (tmp_path / "empty.html").exists()  # as the cookbook: no spans, no file
+    window.record_span("sampling", 1.0, 2.0)
+    trace.save_gantt_chart_html(window, 3, tmp_path / "gantt.html")
+    html_text = (tmp_path / "gantt.html").read_text()
+    assert html_text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html_text

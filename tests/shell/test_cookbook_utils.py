@@ -18,9 +18,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shell import deprecations, metric_sinks, run_metadata, schedules, session_names
+from shell import (
+    deprecations,
+    metric_sinks,
+    run_metadata,
+    schedules,
+    session_names,
+    trace_events,
+)
 from shell.cookbook import checkpoint_utils
-from shell.cookbook.utils import cost_estimation, git_rev, lr_scheduling, ml_log, session_naming
+from shell.cookbook.utils import (
+    cost_estimation,
+    git_rev,
+    lr_scheduling,
+    ml_log,
+    session_naming,
+    trace,
+)
 from shell.cost import load_models_json
 from shell.errors import CheckpointError, ConfigError
 from shell.fakes import FakeServiceClient
@@ -319,7 +333,11 @@ def test_a_deprecation_past_its_removal_version_raises() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [(None, "no such file"), ("[1", "malformed JSON"), ('{"a": 1}', "expected a JSON list of objects")],
+    [
+        (None, "no such file"),
+        ("[1", "malformed JSON"),
+        ('{"a": 1}', "expected a JSON list of objects"),
+    ],
 )
 def test_a_bad_models_json_is_one_config_error(
     tmp_path: Path, text: str | None, message: str
@@ -340,3 +358,43 @@ def test_the_cost_tracker_prices_its_totals() -> None:
     totals = tracker.cumulative_metrics()
     assert (totals["cost/cumulative_usd"], totals["cost/discarded_usd"]) == (9.0, 1.0)
     assert dataclasses.asdict(tracker.cumulative)["prefill_uncached"] == 10**6
+
+
+# --- trace events, spans -------------------------------------------------------------------------
+
+
+def test_spans_are_traced_only_while_tracing(tmp_path: Path) -> None:
+    with trace_events.traced("before") as attributes:
+        attributes["x"] = 1  # goes nowhere
+    path = tmp_path / "t" / "trace.jsonl"
+    trace_events.start_tracing(path)
+    try:
+        with trace_events.traced("outer"):
+            trace_events.current_attributes()["k"] = "v"
+            with trace_events.traced("inline", own_attributes=False):
+                trace_events.current_attributes()["j"] = 2
+    finally:
+        trace_events.stop_tracing()
+    assert trace_events.active_trace() is None
+    with trace_events.traced("after"):
+        pass
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["name"], e["ph"]) for e in events] == [
+        ("outer", "B"), ("thread_name", "M"), ("process_name", "M"),
+        ("inline", "B"), ("inline", "E"), ("outer", "E"),
+    ]  # fmt: skip
+    assert events[-1]["args"]["k"] == "v" and events[-1]["args"]["j"] == 2
+    assert events[0]["ts"] <= events[-1]["ts"] and events[0]["tid"] == events[-1]["tid"]
+
+
+def test_an_iteration_window_times_scopes_into_the_step_timer() -> None:
+    @trace.scope
+    def work() -> int:
+        return 3
+
+    with trace.trace_iteration(step=1) as window:
+        assert work() == 3
+        window.record_span("by_hand", 0.0, 0.5)
+    metrics = window.get_timing_metrics()
+    assert metrics["time/by_hand"] == 0.5 and "time/work" in metrics and "time/total" in metrics
+    assert work() == 3 and len(window.spans) == 2  # outside the iteration: not recorded
