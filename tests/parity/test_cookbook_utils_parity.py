@@ -38,6 +38,7 @@ COOKBOOK = require_cookbook()
 
 from tinker_cookbook import checkpoint_utils as cb_checkpoints  # noqa: E402
 from tinker_cookbook import exceptions as cb_exceptions  # noqa: E402
+from tinker_cookbook.utils import code_state as cb_code_state  # noqa: E402
 from tinker_cookbook.utils import cost_estimation as cb_cost  # noqa: E402
 from tinker_cookbook.utils import deprecation as cb_deprecation  # noqa: E402
 from tinker_cookbook.utils import git_rev as cb_git_rev  # noqa: E402
@@ -49,6 +50,7 @@ from tinker_cookbook.utils import trace as cb_trace  # noqa: E402
 from shell.cookbook import checkpoint_utils  # noqa: E402
 from shell.cookbook.exceptions import ConfigurationError  # noqa: E402
 from shell.cookbook.utils import (  # noqa: E402
+    code_state,
     cost_estimation,
     deprecation,
     git_rev,
@@ -846,3 +848,8 @@ def test_the_gantt_chart_is_an_html_page(tmp_path: Path) -> None:
     trace.save_gantt_chart_html(window, 3, tmp_path / "gantt.html")
     html_text = (tmp_path / "gantt.html").read_text()
     assert html_text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html_text
+
+
+def test_code_state_is_the_cookbooks_text() -> None:
+    modules = ["tests.parity.porting", json]  # a module in this repo, one outside any repo
+    assert code_state.code_state(modules) == cb_code_state.code_state(modules)
