@@ -851,5 +851,5 @@ def test_the_gantt_chart_is_an_html_page(tmp_path: Path) -> None:
 
 
 def test_code_state_is_the_cookbooks_text() -> None:
-    modules = ["tests.parity.porting", json]  # a module in this repo, one outside any repo
+    modules: list[str | ModuleType] = ["tests.parity.porting", json]  # in this repo; outside any
     assert code_state.code_state(modules) == cb_code_state.code_state(modules)
