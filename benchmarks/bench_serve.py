@@ -14,13 +14,15 @@ server (`rlpure serve` on a free loopback port, a subprocess) driven by the unmo
    also 4 spawned processes × 8 requests each on a pickled SDK sampling client.
 
 Both sides compile first (two warm-up steps and a warm-up round each), then A and B alternate
-for `--repeats` rounds: the median, best and worst are printed. The server batches the
-requests that arrive within one event-loop tick, so its batch sizes vary with timing and a
-measured round can still compile a new batch-size bucket (seconds: the worst figure; the median
-is the steady state). Both sides make the same calls on the same seed; the script counts the
-steps whose sampled tokens agree (the server numbers a sampler's requests in arrival order,
-which concurrent HTTP requests need not keep). Client and server share the machine's CPUs (on
-a 2-core VM, with whatever else runs), so the load average is printed before and after.
+for `--repeats` rounds: the median, best and worst are printed. The server gathers sample
+requests until none arrived for a few milliseconds (`shell.serve._engine`), so a round whose
+requests arrive with longer gaps (a busy client) is served in several calls, and a measured
+round can still compile a new batch-size bucket (seconds: the worst figure; the median is the
+steady state). Both sides make the same calls on the same seed; the script counts the steps
+whose sampled tokens agree (the server keys unseeded requests by the SDK's seq_id, so they
+should). Client and server share the machine's CPUs (on a 2-core VM, with whatever else runs),
+so the load average is printed before and after. `BENCH_SERVE_LOG=FILE` runs the server with
+`-v` and keeps its log there (one line per gathered batch of samples).
 
     .venv/bin/python benchmarks/bench_serve.py              # 5 repeats
     .venv/bin/python benchmarks/bench_serve.py --full       # plus 4 processes x 8 requests
@@ -118,7 +120,8 @@ def running_server(state_dir: Path) -> Iterator[str]:
     port = _free_port()
     rlpure = Path(sys.executable).with_name("rlpure")
     command = [str(rlpure), "serve", "--port", str(port), "--state-dir", str(state_dir / "state")]
-    log = state_dir / "serve.log"
+    command += ["-v"] if os.environ.get("BENCH_SERVE_LOG") else []
+    log = Path(os.environ.get("BENCH_SERVE_LOG") or state_dir / "serve.log")
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

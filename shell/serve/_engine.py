@@ -64,8 +64,8 @@ TrainingOp = Callable[[LocalTrainingClient], Reply]
 """An operation on one training model, run on the worker in `seq_id` order."""
 
 _DONE_KEEP_S = 600.0  # a delivered result stays retrievable this long (a lost response retried)
-_GATHER_QUIET_S = 0.002  # samples are started together once none arrived for this long
-_GATHER_MAX_S = 0.02  # ... or once the first waited this long
+_GATHER_QUIET_S = 0.005  # samples are started together once none arrived for this long
+_GATHER_MAX_S = 0.05  # ... or once the first waited this long
 _UNCLAIMED_KEEP_S = 3600.0  # a result nobody fetched (its client died) is dropped after this
 
 
@@ -557,6 +557,11 @@ class Engine:
             await asyncio.sleep(_GATHER_QUIET_S)
         queued, self._sample_queue = self._sample_queue, []
         self._dispatcher = None
+        _logger.info(
+            "sampling: %d requests started together after %.1f ms",
+            len(queued),
+            1000 * (self._loop.time() - started),
+        )
         for start in queued:
             self._loop.create_task(start())
 
