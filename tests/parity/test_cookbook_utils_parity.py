@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import importlib.abc
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import math
@@ -32,7 +34,7 @@ import tinker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.parity.porting import require_cookbook
+from tests.parity.porting import ported_module, ported_source, require_cookbook
 
 COOKBOOK = require_cookbook()
 
@@ -278,15 +280,43 @@ def test_renderer_name_metadata_as_the_cookbook() -> None:
 
 
 @pytest.fixture(scope="module")
-def local_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local-backend state saved by a run whose metadata names the renderer `role_colon`."""
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """A local-backend service and a training client whose run's metadata names the renderer
+    `role_colon`."""
     from shell import LocalServiceClient
 
     with LocalServiceClient(checkpoint_dir=tmp_path_factory.mktemp("states")) as service:
         client = service.create_lora_training_client(
             base_model="rlpure/tiny", user_metadata={"renderer_name": "role_colon"}
         ).result()
-        yield str(client.save_state("s").result().path)
+        yield service, client
+
+
+@pytest.fixture(scope="module")
+def local_checkpoint(local_run: tuple[Any, Any]) -> str:
+    """A local-backend state of `local_run`."""
+    return str(local_run[1].save_state("s").result().path)
+
+
+def test_a_recipes_sync_saves_resume_on_the_local_backend(
+    local_run: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """rl_loop's calls: `save_checkpoint` outside any event loop, then the resume it does."""
+    service, client = local_run
+    for module, log_dir in ((cb_checkpoints, tmp_path / "cb"), (checkpoint_utils, tmp_path / "o")):
+        log_dir.mkdir()
+        tag = log_dir.name
+        module.save_checkpoint(client, f"{tag}1", str(log_dir), {"batch": 1}, kind="state")
+        module.save_checkpoint(client, f"{tag}f", str(log_dir), {"batch": 2}, kind="both")
+    rows = [
+        [json.loads(line) for line in (tmp_path / d / "checkpoints.jsonl").read_text().splitlines()]
+        for d in ("cb", "o")
+    ]
+    assert [sorted(row) for row in rows[1]] == [sorted(row) for row in rows[0]]  # same keys
+    last = checkpoint_utils.get_last_checkpoint(str(tmp_path / "o"))
+    assert last is not None and last.batch == 2
+    resumed = service.create_training_client_from_state_with_optimizer(last.state_path).result()
+    assert resumed.get_info().model_data.model_name == "rlpure/tiny"
 
 
 def test_the_renderer_recorded_for_a_checkpoint_resolves_as_in_the_cookbook(
@@ -853,3 +883,127 @@ def test_the_gantt_chart_is_an_html_page(tmp_path: Path) -> None:
 def test_code_state_is_the_cookbooks_text() -> None:
     modules: list[str | ModuleType] = ["tests.parity.porting", json]  # in this repo; outside any
     assert code_state.code_state(modules) == cb_code_state.code_state(modules)
+
+
+# --- the recipe entry points these modules let port ----------------------------------------------
+
+MODULES_HERE = (
+    "checkpoint_utils",
+    "utils.ml_log",
+    "utils.lr_scheduling",
+    "utils.session_naming",
+    "utils.git_rev",
+    "utils.deprecation",
+    "utils.cost_estimation",
+    "utils.trace",
+    "utils.code_state",
+)
+USES_THEM = re.compile(
+    r"^\s*(from|import)\s+tinker_cookbook(\s+import\s+.*\bcheckpoint_utils\b|\.checkpoint_utils\b"
+    r"|\.utils\s+import\s+.*\b(ml_log|lr_scheduling|session_naming|git_rev|deprecation"
+    r"|cost_estimation|trace|code_state)\b|\.utils\.(ml_log|lr_scheduling|session_naming|git_rev"
+    r"|deprecation|cost_estimation|trace|code_state)\b)",
+    re.MULTILINE,
+)
+IMPORT_NOW = [
+    "recipes/code_rl/train.py",
+    "recipes/harbor_rl/eval.py",
+    "recipes/math_rl/train.py",
+    "recipes/prompt_distillation/create_data.py",
+    "recipes/rl_basic.py",
+    "recipes/rl_loop.py",
+    "recipes/rubric/prometheus_experimental.py",
+    "recipes/rubric/train.py",
+    "recipes/sdft/benchmark.py",
+    "recipes/true_thinking_score/analyze.py",
+    "recipes/true_thinking_score/run_small_experiment.py",
+    "rl/metrics.py",
+    "rl/rollout_logging.py",
+    "rl/rollout_runner.py",
+    "rl/rollouts.py",
+]
+"""The files that use these modules and import by the port rule (other files of theirs still
+lack other modules; `test_every_file_that_uses_these_modules_ports_or_lacks_another_one`)."""
+MATH_EXTRAS_MISSING = "math-rl dependencies (sympy, pylatexenc, math-verify) are required"
+"""How the math_rl recipe's modules stop without its extras (math-verify, pylatexenc): the
+entry points that import them are skipped then."""
+
+
+class _PortedRecipes(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves `shell.cookbook.recipes.*` (what the port rule makes of a recipe's import of
+    another recipe's module) from the installed cookbook's `recipes/`, ported."""
+
+    PREFIX = "shell.cookbook.recipes"
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.PREFIX and not fullname.startswith(self.PREFIX + "."):
+            return None
+        base = COOKBOOK.joinpath(*fullname.split(".")[2:])
+        if base.is_dir():
+            return importlib.util.spec_from_loader(
+                fullname, self, origin=str(base / "__init__.py"), is_package=True
+            )
+        if base.with_suffix(".py").is_file():
+            return importlib.util.spec_from_loader(fullname, self, origin=str(base) + ".py")
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        assert module.__spec__ is not None and module.__spec__.origin is not None
+        origin = Path(module.__spec__.origin)
+        if module.__spec__.submodule_search_locations is not None:
+            module.__path__ = [str(origin.parent)]
+        source = origin.read_text() if origin.exists() else ""
+        exec(compile(ported_source(source), str(origin), "exec"), module.__dict__)
+
+
+@pytest.fixture(scope="module")
+def ported_recipes() -> Iterator[None]:
+    finder = _PortedRecipes()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.startswith(_PortedRecipes.PREFIX)]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("path", IMPORT_NOW)
+def test_the_entry_point_ports(path: str, ported_recipes: None) -> None:
+    assert USES_THEM.search((COOKBOOK / path).read_text()), f"{path} uses none of these modules"
+    try:
+        ported_module(path)
+    except ImportError as error:
+        if MATH_EXTRAS_MISSING in str(error):
+            pytest.skip(f"{path} needs the math_rl recipe's extras (math-verify, pylatexenc)")
+        raise
+
+
+def test_every_file_that_uses_these_modules_ports_or_lacks_another_one(
+    ported_recipes: None,
+) -> None:
+    """Each file of `recipes/` and `rl/` importing one of these modules either imports, or
+    stops on a module (or name) that is not one of them."""
+    files = sorted(
+        p.relative_to(COOKBOOK).as_posix()
+        for folder in ("recipes", "rl")
+        for p in (COOKBOOK / folder).rglob("*.py")
+        if USES_THEM.search(p.read_text())
+    )
+    assert set(IMPORT_NOW) <= set(files)
+    lacking: dict[str, str] = {}
+    for path in files:
+        try:
+            ported_module(path)
+        except ImportError as error:
+            if MATH_EXTRAS_MISSING not in str(error):  # else not this test's business
+                lacking[path] = str(error).splitlines()[0]
+    for path, reason in lacking.items():
+        for module in MODULES_HERE:
+            leaf = module.rsplit(".", 1)[-1]
+            assert f"shell.cookbook.{module}'" not in reason, (path, reason)  # it, or a name in it
+            assert f"name '{leaf}' from 'shell.cookbook" not in reason, (path, reason)
+    assert not set(IMPORT_NOW) & set(lacking), {p: lacking[p] for p in IMPORT_NOW if p in lacking}
