@@ -28,12 +28,13 @@ from typing import Any, TypeVar
 import pydantic
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinker import types
 
+from shell.local import LocalLookupError
 from shell.serve import _ops
 from shell.serve._engine import Engine, EngineClosed, SamplerSpec
 from shell.serve._paths import PathError, parse_checkpoint_id
@@ -321,10 +322,10 @@ class Api:
 
         try:
             return await self.engine.call_async(run)
-        except LookupError as err:
-            raise BadRequest(str(err), 404) from err
+        except (LookupError, LocalLookupError) as err:  # LocalLookupError is a ValueError
+            raise BadRequest(self.engine.public_message(str(err)), 404) from err
         except ValueError as err:
-            raise BadRequest(str(err)) from err
+            raise BadRequest(self.engine.public_message(str(err))) from err
 
     async def training_run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -521,6 +522,9 @@ def _error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Resp
             error_body(str(exc.args[0] if exc.args else exc)), status_code=404, media_type=JSON
         )
 
+    async def hung_up(request: Request, exc: Exception) -> Response:
+        return Response(error_body("client disconnected"), status_code=400, media_type=JSON)
+
     async def crash(request: Request, exc: Exception) -> Response:
         _logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return Response(
@@ -534,6 +538,7 @@ def _error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Resp
         HTTPException: http_error,
         EngineClosed: closed,
         PathError: user_input,
+        ClientDisconnect: hung_up,
         LookupError: unknown,
         Exception: crash,
     }

@@ -38,6 +38,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -386,7 +387,7 @@ class Engine:
                 self._register_model(session_id, model_id, client)
                 reply = self._created_reply(what, model_id)
             except Exception as err:
-                reply = failure_reply(err, what)
+                reply = failure_reply(err, what, self.public_message)
             future.set_result(reply)
 
         return self._on_worker(request_id, job)
@@ -441,8 +442,20 @@ class Engine:
             try:
                 reply = ready_op(slot.client)
             except Exception as err:
-                reply = failure_reply(err, ready_what)
+                reply = failure_reply(err, ready_what, self.public_message)
             ready_future.set_result(reply)
+
+    def public_message(self, text: str) -> str:
+        """`text` with every checkpoint folder under the state dir written as its tinker path
+        (an error must not show where the server keeps its files)."""
+        root = re.escape(str(self.checkpoint_root))
+        pattern = root + r"/([^/'\"\s]+)/(state|sampler)/([^/'\"\s]+)(?:/[^'\"\s]*)?"
+
+        def tinker_path(match: re.Match[str]) -> str:
+            kind = "weights" if match.group(2) == "state" else "sampler_weights"
+            return f"tinker://{match.group(1)}/{kind}/{match.group(3)}"
+
+        return re.sub(pattern, tinker_path, text).replace(str(self.state_dir), "<state dir>")
 
     def checkpoint_ref(self, directory: str) -> CheckpointRef:
         """The tinker path of a checkpoint folder the local backend wrote."""
@@ -531,7 +544,7 @@ class Engine:
             try:
                 reply = await run(self._sampler(sampler_id))
             except Exception as err:
-                reply = failure_reply(err, "asample")
+                reply = failure_reply(err, "asample", self.public_message)
             future.set_result(reply)
 
         def job(future: concurrent.futures.Future[Reply]) -> None:

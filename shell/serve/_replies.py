@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -92,10 +93,13 @@ def user_error(err: BaseException) -> bool:
     return isinstance(err, _USER_ERRORS)
 
 
-def failure_reply(err: BaseException, what: str) -> Reply:
-    """The failed-future body for `err` raised while running `what` (see module doc)."""
+def failure_reply(
+    err: BaseException, what: str, scrub: Callable[[str], str] = lambda text: text
+) -> Reply:
+    """The failed-future body for `err` raised while running `what` (see module doc);
+    `scrub` rewrites a user error's message (the server names checkpoints by tinker path)."""
     if user_error(err):
-        message = f"{what}: {err}" if str(err) else f"{what}: {type(err).__name__}"
+        message = scrub(f"{what}: {err}" if str(err) else f"{what}: {type(err).__name__}")
         return json_reply({"error": message, "category": "user"})
     _logger.error("%s failed", what, exc_info=err)
     return json_reply(

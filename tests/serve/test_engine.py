@@ -233,3 +233,16 @@ def test_get_info_names_a_tokenizer_directory_the_sdk_loads(engine: Engine) -> N
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_id)
     assert tokenizer.encode("hi") == [256, 104, 105]
     assert np.array_equal(tokenizer.encode("hé"), [256, 104, 0xC3, 0xA9])
+
+
+def test_errors_name_checkpoints_by_tinker_path_never_by_folder(engine: Engine) -> None:
+    model_id = _create(engine)
+
+    def save(client: LocalTrainingClient) -> Reply:
+        return json_reply({"path": client.save_state("a").result().path})
+
+    _result(engine, engine.submit_training(model_id, 1, "save", save))
+    again = _json(_result(engine, engine.submit_training(model_id, 2, "save_weights", save)))
+    assert again["category"] == "user"
+    assert f"tinker://{model_id}/weights/a" in again["error"]
+    assert str(engine.state_dir) not in again["error"]

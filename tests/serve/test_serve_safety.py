@@ -420,12 +420,6 @@ def test_a_200_mb_body_is_refused_from_its_header(server: Server):
     assert _healthy(server)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shell/serve/_app.py Api._rest(): shell.local's LocalLookupError (a missing "
-    "checkpoint) is a ValueError, not a LookupError, so it becomes a 400, and its message "
-    "names the server's folder (<state_dir>/checkpoints/.../manifest.json), not the tinker path",
-)
 def test_deleting_a_checkpoint_that_does_not_exist_is_404(server: Server, trainer: TrainingClient):
     status, reply = _raw(
         server, "DELETE", f"/api/v1/training_runs/{trainer.model_id}/checkpoints/weights/never"
@@ -725,13 +719,6 @@ def test_a_half_sent_body_does_not_hold_up_other_clients(
     time.sleep(0.5)  # the server has seen the hang-up before later tests read its log
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shell/serve/_app.py _error_handlers(): starlette's ClientDisconnect (a client that "
-    "hangs up before its body is complete) falls to the catch-all `crash` handler, which logs "
-    "'POST ... failed' with a traceback, and uvicorn logs a second one ('Exception in ASGI "
-    "application'); a hang-up is the client's doing, not an internal error",
-)
 def test_a_client_hanging_up_mid_body_is_not_logged_as_a_crash(server: Server):
     logged = len(server.log_text())
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as gone:
