@@ -16,8 +16,6 @@ import ast
 import asyncio
 import dataclasses
 import importlib
-import importlib.abc
-import importlib.machinery
 import inspect
 import json
 import os
@@ -37,7 +35,7 @@ from hypothesis import strategies as st
 
 from rlpure.model import ByteTokenizer
 from rlpure.testing import batches
-from tests.parity.porting import ported_module, ported_source, require_cookbook
+from tests.parity.porting import ported_module, require_cookbook, serve_ported_recipes
 
 COOKBOOK = require_cookbook()
 
@@ -724,41 +722,11 @@ def test_print_trajectory_summary_matches_the_cookbook(
 # --- the recipe entry points, by the port rule -----------------------------------------------------
 
 
-class _PortedRecipes(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves `shell.cookbook.recipes.*` from the installed cookbook's `recipes/`, each file
-    ported (so a recipe's `from tinker_cookbook.recipes.x import y`, rewritten, finds `y`)."""
-
-    PREFIX = "shell.cookbook.recipes"
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.PREFIX and not fullname.startswith(self.PREFIX + "."):
-            return None
-        where = COOKBOOK / fullname.removeprefix("shell.cookbook.").replace(".", "/")
-        if where.is_dir():
-            spec = importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-            spec.submodule_search_locations = [str(where)]
-            spec.origin = str(where / "__init__.py")
-            return spec
-        if where.with_suffix(".py").is_file():
-            return importlib.machinery.ModuleSpec(fullname, self, origin=str(where) + ".py")
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        origin = Path(module.__spec__.origin)  # type: ignore[union-attr,arg-type]
-        if origin.is_file():
-            exec(compile(ported_source(origin.read_text()), str(origin), "exec"), module.__dict__)
-
-
 @pytest.fixture
 def ported_recipes() -> Iterator[None]:
-    finder = _PortedRecipes()
-    sys.meta_path.insert(0, finder)
-    try:
+    """Sibling recipe modules (`shell.cookbook.recipes.*`) served ported while a test runs."""
+    with serve_ported_recipes():
         yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.startswith(_PortedRecipes.PREFIX)]:
-            del sys.modules[name]
 
 
 PORTED_ENTRY_POINTS = [

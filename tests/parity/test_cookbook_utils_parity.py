@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import importlib.abc
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import math
@@ -34,7 +32,7 @@ import tinker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.parity.porting import ported_module, ported_source, require_cookbook
+from tests.parity.porting import ported_module, require_cookbook, serve_ported_recipes
 
 COOKBOOK = require_cookbook()
 
@@ -929,46 +927,11 @@ MATH_EXTRAS_MISSING = "math-rl dependencies (sympy, pylatexenc, math-verify) are
 entry points that import them are skipped then."""
 
 
-class _PortedRecipes(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves `shell.cookbook.recipes.*` (what the port rule makes of a recipe's import of
-    another recipe's module) from the installed cookbook's `recipes/`, ported."""
-
-    PREFIX = "shell.cookbook.recipes"
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.PREFIX and not fullname.startswith(self.PREFIX + "."):
-            return None
-        base = COOKBOOK.joinpath(*fullname.split(".")[2:])
-        if base.is_dir():
-            return importlib.util.spec_from_loader(
-                fullname, self, origin=str(base / "__init__.py"), is_package=True
-            )
-        if base.with_suffix(".py").is_file():
-            return importlib.util.spec_from_loader(fullname, self, origin=str(base) + ".py")
-        return None
-
-    def create_module(self, spec: Any) -> None:
-        return None
-
-    def exec_module(self, module: ModuleType) -> None:
-        assert module.__spec__ is not None and module.__spec__.origin is not None
-        origin = Path(module.__spec__.origin)
-        if module.__spec__.submodule_search_locations is not None:
-            module.__path__ = [str(origin.parent)]
-        source = origin.read_text() if origin.exists() else ""
-        exec(compile(ported_source(source), str(origin), "exec"), module.__dict__)
-
-
 @pytest.fixture(scope="module")
 def ported_recipes() -> Iterator[None]:
-    finder = _PortedRecipes()
-    sys.meta_path.insert(0, finder)
-    try:
+    """Sibling recipe modules (`shell.cookbook.recipes.*`) served ported while a test runs."""
+    with serve_ported_recipes():
         yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.startswith(_PortedRecipes.PREFIX)]:
-            del sys.modules[name]
 
 
 @pytest.mark.parametrize("path", IMPORT_NOW)
