@@ -19,6 +19,12 @@ Decisions (each pinned by a test in `tests/test_grading.py`):
   final answer is the unfinished one. For `\\boxed{\\boxed{3}}` the last `\\boxed` is the inner
   one, so the answer is `3`.
 - `\\boxed{}` is an answer (the empty string): the format is right, the grade is False.
+- A response with no `\\boxed{` at all may box its answer without braces, as TeX allows:
+  `\\boxed 7` (whitespace, then a run of ASCII letters and digits) yields `7`, and `\\boxed 42`
+  yields `42` (the cookbook's fallback in `math_rl/math_grading.py`; TeX itself would box only
+  the `4`, but the answer meant is 42). The last such box counts, as for braced ones (the
+  cookbook takes the first). `\\boxed7`, `\\boxed -7` and `\\boxed 3.5` (→ `3`) follow the
+  cookbook's pattern; any `\\boxed{`, even unclosed, turns the fallback off.
 - Thousands separators must be well placed (`1,000`, `12,345.5`); `1,5` or `3, 8` are not
   numbers (the GSM8K ground truth, which is trusted data, just has its commas deleted).
 - A trailing `%` or up to three trailing unit words (`18 dollars`, `5 square feet`) are
@@ -51,6 +57,7 @@ __all__ = [
 ]
 
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
+_BOXED_UNBRACED = re.compile(r"\\boxed\s+([a-zA-Z0-9]+)")  # the cookbook's fallback
 _GSM8K_MARKER = "####"
 
 # An unsigned decimal: digits with well-placed thousands commas or plain digits, an optional
@@ -102,13 +109,16 @@ def extract_boxed(text: str) -> str | None:
 
     Returns:
         The text between the braces of the last `\\boxed{` (whitespace stripped; may be empty),
-        or None if there is no `\\boxed{` or the last one is never closed.
+        or None if the last one is never closed. Without any `\\boxed{`, the letters and digits
+        of the last unbraced `\\boxed 7` (the cookbook's fallback), or None if there is none.
 
     Examples:
         >>> extract_boxed(r"so \\boxed{1} then \\boxed{\\frac{1}{2}}.")
         '\\\\frac{1}{2}'
         >>> extract_boxed("no box") is None
         True
+        >>> extract_boxed(r"so \\boxed 7")
+        '7'
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_boxed: text must be str, got {type(text).__name__}")
@@ -116,7 +126,8 @@ def extract_boxed(text: str) -> str | None:
     for last in _BOXED_OPEN.finditer(text):  # noqa: B007 - we want the last match
         pass
     if last is None:
-        return None
+        unbraced = _BOXED_UNBRACED.findall(text)
+        return unbraced[-1] if unbraced else None
     open_index = last.end() - 1
     end = _matching_brace_end(text, open_index)
     if end is None:
@@ -125,7 +136,7 @@ def extract_boxed(text: str) -> str | None:
 
 
 def has_boxed_answer(text: str) -> bool:
-    """The GSM8K format check: `text` has a (closed) `\\boxed{...}` answer."""
+    """The GSM8K format check: `text` has an answer by `extract_boxed` (closed or unbraced)."""
     return extract_boxed(text) is not None
 
 

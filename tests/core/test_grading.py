@@ -127,7 +127,19 @@ EXTRACT_CASES = [
     ("", None),
     (r"\boxed{3} and then \boxed{4", None),  # last box unbalanced (truncated): no answer
     (r"\boxed{", None),
-    (r"\boxed 5", None),
+    # without braces (the cookbook's fallback, only when there is no `\boxed{` at all)
+    (r"\boxed 5", "5"),
+    (r"so \boxed 42.", "42"),
+    (r"\boxed\n7", "7"),
+    (r"\boxed x", "x"),
+    (r"\boxed 1, no: \boxed 2", "2"),  # the last wins (the cookbook takes the first)
+    (r"\boxed{3} then \boxed 4", "3"),  # a braced box wins wherever it is
+    (r"\boxed 4 then \boxed{3}", "3"),
+    (r"\boxed 7 then \boxed{8", None),  # the last braced box is truncated: no answer
+    (r"\boxed 3.5", "3"),  # letters and digits only, as the cookbook's pattern
+    (r"\boxed -7", None),
+    (r"\boxed7", None),
+    (r"\boxed", None),
     (r"\boxedx{5}", None),
     (r"\fbox{5}", None),
     (r"boxed{5}", None),
@@ -223,6 +235,8 @@ GRADE_CASES = [
     (r"\boxed{}", "18", False),
     ("18", "18", False),  # no box
     (r"\boxed{18", "18", False),  # unclosed box
+    (r"The answer is \boxed 18.", "18", True),  # unbraced, as the cookbook grades it
+    (r"\boxed 17", "18", False),
     (r"\boxed{18} no wait \boxed{19}", "18", False),  # last box wins
     (r"\boxed{19} no wait \boxed{18}", "18", True),
     (r"\boxed{garbage}", "18", False),
@@ -244,6 +258,7 @@ ADVERSARIAL = {
     "open braces": "{" * 20_000,
     "open boxes": "\\boxed{" * 3_000,
     "spaced box": "\\boxed" + " " * 20_000,
+    "unbraced boxes": "\\boxed " * 5_000 + "\\boxed" + " " * 20_000,
     "huge fraction": "1" * 20_000 + "/" + "1" * 20_000,
     "huge number": "9" * 20_000,  # int() refuses > 4300 digits: must be None, not an error
     "text wrappers": "\\text{" * 3_000,

@@ -141,6 +141,17 @@ def test_trivial_tags_are_not_reported():
     assert m["env/a/total_episodes"] == 2.0
 
 
+def test_a_tag_listed_twice_counts_its_group_once():
+    # The cookbook appends the group once per listing: math would hold A twice (4 + 1 episodes,
+    # reward (1 + 0 + 1 + 0 + 0) / 5) instead of A and C once.
+    groups, _ = golden_groups()
+    once = trajectory_metrics(groups, [["math"], ["chat"], ["math"]])
+    twice = trajectory_metrics(groups, [["math", "math"], ["chat"], ["math"]])
+    assert twice == once
+    assert twice["env/math/total_episodes"] == 3.0
+    assert twice["env/math/reward/total"] == pytest.approx(1 / 3)
+
+
 def test_empty_batch():
     m = trajectory_metrics([])
     assert m["env/all/total_episodes"] == 0.0
