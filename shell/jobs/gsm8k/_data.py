@@ -18,7 +18,8 @@ Conventions:
 - Grading and the prompt text are pure and live in `rlpure.tasks.math_grading`: the question gets the
   tutorial's suffix, the conversation the strawberry few-shot prefix, the reward is
   `format_coef * (format - 1) + correct` (`shell.env.ProblemEnv`), where `format` is
-  "ended on the stop sequence and has a closed `\\boxed{}`" and `correct` is exact numeric
+  "ended on the stop sequence and has a boxed answer (a closed `\\boxed{}`, or the cookbook's
+  unbraced `\\boxed 7`)" and `correct` is exact numeric
   equality of the last box with the ground truth.
 """
 

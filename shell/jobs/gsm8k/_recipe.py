@@ -367,7 +367,7 @@ def add_gsm8k_arguments(parser: argparse.ArgumentParser) -> None:
         "--format-coef",
         type=float,
         default=0.1,
-        help="Reward penalty of a response without a closed \\boxed{} or the stop sequence "
+        help="Reward penalty of a response without a boxed answer (\\boxed{...} or \\boxed 7) or the stop sequence "
         "(default: 0.1).",
     )
     group.add_argument(
