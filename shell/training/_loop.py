@@ -79,6 +79,8 @@ test-set evaluation at step `i` samples with a seed derived from `config.seed` a
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -493,8 +495,24 @@ def _already_trained(log_dir: Path, resume: CheckpointRecord) -> TrainResult:
 
 
 def _drop_logs_after(log_dir: Path, start: int, *, resume: CheckpointRecord | None) -> None:
-    """Drops the metrics, samples and spans logged at or after step `start` (a resume's)."""
-    dropped = truncate_jsonl_by_step(log_dir / METRICS_FILE, keep_below=start)
+    """Drops the metrics, samples and spans logged at or after step `start` (a resume's).
+
+    Before `metrics.jsonl` loses rows, the file as it was is kept beside it as
+    `metrics.jsonl.pre_resume_<start:06d>`, as the cookbook's training store does: the copy is
+    written first (under a temporary name, renamed once rows were dropped), so a crash never
+    leaves the rows in neither file.
+    """
+    metrics = log_dir / METRICS_FILE
+    backup = metrics.with_name(f"{METRICS_FILE}.pre_resume_{start:06d}")
+    staging = backup.with_name(backup.name + ".tmp")
+    if metrics.exists():
+        shutil.copyfile(metrics, staging)
+    try:
+        dropped = truncate_jsonl_by_step(metrics, keep_below=start)
+        if dropped and staging.exists():
+            os.replace(staging, backup)
+    finally:
+        staging.unlink(missing_ok=True)
     truncate_jsonl_by_step(log_dir / SAMPLES_FILE, keep_below=start)
     truncate_jsonl_by_step(log_dir / TIMING_SPANS_FILE, keep_below=start)
     if resume is not None:

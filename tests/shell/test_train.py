@@ -457,6 +457,10 @@ def test_a_run_killed_after_a_checkpoint_resumes_at_the_right_step(tmp_path: Pat
     )
     after = (log_dir / "metrics.jsonl").read_text().splitlines()
     assert after[:2] == before[:2]  # lines before the checkpoint are kept byte for byte
+    # the file as it was before the resume dropped step 2's row, as the cookbook keeps it
+    backup = log_dir / "metrics.jsonl.pre_resume_000002"
+    assert backup.read_text().splitlines() == before
+    assert not list(log_dir.glob("*.tmp"))
     resumed = [json.loads(line) for line in after]
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6]  # 6: the final totals row
     assert resumed == [*_metric_lines(log_dir), resumed[-1]]
@@ -967,3 +971,21 @@ def test_metrics_writer_turns_numpy_and_jax_nan_into_null(tmp_path):
     with JsonlWriter(tmp_path / "m.jsonl") as writer:
         writer.write({"a": np.float32("nan"), "b": jnp.asarray(float("inf")), "c": np.int64(3)})
     assert read_jsonl(tmp_path / "m.jsonl") == [{"a": None, "b": None, "c": 3}]
+
+
+def test_a_resume_that_drops_no_metrics_rows_keeps_no_pre_resume_copy(tmp_path: Path) -> None:
+    from shell.training._loop import _drop_logs_after
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0}\n{"step": 1}\n')
+    _drop_logs_after(tmp_path, 2, resume=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    _drop_logs_after(tmp_path, 1, resume=None)
+    assert metrics.read_text() == '{"step": 0}\n'
+    assert (
+        tmp_path / "metrics.jsonl.pre_resume_000001"
+    ).read_text() == '{"step": 0}\n{"step": 1}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl",
+        "metrics.jsonl.pre_resume_000001",
+    ]
