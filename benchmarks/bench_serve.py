@@ -383,23 +383,23 @@ def _load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-async def run(url: str, sizes: Sizes, repeats: int, *, full: bool) -> None:
+async def run(url: str, sizes: Sizes, repeats: int, *, full: bool, model: str = MODEL) -> None:
     from shell.local import LocalServiceClient  # imports JAX: not in the spawned children
 
     with (
         LocalServiceClient(seed=0, temporary_checkpoints=True) as local_service,
         tinker.ServiceClient(base_url=url, api_key=API_KEY) as remote_service,
     ):
-        local = await local_service.create_lora_training_client(base_model=MODEL)
-        remote = await remote_service.create_lora_training_client(base_model=MODEL)
+        local = await local_service.create_lora_training_client(base_model=model)
+        remote = await remote_service.create_lora_training_client(base_model=model)
         print(
             f"1. GRPO step: {sizes.prompts} prompts x {sizes.samples} samples, "
             f"{sizes.step_tokens} new tokens, {sizes.prompts * sizes.samples} datums; "
             f"{repeats} rounds"
         )
         await measure_steps(local, remote, sizes, repeats)
-        local_sampler = await local_service.create_sampling_client(base_model=MODEL)
-        remote_sampler = await remote_service.create_sampling_client(base_model=MODEL)
+        local_sampler = await local_service.create_sampling_client(base_model=model)
+        remote_sampler = await remote_service.create_sampling_client(base_model=model)
         print(
             f"2. sampling: {sizes.requests} concurrent requests x {sizes.request_samples} "
             f"samples, {sizes.request_tokens} new tokens; {repeats} rounds"
@@ -419,17 +419,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="1 round, small sizes (smoke test)")
     parser.add_argument("--full", action="store_true", help="also 4 processes x 8 requests")
+    parser.add_argument(
+        "--model", default=MODEL, help=f"base model (default {MODEL}; e.g. rlpure/small)"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     if repeats < 1:
         parser.error(f"--repeats: expected >= 1, got {repeats}")
-    print(f"rlpure serve vs in-process, model {MODEL}; {_load()}", flush=True)
+    print(f"rlpure serve vs in-process, model {args.model}; {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         started = time.perf_counter()
         with running_server(Path(tmp)) as url, sdk_environment(url):
             print(f"server healthy after {time.perf_counter() - started:.1f} s at {url}")
-            asyncio.run(run(url, sizes, repeats, full=args.full))
+            asyncio.run(run(url, sizes, repeats, full=args.full, model=args.model))
     print(f"after: {_load()}")
     return 0
 

@@ -7,7 +7,8 @@ Conventions:
   `call_soon_threadsafe`, and answer with a request id at once. The operation's outcome, always
   a `Reply` (a failed one included), lands in a `concurrent.futures.Future` that
   `retrieve_future` long-polls (`wait_result`).
-- **Batching.** Sample requests are gathered until none arrived for 2 ms (at most 20 ms), then
+- **Batching.** Sample requests are gathered until none arrived for a while (3x the round's
+  longest gap between arrivals, 5 to 30 ms; at most 100 ms in all), then
   started in one tick on the worker loop; the local sampling client's batcher serves requests
   started in one tick in one jitted call, so concurrent HTTP clients share calls as in-process
   callers do. An unseeded request is keyed by the SDK's `seq_id` (its number among the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import logging
 import re
 import threading
@@ -65,8 +67,9 @@ TrainingOp = Callable[[LocalTrainingClient], Reply]
 """An operation on one training model, run on the worker in `seq_id` order."""
 
 _DONE_KEEP_S = 600.0  # a delivered result stays retrievable this long (a lost response retried)
-_GATHER_QUIET_S = 0.005  # samples are started together once none arrived for this long
-_GATHER_MAX_S = 0.05  # ... or once the first waited this long
+_GATHER_QUIET_S = 0.005  # samples are started together once none arrived for this long,
+_GATHER_QUIET_MAX_S = 0.03  # ... or for 3x the longest gap between this round's arrivals
+_GATHER_MAX_S = 0.1  # ... or once the first waited this long
 _UNCLAIMED_KEEP_S = 3600.0  # a result nobody fetched (its client died) is dropped after this
 
 
@@ -170,6 +173,7 @@ class Engine:
         self._samplers: OrderedDict[str, LocalSamplingClient] = OrderedDict()
         self._sample_queue: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._dispatcher: asyncio.Task[None] | None = None
+        self._arrivals: list[float] = []  # when the queued samples arrived (worker clock)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rlpure-serve-worker", daemon=True
@@ -549,6 +553,7 @@ class Engine:
 
         def job(future: concurrent.futures.Future[Reply]) -> None:
             self._sample_queue.append(lambda: go(future))
+            self._arrivals.append(self._loop.time())
             if self._dispatcher is None:
                 self._dispatcher = self._loop.create_task(self._dispatch_samples())
 
@@ -558,17 +563,22 @@ class Engine:
         """Worker: starts the queued samples together once requests stop arriving.
 
         HTTP requests of one round (a `gather` of a batch's groups) arrive over a few
-        milliseconds; started at once, the first would run alone and the rest after it. So the
-        dispatcher waits until `_GATHER_QUIET_S` passes with no new request (at most
-        `_GATHER_MAX_S`), then starts every queued request in one tick: the local sampling
-        client's batcher serves them in one jitted call.
+        milliseconds, with gaps that grow when the client is busy; started at once, the first
+        would run alone and the rest after it. So the dispatcher waits until no new request
+        came for 3x the longest gap between this round's arrivals (within `_GATHER_QUIET_S` and
+        `_GATHER_QUIET_MAX_S`; at most `_GATHER_MAX_S` in all), then starts every queued
+        request in one tick: the local sampling client's batcher serves them in one jitted
+        call.
         """
         started = self._loop.time()
         seen = -1
         while seen != len(self._sample_queue) and self._loop.time() - started < _GATHER_MAX_S:
             seen = len(self._sample_queue)
-            await asyncio.sleep(_GATHER_QUIET_S)
+            gaps = [b - a for a, b in itertools.pairwise(self._arrivals)]
+            quiet = min(max(_GATHER_QUIET_S, 3 * max(gaps, default=0.0)), _GATHER_QUIET_MAX_S)
+            await asyncio.sleep(quiet)
         queued, self._sample_queue = self._sample_queue, []
+        self._arrivals = []
         self._dispatcher = None
         _logger.info(
             "sampling: %d requests started together after %.1f ms",
