@@ -69,6 +69,7 @@ __all__ = [
     "CheckpointInfo",
     "checkpoint_name",
     "delete_checkpoint",
+    "move_into_place",
     "read_checkpoint",
     "read_checkpoint_info",
     "write_checkpoint",
@@ -147,10 +148,11 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _move_into_place(staging: Path, directory: Path) -> None:
+def move_into_place(staging: Path, directory: Path) -> None:
     """Renames the complete `staging` to `directory`; an existing `directory` is renamed aside
-    first and deleted only once the new one is in place (put back if the move fails)."""
-    if not directory.exists():
+    first and deleted only once the new one is in place (put back if the move fails). Used for
+    every folder the local backend writes whole (checkpoints, tokenizer folders)."""
+    if not directory.exists() and not directory.is_symlink():
         os.replace(staging, directory)
         _fsync_directory(directory.parent)
         return
@@ -163,11 +165,12 @@ def _move_into_place(staging: Path, directory: Path) -> None:
         raise
     _fsync_directory(directory.parent)
     try:
-        shutil.rmtree(aside)
-    except OSError as error:  # the new checkpoint is in place: the save did not fail
-        logger.warning(
-            "checkpoint %s saved, but its old copy %s was not deleted: %s", directory, aside, error
-        )
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside)
+        else:
+            aside.unlink(missing_ok=True)
+    except OSError as error:  # the new folder is in place: the save did not fail
+        logger.warning("%s saved, but its old copy %s was not deleted: %s", directory, aside, error)
 
 
 _STAGING = re.compile(
@@ -312,10 +315,10 @@ def _write_staged(
             json.dump(msgspec.to_builtins(manifest), file, indent=2, sort_keys=True)
             file.flush()
             os.fsync(file.fileno())
-        _move_into_place(staging, directory)
+        move_into_place(staging, directory)
     except BaseException:
         # `staging` holds only this unfinished write; whatever was at `directory` is untouched
-        # (or was put back by `_move_into_place`).
+        # (or was put back by `move_into_place`).
         shutil.rmtree(staging, ignore_errors=True)
         raise
 

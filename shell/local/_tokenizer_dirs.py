@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import os
 import re
 import shutil
 import uuid
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from rlpure.model import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from shell.local._checkpoints import move_into_place
 from shell.local._hf_tokenizer import byte_level_alphabet
 
 if TYPE_CHECKING:
@@ -184,25 +184,6 @@ def _remove_leftovers(directory: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _move_into_place(staging: Path, directory: Path) -> None:
-    """Renames `staging` to `directory`; an existing `directory` is renamed aside first, put
-    back if the move fails, and deleted once the new one is in place."""
-    if not directory.exists() and not directory.is_symlink():
-        os.replace(staging, directory)
-        return
-    aside = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex}"
-    os.replace(directory, aside)
-    try:
-        os.replace(staging, directory)
-    except BaseException:
-        os.replace(aside, directory)
-        raise
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        aside.unlink(missing_ok=True)
-
-
 def write_tokenizer_dir(tokenizer: Any, directory: Path) -> Path:
     """Writes `tokenizer` as a directory `AutoTokenizer.from_pretrained` loads offline.
 
@@ -239,7 +220,7 @@ def write_tokenizer_dir(tokenizer: Any, directory: Path) -> Path:
                 and _fingerprint(directory) == _fingerprint(staging)
             )
             if not unchanged:
-                _move_into_place(staging, directory)
+                move_into_place(staging, directory)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return directory
