@@ -24,6 +24,7 @@ Conventions:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import logging
 import signal
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from tinker import types
 
 from shell.commands import Command
@@ -62,8 +64,6 @@ def _is_loopback(host: str) -> bool:
 def served_models(engine: Engine) -> types.GetServerCapabilitiesResponse:
     """The models this machine can serve: the toy configs, the packaged checkpoints that are
     installed and the Hugging Face cache's models (a local checkpoint directory also works)."""
-    import importlib.util
-
     models = [
         types.SupportedModel(
             model_name=name, max_context_length=config.max_seq_len, trainable=True, sampleable=True
@@ -83,7 +83,8 @@ def served_models(engine: Engine) -> types.GetServerCapabilitiesResponse:
 
 
 def _janitor(engine: Engine, stop: threading.Event) -> None:
-    """Releases idle sessions and deletes expired checkpoints until `stop`."""
+    """Releases idle sessions, deletes expired checkpoints and forgets old results until
+    `stop`."""
     while not stop.wait(_JANITOR_S):
         for session_id in engine.release_idle_sessions():
             _logger.info(
@@ -92,6 +93,7 @@ def _janitor(engine: Engine, stop: threading.Event) -> None:
                 engine.session_timeout_s,
             )
         engine.delete_expired_checkpoints()
+        engine.purge_results()
 
 
 def serve(
@@ -111,8 +113,6 @@ def serve(
     Raises:
         ConfigError: a non-loopback `host` without `api_key`, or a port that cannot be bound.
     """
-    import uvicorn
-
     if not _is_loopback(host) and not api_key:
         raise ConfigError(
             f"--host {host}: serving beyond this machine needs --api-key (anyone who can reach "
@@ -166,18 +166,16 @@ def serve(
     return 0
 
 
-class _Server:
+class _Server(uvicorn.Server):
     """uvicorn's server, closing the engine first on SIGINT/SIGTERM so long-polls end."""
 
-    def __new__(cls, config: Any, engine: Engine) -> Any:
-        import uvicorn
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
 
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                threading.Thread(target=engine.close, daemon=True).start()
-                super().handle_exit(sig, frame)
-
-        return Server(config)
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        threading.Thread(target=self.engine.close, daemon=True).start()
+        super().handle_exit(sig, frame)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ from tinker import types
 from shell.local import LocalLookupError
 from shell.serve import _ops
 from shell.serve._engine import Engine, EngineClosed, SamplerSpec
-from shell.serve._paths import PathError, parse_checkpoint_id
+from shell.serve._paths import PathError, check_folder_name, parse_checkpoint_id
 from shell.serve._replies import JSON, BadRequest, Reply, error_body, json_reply
 from shell.serve._ttl import check_ttl
 from shell.serve._wire import WireError, decode_forward_backward
@@ -427,8 +427,6 @@ def _require_seq(seq_id: int | None) -> int:
 
 
 def _checkpoint_name(name: str | None) -> str:
-    from shell.serve._paths import check_folder_name
-
     if name is None:
         raise BadRequest("path: a checkpoint name is required")
     try:

@@ -171,6 +171,7 @@ class Engine:
         # worker-only state
         self._slots: dict[str, _Slot] = {}
         self._samplers: OrderedDict[str, LocalSamplingClient] = OrderedDict()
+        self._tokenizer_dirs: dict[str, Path] = {}  # base model → the folder get_info names
         self._sample_queue: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._dispatcher: asyncio.Task[None] | None = None
         self._arrivals: list[float] = []  # when the queued samples arrived (worker clock)
@@ -189,14 +190,20 @@ class Engine:
                 raise EngineClosed("the server is shutting down")
             if key is not None and key in self._seen and self._seen[key] in self._futures:
                 return self._seen[key], False
-            self._purge_delivered()
             request_id = uuid.uuid4().hex
             self._futures[request_id] = _Pending(concurrent.futures.Future(), what, time.time())
             if key is not None:
                 self._seen[key] = request_id
             return request_id, True
 
-    def _purge_delivered(self) -> None:
+    def purge_results(self) -> int:
+        """Forgets results delivered over `_DONE_KEEP_S` ago, or finished and never fetched for
+        `_UNCLAIMED_KEEP_S` (their client died); returns how many. The server's janitor calls
+        it, off the request path: the scan is over every request the server still holds."""
+        with self._lock:
+            return self._purge_locked()
+
+    def _purge_locked(self) -> int:
         now = time.time()
         stale = [
             rid
@@ -209,6 +216,7 @@ class Engine:
         if stale:
             gone = set(stale)
             self._seen = {key: rid for key, rid in self._seen.items() if rid not in gone}
+        return len(stale)
 
     def _future(self, request_id: str) -> concurrent.futures.Future[Reply]:
         with self._lock:
@@ -361,10 +369,13 @@ class Engine:
         """Worker: keeps the client, writes its tokenizer directory, records its info."""
         self._slots[model_id] = _Slot(client)
         info = client.get_info()
-        directory = write_tokenizer_dir(
-            client.get_tokenizer(),
-            self.tokenizer_root / tokenizer_dir_name(info.model_data.model_name or ""),
-        )
+        name = info.model_data.model_name or ""
+        directory = self._tokenizer_dirs.get(name)
+        if directory is None:  # once per base model: writing compares every file (~4 MB)
+            directory = write_tokenizer_dir(
+                client.get_tokenizer(), self.tokenizer_root / tokenizer_dir_name(name)
+            )
+            self._tokenizer_dirs[name] = directory
         info = info.model_copy(
             update={
                 "model_data": info.model_data.model_copy(update={"tokenizer_id": str(directory)})

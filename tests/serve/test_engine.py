@@ -246,3 +246,15 @@ def test_errors_name_checkpoints_by_tinker_path_never_by_folder(engine: Engine) 
     assert again["category"] == "user"
     assert f"tinker://{model_id}/weights/a" in again["error"]
     assert str(engine.state_dir) not in again["error"]
+
+
+def test_purge_forgets_results_delivered_long_ago_and_keeps_recent_ones(engine: Engine) -> None:
+    model_id = _create(engine)
+    old = engine.submit_training(model_id, 1, "op", lambda c: json_reply({}))
+    recent = engine.submit_training(model_id, 2, "op", lambda c: json_reply({}))
+    _result(engine, old), _result(engine, recent)
+    engine._futures[old].delivered_at = 0.0  # delivered at the epoch: long past the grace
+    assert engine.purge_results() == 1
+    with pytest.raises(KeyError):
+        _result(engine, old)
+    assert _json(_result(engine, recent)) == {}
