@@ -54,6 +54,7 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt
 	$(CBVENV)/bin/pip install --quiet --no-deps tinker-cookbook==0.6.1 accelerate==1.15.0
 	$(CBVENV)/bin/pip install --quiet sympy==1.14.0 pylatexenc==2.11 math-verify==0.9.0 \
 		latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+	$(CBVENV)/bin/pip install --quiet textarena==0.7.4
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
