@@ -2,7 +2,8 @@
 
 Immutable records (`rlpure.records`), vectorised advantages and their aggregation
 (`rlpure.advantages`), datum assembly into bucketed padded arrays (`rlpure.packing`), Tinker's
-losses (`rlpure.losses`), KL shaping (`rlpure.kl`), the cookbook's metrics (`rlpure.metrics`)
+losses (`rlpure.losses`), KL shaping (`rlpure.kl`), off-policy corrections, DAPO's overlong
+shaping and KL estimators (`rlpure.corrections`), the cookbook's metrics (`rlpure.metrics`)
 and prompt rendering (`rlpure.render`); this package re-exports their public names. Nothing
 here performs IO, touches the network, or imports the effect shell (`shell`).
 
@@ -27,6 +28,13 @@ from rlpure.advantages import (
     remove_constant_reward_groups,
 )
 from rlpure.buckets import bucket_size
+from rlpure.corrections import (
+    ImportanceWeights,
+    KLEstimate,
+    importance_weights,
+    kl_estimate,
+    overlong_penalty,
+)
 from rlpure.kl import discounted_future_sum, kl_penalty_advantages
 from rlpure.losses import (
     LOSSES,
@@ -83,6 +91,8 @@ __all__ = [
     "PARSE_ERROR_MASKED_METRIC_KEY",
     "DatumBatch",
     "DatumProvenance",
+    "ImportanceWeights",
+    "KLEstimate",
     "LossOutput",
     "LossSpec",
     "ModelInput",
@@ -123,10 +133,13 @@ __all__ = [
     "group_normalized_advantages",
     "gspo_token_clipped_surrogate_loss",
     "importance_sampling_loss",
+    "importance_weights",
+    "kl_estimate",
     "kl_penalty_advantages",
     "kl_sample_train_metrics",
     "leave_one_out_advantages",
     "loss_fn_inputs_from_batch",
+    "overlong_penalty",
     "pack_rewards",
     "ppo_clipped_surrogate_loss",
     "remove_constant_reward_groups",
