@@ -107,6 +107,15 @@ class TrainingClient(Protocol):
         """Adds the gradient of the summed loss over `data` to the accumulated gradient."""
         ...
 
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[types.ForwardBackwardOutput]:
+        """The loss and each datum's logprobs under the current weights, without gradients."""
+        ...
+
     def optim_step(
         self,
         optim_params: types.OptimParams | None = None,

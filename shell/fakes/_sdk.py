@@ -294,7 +294,7 @@ def _check_wire_encoding(
 class FakeTrainingClient:
     """A `shell.clients.TrainingClient` recording every call in `events`.
 
-    Events: `("forward_backward", n_datums, loss_fn, loss_fn_config)`,
+    Events: `("forward_backward", n_datums, loss_fn, loss_fn_config)`, `("forward", ...)` alike,
     `("optim_step", adam_params)`, `("await", label)`, `("save_state", name)`,
     `("load_state_with_optimizer", path)`, `("save_weights_and_get_sampling_client", version)`.
     Methods return futures at once, as SDK 0.38 does (`forward_backward(...)` submits; the
@@ -340,6 +340,29 @@ class FakeTrainingClient:
         self.sent_data.append(list(data))
         result = self._fake_output(data)
         return FakeFuture(result, events=self.events, label=f"forward_backward#{n}")
+
+    def forward(
+        self,
+        data: list[tinker.Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> FakeFuture[tinker.ForwardBackwardOutput]:
+        """The fake model's logprobs without gradients: uniform `-log(V)` on every target (what
+        the fake sampler reports for its tokens), loss = -sum; no gradient is accumulated."""
+        n = next(self._requests)
+        self.events.append(("forward", len(data), loss_fn, loss_fn_config))
+        if not data:
+            raise ValueError("No data provided")  # what the SDK raises
+        _check_datums(data, loss_fn)
+        outputs = []
+        for datum in data:
+            arr = np.full(datum.model_input.length, -math.log(self.vocab_size), np.float32)
+            outputs.append({"logprobs": tinker.TensorData.from_numpy(arr)})
+        loss = -float(sum(o["logprobs"].to_numpy().sum() for o in outputs))
+        result = tinker.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": loss}
+        )
+        return FakeFuture(result, events=self.events, label=f"forward#{n}")
 
     def _fake_output(self, data: list[tinker.Datum]) -> tinker.ForwardBackwardOutput:
         """Each datum's `logprobs` input (else uniform `-log(V)`) as its output; loss = -sum."""

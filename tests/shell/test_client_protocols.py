@@ -30,6 +30,7 @@ PROTOCOLS: dict[type, tuple[str, ...]] = {
         "create_sampling_client",
     ),
     TrainingClient: (
+        "forward",
         "forward_backward",
         "optim_step",
         "save_state",
