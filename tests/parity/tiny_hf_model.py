@@ -28,7 +28,7 @@ from rlpure.model import VOCAB_SIZE, ByteTokenizer
 from shell.local._hf import expected_hf_shapes
 from shell.local._tokenizer_dirs import write_tokenizer_dir
 
-__all__ = ["TINY_LLAMA_CONFIG", "write_tiny_llama"]
+__all__ = ["TINY_LLAMA_CONFIG", "random_weights", "write_tiny_llama"]
 
 TINY_LLAMA_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -53,7 +53,8 @@ TINY_LLAMA_CONFIG: dict[str, Any] = {
 """One layer, width 32, two heads, 2,048 positions (the context of multi-turn envs)."""
 
 
-def _random_weights(config: dict[str, Any], *, seed: int) -> dict[str, np.ndarray]:
+def random_weights(config: dict[str, Any], *, seed: int) -> dict[str, np.ndarray]:
+    """Every tensor `config` implies, float32, normal(0, 0.02) from `seed`, norm weights one."""
     rng = np.random.default_rng(seed)
     weights = {}
     for name, expected in sorted(expected_hf_shapes(config).items()):
@@ -78,7 +79,7 @@ def write_tiny_llama(directory: Path, *, seed: int = 0) -> Path:
     directory = write_tokenizer_dir(ByteTokenizer(), Path(directory))
     (directory / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG, indent=2) + "\n")
     save_file(
-        _random_weights(TINY_LLAMA_CONFIG, seed=seed),
+        random_weights(TINY_LLAMA_CONFIG, seed=seed),
         str(directory / "model.safetensors"),
         metadata={"format": "pt"},
     )
