@@ -29,6 +29,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from rlpure.advantages import AggregationMode, Estimator
+from rlpure.corrections import KLEstimator, MismatchLevel, MismatchMode
 from rlpure.losses import PolicyLossName
 from rlpure.model import MODEL_CONFIGS
 from shell.errors import ConfigError
@@ -47,7 +48,10 @@ __all__ = [
     "LOCAL_LOSSES",
     "MAX_SEED",
     "AsyncConfig",
+    "DynamicSamplingConfig",
     "LossName",
+    "MismatchCorrectionConfig",
+    "OverlongConfig",
     "StreamMinibatchConfig",
     "TerminationConfig",
     "TrainConfig",
@@ -168,6 +172,61 @@ class AsyncConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     loss_fn: LossName = "stable_reinforce"
 
 
+class MismatchCorrectionConfig(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """Training–inference mismatch correction (`rlpure.corrections.importance_weights`).
+
+    Each step, one extra `forward` of the policy before its update gives the trainer's
+    logprobs of the step's datums; the importance weights between them and the sampler's
+    scale the advantages before the datums are sent (TIS with `truncate`, MIS with `mask`).
+    The defaults are TRL's (`sequence_mask`, cap 3).
+
+    Attributes:
+        level: `token`, `sequence` (the product of the row's ratios) or `geometric` (its
+            per-token geometric mean).
+        mode: `truncate` (`min(ratio, cap)`) or `mask` (zero tokens, or rows, whose ratio lies
+            outside `[1/cap, cap]`).
+        cap: the threshold, >= 1 and finite.
+    """
+
+    level: MismatchLevel = "sequence"
+    mode: MismatchMode = "mask"
+    cap: Annotated[float, msgspec.Meta(ge=1, le=_FLOAT_MAX)] = 3.0
+
+
+class OverlongConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """DAPO's soft overlong punishment (`rlpure.corrections.overlong_penalty`), added to each
+    trajectory's reward (its length: its sampled tokens) before advantages are computed.
+
+    Attributes:
+        max_length: responses longer than this get -1.
+        buffer: the ramp's width: 0 up to `max_length - buffer` tokens, linear down to -1 at
+            `max_length` (<= `max_length`).
+    """
+
+    max_length: PositiveInt
+    buffer: PositiveInt
+
+
+class DynamicSamplingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """DAPO's dynamic sampling, in the sync mode (`shell.training._sync`).
+
+    The step's batch rolls out; while fewer than `groups_per_batch` of its groups have a
+    non-constant reward, the groups with a constant reward (or that failed) roll out again
+    with fresh seeds, at most `max_sampling_rounds` rounds in all; the step then trains on the
+    first `groups_per_batch` non-constant groups in batch order (all it found when the rounds
+    ran out; the first group when it found none, as `remove_constant_reward_groups`).
+
+    Attributes:
+        groups_per_batch: non-constant groups per step (at most the dataset's batch size).
+        max_sampling_rounds: rollout rounds per step, the first included.
+    """
+
+    groups_per_batch: PositiveInt
+    max_sampling_rounds: PositiveInt
+
+
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every option of the GRPO loop; see `FIELD_HELP` for each field's meaning.
 
@@ -206,6 +265,10 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kl_reference_checkpoint: str | None = None
     kl_reference_initial_policy: bool = False
     compute_post_kl: bool = False
+    kl_penalty_estimator: KLEstimator = "k1"
+    mismatch_correction: MismatchCorrectionConfig | None = None
+    overlong: OverlongConfig | None = None
+    dynamic_sampling: DynamicSamplingConfig | None = None
     termination: TerminationConfig | None = None
     rollout_strategy: StrategyName = "fail_fast"
     max_retries: NonNegativeInt = 3
@@ -234,6 +297,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         self._check_modes()
         self._check_kl_reference()
         self._check_dependent_options()
+        self._check_dapo_options()
         if self.termination is not None:
             try:  # its fields are validated by the policy it describes
                 self.termination.policy()
@@ -283,6 +347,28 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             "wandb_name",
             "names a W&B run, so it needs wandb_project",
         )
+
+    def _check_dapo_options(self) -> None:
+        """The corrections' options that depend on others (issue 30)."""
+        self._need(
+            self.kl_penalty_estimator == "k1" or self.kl_penalty_coef > 0,
+            "kl_penalty_estimator",
+            "only applies with kl_penalty_coef > 0",
+        )
+        overlong = self.overlong
+        if overlong is not None and overlong.buffer > overlong.max_length:
+            raise ConfigError(
+                f"TrainConfig.overlong.buffer: must be <= overlong.max_length "
+                f"({overlong.max_length}), got {overlong.buffer}"
+            )
+        if self.dynamic_sampling is not None and (
+            self.async_config is not None or self.stream_minibatch_config is not None
+        ):
+            mode = "async_config" if self.async_config is not None else "stream_minibatch_config"
+            raise ConfigError(
+                f"TrainConfig.dynamic_sampling: runs in the sync mode only, got {mode} as well; "
+                "unset one of them"
+            )
 
     def _check_modes(self) -> None:
         """The streaming and async options (the cookbook's `AsyncConfig._check`, its runtime
@@ -560,6 +646,21 @@ FIELD_HELP: Mapping[str, str] = {
     "KLReferenceConfig.load_checkpoint_path), e.g. a tinker:// sampler path.",
     "kl_reference_initial_policy": "Use the policy's weights at the start of the run as the KL "
     "reference (saved once, reused after a resume); excludes kl_reference_model/checkpoint.",
+    "kl_penalty_estimator": "Estimator of the per-token KL in the KL penalty: k1 (log-ratio, "
+    "the cookbook's), k2 (half its square) or k3 ((r - 1) - log r, non-negative); Schulman's "
+    "estimators (rlpure.corrections.kl_estimate). Needs kl_penalty_coef > 0.",
+    "mismatch_correction": "Training-inference mismatch correction, a table {level, mode, "
+    "cap} (default sequence, mask, 3.0, TRL's): one extra forward of the policy before each "
+    "update gives the trainer's logprobs; importance weights exp(trainer - sampler) at level "
+    "token|sequence|geometric, truncated at cap (truncate) or zeroed outside [1/cap, cap] "
+    "(mask), scale the advantages before the datums are sent. Metrics: mismatch/rollout_is_*.",
+    "overlong": "DAPO's soft overlong punishment, a table {max_length, buffer}: a trajectory "
+    "of n sampled tokens gets reward 0 up to max_length - buffer, linear to -1 at max_length, "
+    "-1 beyond, added before advantages (training data only; env/* metrics are unshaped).",
+    "dynamic_sampling": "DAPO's dynamic sampling (sync mode), a table {groups_per_batch, "
+    "max_sampling_rounds}: groups with a constant reward (or that failed) roll out again until "
+    "groups_per_batch groups have a non-constant reward or max_sampling_rounds rounds ran; the "
+    "step trains on those. Metrics: dynamic_sampling/rounds, /groups_sampled, /groups_kept.",
     "termination": "Stop-reason-keyed reward semantics of training rollouts (the cookbook's "
     "TerminationRewardPolicy), a table: zero_reward_on_limit, limit_stop_reasons, "
     "skip_grading_on_timeout, grader_timeout_seconds, pass_all_messages_to_grader. Default: "

@@ -104,6 +104,7 @@ from shell.rollouts import RolloutErrorCounter, RolloutStrategy
 from shell.timing import TIMING_SPANS_FILE, StepTimer, recording, step_timer
 from shell.training._async import check_async_dataset, run_async
 from shell.training._checkpoints import CheckpointRecord, prng_key_from_data
+from shell.training._dynamic_sampling import check_dynamic_sampling_dataset
 from shell.training._lock import hold_log_dir
 from shell.training._logs import (
     FINAL_TOTALS_KEY,
@@ -458,6 +459,7 @@ def _preflight(
         check_stream_dataset(config, dataset)
     if config.async_config is not None:
         check_async_dataset(config, dataset)
+    check_dynamic_sampling_dataset(config, dataset)
     client = (
         None
         if training_client is None

@@ -18,7 +18,8 @@ Conventions:
   returns an `APIFuture` at once; the service orders them by request id). There is no retry
   loop around SDK calls: the SDK retries transient failures itself.
 - Metrics of a `PolicyUpdate` (new records; the caller merges them into its step's):
-  `kl_policy_base` when KL-shaped, `batch/num_datums`, `batch/num_trained_groups`,
+  `overlong/*` with `overlong`, `kl_policy_base` when KL-shaped, `mismatch/rollout_is_*` with
+  `mismatch_correction` (`shell.training._corrections`), `batch/num_datums`, `batch/num_trained_groups`,
   `train/<key>` per `forward_backward` metric (summed over substeps for `:sum` keys, averaged
   otherwise), the last `optim_step`'s own metrics under their own keys (merged verbatim, as the
   cookbook does: the local backend's `grad_norm`, the fake's `optim/step`),
@@ -56,6 +57,11 @@ from shell.clients import APIFuture, SamplingClient, TrainingClient
 from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
 from shell.timing import span
+from shell.training._corrections import (
+    estimator_reference_logprobs,
+    mismatch_corrected,
+    overlong_shaped_groups,
+)
 
 __all__ = [
     "PolicyUpdate",
@@ -322,23 +328,39 @@ async def prepare_datums(
     *,
     config: TrainConfig,
     kl_reference_client: SamplingClient | None,
+    training_client: TrainingClient | None = None,
 ) -> PreparedDatums:
-    """Advantages → one padded batch → loss aggregation → (KL shaping) → datums.
+    """(Overlong shaping) → advantages → one padded batch → loss aggregation → (KL shaping)
+    → (mismatch correction) → datums.
 
     The cookbook's `prepare_minibatch` without its logging: the part of a step that turns
     groups into training data, shared by the sync step (`train_on_groups`) and the streaming
     minibatches (`shell.training._stream`, once per minibatch). No group is dropped here.
+    The steps in parentheses are off by default; `shell.training._corrections` states the
+    issue-30 ones (overlong, the KL estimator, the mismatch correction).
 
     Args:
         groups: at least one trajectory group.
-        config: the estimator, aggregation and KL options.
+        config: the estimator, aggregation, KL and correction options.
         kl_reference_client: the KL reference's sampler (used when `kl_penalty_coef > 0`).
+        training_client: the policy's training client (its `forward` gives the trainer's
+            logprobs when `config.mismatch_correction` is set; else unused).
 
     Returns:
         A `PreparedDatums`.
+
+    Raises:
+        ValueError: `config.mismatch_correction` without a `training_client`.
     """
+    if config.mismatch_correction is not None and training_client is None:
+        raise ValueError(
+            "prepare_datums: training_client is required with config.mismatch_correction"
+        )
     metrics: dict[str, float] = {}
     with span("prepare_minibatch"):
+        if config.overlong is not None:
+            groups, overlong_metrics = overlong_shaped_groups(groups, config.overlong)
+            metrics.update(overlong_metrics)
         with span("assemble_training_data"):
             advantages_P_G = advantages_lib.compute_advantages(
                 groups, estimator=config.advantage_estimator
@@ -351,10 +373,20 @@ async def prepare_datums(
             with span("kl_vs_base"):
                 ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
                 batch, kl_metrics = kl_penalty_advantages(
-                    batch, ref_D_T, coef=config.kl_penalty_coef, discount=config.kl_discount
+                    batch,
+                    estimator_reference_logprobs(batch, ref_D_T, config=config),
+                    coef=config.kl_penalty_coef,
+                    discount=config.kl_discount,
                 )
             metrics.update({k: float(v) for k, v in kl_metrics.items()})
         datums = to_tinker_datums(batch, include_mask=False)
+        if config.mismatch_correction is not None:
+            assert training_client is not None  # checked above
+            batch, weight_metrics = await mismatch_corrected(
+                batch, datums, training_client=training_client, config=config
+            )
+            metrics.update(weight_metrics)
+            datums = to_tinker_datums(batch, include_mask=False)
     return PreparedDatums(batch=batch, datums=datums, metrics=metrics)
 
 
@@ -400,7 +432,10 @@ async def train_on_groups(
     if config.remove_constant_reward_groups:
         groups = advantages_lib.remove_constant_reward_groups(groups)
     batch, datums, metrics = await prepare_datums(
-        groups, config=config, kl_reference_client=kl_reference_client
+        groups,
+        config=config,
+        kl_reference_client=kl_reference_client,
+        training_client=training_client,
     )
     metrics["batch/num_datums"] = len(datums)
     metrics["batch/num_trained_groups"] = len(groups)

@@ -270,6 +270,7 @@ async def _train_minibatches(
                 [a.outcome.unwrap() for a in kept],
                 config=config,
                 kl_reference_client=ctx.kl_reference_client,
+                training_client=ctx.training_client,
             )
             metrics.update(prepared.metrics)
             with span(f"train/fwd_bwd_substep_{substep}_mb_{minibatch}_enqueue"):

@@ -8,6 +8,8 @@ are skipped and counted (`rollout_errors/*`, running totals of the call), and a 
 every group failed is skipped with a warning (`progress/skipped`: no training, same sampler);
 else the successful groups' `env/*` metrics, `batch/num_groups`,
 `batch/degenerate_groups_frac`, then `train_on_groups` (`update_policy`) and its metrics.
+With `dynamic_sampling`, the rollouts are `sample_until_mixed`'s rounds and the update trains
+on `groups_to_train` (`shell.training._dynamic_sampling`, which states its metrics).
 
 Spans: `run_evals` (when evaluating), `sampling`, `do_train_step_and_get_sampling_client`
 (and, inside `train_on_groups`, its parts).
@@ -21,6 +23,11 @@ from rlpure import metrics as metrics_lib
 from shell.env import RLDataset
 from shell.rollouts import do_batch_rollouts
 from shell.timing import span
+from shell.training._dynamic_sampling import (
+    DynamicRollouts,
+    groups_to_train,
+    sample_until_mixed,
+)
 from shell.training._run import RunContext, RunState, successful
 from shell.training._steps import (
     StepResult,
@@ -45,18 +52,23 @@ async def run_sync_step(
     start = await begin_step(ctx, state, step)
     state, metrics = state._replace(key=start.key), start.metrics
     builders = list(dataset.get_batch(step))
-    policy = sampling_policy(config, state.sampling_client, seed=start.seed)
+    dynamic: DynamicRollouts | None = None
     with span("sampling"):
-        outcomes = await do_batch_rollouts(
-            builders,
-            policy,
-            strategy=ctx.strategy,
-            termination=ctx.termination,
-            max_concurrent_groups=config.max_concurrent_groups,
-        )
+        if config.dynamic_sampling is not None:
+            dynamic = await sample_until_mixed(ctx, state, builders, seed=start.seed)
+            outcomes = dynamic.outcomes_P
+        else:
+            outcomes = await do_batch_rollouts(
+                builders,
+                sampling_policy(config, state.sampling_client, seed=start.seed),
+                strategy=ctx.strategy,
+                termination=ctx.termination,
+                max_concurrent_groups=config.max_concurrent_groups,
+            )
     if ctx.error_counter is not None:
-        for outcome in outcomes:
-            ctx.error_counter.ingest(outcome)
+        if dynamic is None:  # dynamic sampling counts every round's outcomes itself
+            for outcome in outcomes:
+                ctx.error_counter.ingest(outcome)
         metrics.update(ctx.error_counter.get_metrics())
     kept_builders, groups = successful(builders, outcomes)
     if not groups:
@@ -72,8 +84,17 @@ async def run_sync_step(
     metrics["batch/num_groups"] = len(groups)
     # constant-reward groups carry no signal under group centring
     metrics["batch/degenerate_groups_frac"] = 1.0 - metrics["env/all/by_group/frac_mixed"]
-    update = await update_policy(ctx, groups)
-    found, totals = update_metrics(ctx, state.totals, groups, update)
+    trained, sampled = groups, groups
+    if dynamic is not None and config.dynamic_sampling is not None:
+        trained = groups_to_train(groups, groups_per_batch=config.dynamic_sampling.groups_per_batch)
+        sampled = dynamic.sampled
+        metrics["dynamic_sampling/rounds"] = dynamic.rounds
+        metrics["dynamic_sampling/groups_sampled"] = dynamic.groups_sampled
+        metrics["dynamic_sampling/groups_kept"] = sum(
+            len(set(g.get_total_rewards())) > 1 for g in trained
+        )
+    update = await update_policy(ctx, trained)
+    found, totals = update_metrics(ctx, state.totals, sampled, update)
     metrics.update(found)
     state = state._replace(sampling_client=update.sampling_client, totals=totals)
     return StepResult(metrics=metrics, groups=groups, state=state)

@@ -1,0 +1,140 @@
+"""The loop's use of `rlpure.corrections`: overlong shaping, KL estimators, mismatch weights.
+
+Each is off by default (`TrainConfig.overlong`, `kl_penalty_estimator = "k1"`,
+`mismatch_correction`), and then `prepare_datums` (`shell.training._policy_update`) builds
+exactly the datums it built before these options existed. When on, in `prepare_datums`'s order:
+
+1. `overlong_shaped_groups`: DAPO's soft overlong punishment added to each trajectory's final
+   reward (a trajectory's length is its number of sampled tokens, over all its turns), before
+   advantages; new group records (the step's own groups, which its `env/*` metrics and token
+   counts read, are unchanged). Metrics: `overlong/penalty_mean`, `overlong/penalized_frac`.
+2. `estimator_reference_logprobs`: the cookbook's KL shaping (`rlpure.kl`) measures each token
+   by `d_t = q_t − ref_t` (k1); with k2 or k3 it measures it by that estimator's value, by
+   handing the shaping the reference `q_t − k_t` (so `q_t − ref'_t = k_t` exactly as the
+   shaping computes it, to float32 rounding).
+3. `mismatch_corrected`: one `forward` of the training client (the policy before this
+   update: in the sync mode the weights that sampled, in the async mode the newest ones, so
+   the weights then also correct staleness) over the step's datums gives the trainer's
+   logprobs; `rlpure.corrections.importance_weights` against the sampler's logprobs scales the
+   batch's advantages (after aggregation and KL shaping, so the weight multiplies the whole
+   advantage of a token). Metrics: verl's `mismatch/rollout_is_*`. Aggregation denominators
+   (e.g. `sequence_token_mean`) still count masked tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+import tinker
+
+from rlpure.corrections import importance_weights, kl_estimate, overlong_penalty
+from rlpure.packing import DatumBatch
+from rlpure.records import TrajectoryGroup
+from shell.clients import TrainingClient
+from shell.config import OverlongConfig, TrainConfig
+from shell.timing import span
+
+__all__ = [
+    "estimator_reference_logprobs",
+    "mismatch_corrected",
+    "overlong_shaped_groups",
+    "trainer_logprobs_D_T",
+]
+
+
+def _sampled_tokens(group: TrajectoryGroup) -> list[int]:
+    return [
+        sum(len(transition.ac.tokens) for transition in trajectory.transitions)
+        for trajectory in group.trajectories_G
+    ]
+
+
+def overlong_shaped_groups(
+    groups_P: Sequence[TrajectoryGroup], overlong: OverlongConfig
+) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The groups with DAPO's overlong penalty added to each trajectory's final reward.
+
+    Returns:
+        New groups (same order) and `overlong/penalty_mean` (over trajectories) and
+        `overlong/penalized_frac` (trajectories with a penalty below 0).
+    """
+    lengths = [_sampled_tokens(group) for group in groups_P]
+    flat = np.asarray([n for row in lengths for n in row], np.int32)
+    penalty = np.asarray(
+        overlong_penalty(flat, max_length=overlong.max_length, buffer=overlong.buffer),
+        np.float64,
+    )
+    shaped, start = [], 0
+    for group, row in zip(groups_P, lengths, strict=True):
+        added = penalty[start : start + len(row)]
+        start += len(row)
+        rewards = [float(r) + float(p) for r, p in zip(group.final_rewards_G, added, strict=True)]
+        shaped.append(msgspec.structs.replace(group, final_rewards_G=tuple(rewards)))
+    metrics = {
+        "overlong/penalty_mean": float(penalty.mean()) if penalty.size else 0.0,
+        "overlong/penalized_frac": float((penalty < 0).mean()) if penalty.size else 0.0,
+    }
+    return shaped, metrics
+
+
+def estimator_reference_logprobs(
+    batch: DatumBatch, ref_logprobs_D_T: np.ndarray, *, config: TrainConfig
+) -> np.ndarray:
+    """The reference logprobs to hand `rlpure.kl.kl_penalty_advantages` so that it measures
+    each token by `config.kl_penalty_estimator` (see the module docstring, 2.): `ref` itself
+    for k1, `q − k` otherwise."""
+    if config.kl_penalty_estimator == "k1":
+        return ref_logprobs_D_T
+    estimate = kl_estimate(
+        batch.logprobs_D_T, ref_logprobs_D_T, batch.mask_D_T, estimator=config.kl_penalty_estimator
+    )
+    sampler = np.asarray(batch.logprobs_D_T, np.float32)
+    return sampler - np.asarray(estimate.kl_D_T, np.float32)
+
+
+def trainer_logprobs_D_T(output: tinker.ForwardBackwardOutput, batch: DatumBatch) -> np.ndarray:
+    """The trainer's logprobs of each datum's targets (`loss_fn_outputs`), padded like the
+    batch (`[D, T]`, 0 on padding)."""
+    out = np.zeros(batch.shape, np.float32)
+    for d, found in enumerate(output.loss_fn_outputs):
+        row = np.asarray(found["logprobs"].to_numpy(), np.float32)
+        out[d, : row.shape[0]] = row
+    return out
+
+
+async def mismatch_corrected(
+    batch: DatumBatch,
+    datums: list[tinker.Datum],
+    *,
+    training_client: TrainingClient,
+    config: TrainConfig,
+) -> tuple[DatumBatch, dict[str, float]]:
+    """The batch with its advantages scaled by the importance weights between the trainer's
+    logprobs (one `forward` of `datums`, the batch's datums as built so far) and the
+    sampler's (see the module docstring, 3.), and the weights' metrics.
+
+    Raises:
+        ValueError: `config.mismatch_correction` is None.
+    """
+    correction = config.mismatch_correction
+    if correction is None:
+        raise ValueError("mismatch_corrected: config.mismatch_correction is None")
+    with span("compute_trainer_logprobs"):
+        output = await training_client.forward(
+            datums, config.training_loss_fn(), config.loss_fn_config
+        )
+    weights = importance_weights(
+        batch.logprobs_D_T,
+        trainer_logprobs_D_T(output, batch),
+        batch.mask_D_T,
+        level=correction.level,
+        mode=correction.mode,
+        cap=correction.cap,
+    )
+    advantages = np.asarray(batch.advantages_D_T, np.float32) * np.asarray(
+        weights.weights_D_T, np.float32
+    )
+    corrected = msgspec.structs.replace(batch, advantages_D_T=advantages)
+    return corrected, {key: float(value) for key, value in weights.metrics.items()}

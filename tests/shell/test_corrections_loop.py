@@ -1,0 +1,356 @@
+"""Issue 30's options in the loop, on the fakes: the mismatch correction (a deliberately
+mismatched sampler gives the masked fraction its arrays predict), DAPO's overlong shaping and
+dynamic sampling, the KL penalty's estimator, and their config errors."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tinker
+from tinker.lib.retry_handler import RetryConfig
+
+from shell.config import TrainConfig, build_config
+from shell.env import RLDataset
+from shell.errors import ConfigError
+from shell.fakes import (
+    FakeFuture,
+    FakeSamplingClient,
+    FakeServiceClient,
+    FakeTrainingClient,
+    ScriptedDataset,
+    ScriptedEnv,
+    ScriptedGroupBuilder,
+)
+from shell.training import read_jsonl, train
+
+VOCAB = 16
+SHIFT = 2.0  # the mismatched sampler reports logprob + SHIFT on even tokens: ratio exp(-2)
+
+
+class _ShiftedSampler(FakeSamplingClient):
+    """Reports `-log(V) + SHIFT` for every even sampled token (the trainer's `forward` gives
+    `-log(V)` for every token, so the ratio there is `exp(-SHIFT)`, 1 elsewhere)."""
+
+    async def _sample(self, prompt, num_samples, sampling_params):  # type: ignore[no-untyped-def]
+        response = await super()._sample(prompt, num_samples, sampling_params)
+        shifted = []
+        for seq in response.sequences:
+            tokens = np.asarray(seq.tokens, np.int32)
+            logprobs = np.asarray(seq.logprobs, np.float32)
+            logprobs = np.where(tokens % 2 == 0, logprobs + np.float32(SHIFT), logprobs)
+            shifted.append(
+                tinker.SampledSequence(
+                    stop_reason=seq.stop_reason,
+                    sequence_id=seq.sequence_id,
+                    tokens_np=tokens,
+                    logprobs_np=logprobs.astype(np.float32),
+                )
+            )
+        return tinker.SampleResponse(sequences=shifted)
+
+
+class _ShiftedTrainer(FakeTrainingClient):
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+        kind: tinker.types.SamplingClientKind = "snapshot",
+    ) -> FakeFuture[FakeSamplingClient]:
+        self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
+        sampler = _ShiftedSampler(
+            version=self.optim_steps,
+            vocab_size=self.vocab_size,
+            seed=self.seed + self.optim_steps,
+            events=self.events,
+        )
+        return FakeFuture(sampler, events=self.events, label="sampling_client")
+
+
+class _ShiftedService(FakeServiceClient):
+    def _training_client(self, base_model: str, rank: int) -> FakeTrainingClient:
+        client = _ShiftedTrainer(
+            base_model=base_model,
+            rank=rank,
+            store=self.store,
+            events=self.events,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+        )
+        self.training_clients.append(client)
+        return client
+
+
+def _odd_count_builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+    """Reward: the number of odd tokens in the action (varies within a group)."""
+
+    def make(_: int) -> ScriptedEnv:
+        return ScriptedEnv(
+            prompt=[1, 2, 3 + problem],
+            reward_fn=lambda action: float(np.sum(action % 2)),
+            stop=(),
+        )
+
+    return ScriptedGroupBuilder(make, group_size=4, tags=("toy",))
+
+
+def _config(log_dir: Path, **options: Any) -> TrainConfig:
+    base = {"log_dir": str(log_dir), "backend": "fake", "progress": False, "max_tokens": 4}
+    return build_config(base, options)
+
+
+def _train(config: TrainConfig, service: FakeServiceClient, dataset: RLDataset) -> None:
+    asyncio.run(train(config, dataset=dataset, service_client=service))
+
+
+def _sent(service: FakeServiceClient) -> list[list[tinker.Datum]]:
+    return service.training_clients[0].sent_data
+
+
+def _arrays(datum: tinker.Datum) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    inputs = datum.loss_fn_inputs
+    return (
+        inputs["target_tokens"].to_numpy(),
+        inputs["logprobs"].to_numpy(),
+        inputs["advantages"].to_numpy(),
+    )
+
+
+def _step_rows(log_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_jsonl(log_dir / "metrics.jsonl") if "final_totals" not in r]
+
+
+# --- mismatch correction -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_mismatched_sampler_masks_the_fraction_its_arrays_predict(
+    tmp_path: Path, level: str
+) -> None:
+    service = _ShiftedService(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=2, groups_per_batch=2)
+    correction = {"level": level, "mode": "mask", "cap": 3.0}
+    _train(_config(tmp_path, mismatch_correction=correction), service, dataset)
+    rows = _step_rows(tmp_path)
+    assert len(rows) == 2 == len(_sent(service))
+    forwards = [e for e in service.events if e[0] in ("forward", "forward_backward")]
+    assert [e[0] for e in forwards] == ["forward", "forward_backward"] * 2  # one forward a step
+    assert math.exp(-SHIFT) < 1 / 3  # a shifted token's ratio lies outside [1/cap, cap]
+    for row, datums in zip(rows, _sent(service), strict=True):
+        masked = total = 0
+        for datum in datums:
+            targets, logprobs, advantages = _arrays(datum)
+            action = logprobs != 0  # observation positions carry logprob 0
+            shifted = action & (targets % 2 == 0)
+            # token level: the shifted tokens; sequence level: every token of a row with one
+            dropped = shifted if level == "token" else action & shifted.any()
+            masked += int(dropped.sum())
+            total += int(action.sum())
+            assert np.all(advantages[dropped] == 0.0)
+        assert row["mismatch/rollout_is_masked_fraction"] == pytest.approx(masked / total)
+        assert 0 < masked < total  # the scripted sampler shifts some tokens, not all
+
+
+def test_an_exact_sampler_changes_nothing_and_weights_are_one(tmp_path: Path) -> None:
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=2, groups_per_batch=2)
+    plain, corrected = FakeServiceClient(vocab_size=VOCAB), FakeServiceClient(vocab_size=VOCAB)
+    _train(_config(tmp_path / "plain"), plain, dataset)
+    correction = {"level": "token", "mode": "truncate", "cap": 2.0}
+    _train(_config(tmp_path / "on", mismatch_correction=correction), corrected, dataset)
+    assert not [e for e in plain.events if e[0] == "forward"]  # off: no extra forward
+    for a, b in zip(_sent(plain), _sent(corrected), strict=True):
+        for x, y in zip(a, b, strict=True):
+            for u, v in zip(_arrays(x), _arrays(y), strict=True):
+                np.testing.assert_array_equal(u, v)
+    for row in _step_rows(tmp_path / "on"):
+        assert row["mismatch/rollout_is_mean"] == 1.0
+        assert row["mismatch/rollout_is_masked_fraction"] == 0.0
+    assert all("mismatch/rollout_is_mean" not in r for r in _step_rows(tmp_path / "plain"))
+
+
+def test_truncation_scales_advantages_by_the_capped_ratio(tmp_path: Path) -> None:
+    service = _ShiftedService(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=1, groups_per_batch=2)
+    plain = _ShiftedService(vocab_size=VOCAB)
+    _train(_config(tmp_path / "plain"), plain, dataset)
+    correction = {"level": "token", "mode": "truncate", "cap": 3.0}
+    _train(_config(tmp_path / "on", mismatch_correction=correction), service, dataset)
+    for x, y in zip(_sent(plain)[0], _sent(service)[0], strict=True):
+        targets, logprobs, before = _arrays(x)
+        after = _arrays(y)[2]
+        shifted = (logprobs != 0) & (targets % 2 == 0)
+        want = np.where(shifted, before * np.float32(math.exp(-SHIFT)), before)
+        np.testing.assert_allclose(after, want, rtol=1e-6)
+
+
+# --- overlong shaping --------------------------------------------------------------------------
+
+
+def _constant_builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+    return ScriptedGroupBuilder(
+        lambda _: ScriptedEnv(prompt=[1, 2, 3 + problem], rewards=(1.0,), stop=()),
+        group_size=4,
+        tags=("toy",),
+    )
+
+
+def test_overlong_shaping_penalises_long_responses_before_advantages(tmp_path: Path) -> None:
+    service = FakeServiceClient(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_constant_builder, num_batches=2, groups_per_batch=2)
+    _train(_config(tmp_path, overlong={"max_length": 3, "buffer": 2}), service, dataset)
+    rows = _step_rows(tmp_path)
+    for row, datums in zip(rows, _sent(service), strict=True):
+        penalties = []
+        for g in range(2):
+            group = datums[4 * g : 4 * g + 4]
+            lengths = np.array([int((_arrays(d)[1] != 0).sum()) for d in group])
+            penalty = np.clip((3 - 2 - lengths) / 2, -1.0, 0.0)  # DAPO's ramp, by hand
+            penalties.extend(penalty.tolist())
+            centred = penalty - penalty.mean()
+            for datum, want in zip(group, centred, strict=True):
+                _, logprobs, advantages = _arrays(datum)
+                np.testing.assert_allclose(advantages[logprobs != 0], want, atol=1e-6)
+        assert row["overlong/penalty_mean"] == pytest.approx(np.mean(penalties))
+        assert row["env/all/reward/total"] == 1.0  # the logged rewards are the env's
+
+
+# --- KL estimator ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("estimator", "expected"),
+    [("k1", 0.1), ("k2", 0.005), ("k3", math.expm1(-0.1) + 0.1)],
+)
+def test_the_kl_penalty_measures_tokens_with_its_estimator(
+    tmp_path: Path, estimator: str, expected: float
+) -> None:
+    # the fake reference scores -log(V) - 0.1, the sampler -log(V): log r = -0.1 everywhere
+    config = _config(
+        tmp_path, kl_penalty_coef=0.5, kl_reference_model="base/m", kl_penalty_estimator=estimator
+    )
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=1, groups_per_batch=2)
+    _train(config, FakeServiceClient(vocab_size=VOCAB), dataset)
+    (row,) = _step_rows(tmp_path)
+    assert row["kl_policy_base"] == pytest.approx(expected, rel=1e-4)
+
+
+# --- dynamic sampling --------------------------------------------------------------------------
+
+
+def _late_mixing_builder(mixed_from_round: dict[int, int]):  # type: ignore[no-untyped-def]
+    """Problem `p`'s group has a constant reward before round `mixed_from_round[p]` (from 1;
+    absent: always constant), then rewards 0, 1, 0, 1."""
+
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        first = mixed_from_round.get(problem)
+
+        def make(index: int) -> ScriptedEnv:
+            this_round = index // 2 + 1  # group size 2: envs 0-1 are round 1, 2-3 round 2, ...
+            mixed = first is not None and this_round >= first
+            return ScriptedEnv(
+                prompt=[1, 2, 3 + problem], rewards=(float(mixed and index % 2),), stop=()
+            )
+
+        return ScriptedGroupBuilder(make, group_size=2, tags=("toy",))
+
+    return builder
+
+
+def test_dynamic_sampling_resamples_constant_groups_until_the_batch_is_full(
+    tmp_path: Path,
+) -> None:
+    service = FakeServiceClient(vocab_size=VOCAB)
+    dataset = ScriptedDataset(
+        _late_mixing_builder({0: 1, 1: 2, 2: 2, 3: 3}), num_batches=1, groups_per_batch=4
+    )
+    dynamic = {"groups_per_batch": 3, "max_sampling_rounds": 5}
+    _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
+    (row,) = _step_rows(tmp_path)
+    # round 1: group 0 mixed; round 2 re-rolls 1, 2, 3: groups 1 and 2 mixed -> 3, stop
+    assert row["dynamic_sampling/rounds"] == 2
+    assert row["dynamic_sampling/groups_sampled"] == 4 + 3
+    assert row["dynamic_sampling/groups_kept"] == 3
+    assert row["batch/num_trained_groups"] == 3
+    (datums,) = _sent(service)
+    assert len(datums) == 3 * 2
+
+
+def test_dynamic_sampling_stops_after_its_rounds_and_trains_what_it_found(tmp_path: Path) -> None:
+    service = FakeServiceClient(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_late_mixing_builder({1: 2}), num_batches=1, groups_per_batch=3)
+    dynamic = {"groups_per_batch": 2, "max_sampling_rounds": 3}
+    _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
+    (row,) = _step_rows(tmp_path)
+    assert row["dynamic_sampling/rounds"] == 3
+    assert row["dynamic_sampling/groups_sampled"] == 3 + 3 + 2
+    assert row["dynamic_sampling/groups_kept"] == 1
+    assert row["batch/num_trained_groups"] == 1
+
+
+def test_dynamic_sampling_without_any_mixed_group_trains_the_first(tmp_path: Path) -> None:
+    service = FakeServiceClient(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_late_mixing_builder({}), num_batches=1, groups_per_batch=2)
+    dynamic = {"groups_per_batch": 1, "max_sampling_rounds": 2}
+    _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
+    (row,) = _step_rows(tmp_path)
+    assert (row["dynamic_sampling/rounds"], row["dynamic_sampling/groups_kept"]) == (2, 0)
+    assert row["batch/num_trained_groups"] == 1
+
+
+def test_dynamic_sampling_larger_than_the_batch_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    dataset = ScriptedDataset(_late_mixing_builder({}), num_batches=1, groups_per_batch=2)
+    config = _config(tmp_path, dynamic_sampling={"groups_per_batch": 3, "max_sampling_rounds": 2})
+    with pytest.raises(ConfigError, match=r"dynamic_sampling.groups_per_batch: 3 is larger"):
+        _train(config, FakeServiceClient(), dataset)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mismatch_correction": {"cap": 0.5}}, "mismatch_correction.cap: must be finite and >= 1"),
+        ({"mismatch_correction": {"mode": "clip"}}, "mismatch_correction.mode: must be one of"),
+        ({"mismatch_correction": {"levels": "token"}}, "unknown field `levels`"),
+        ({"overlong": {"max_length": 2, "buffer": 3}}, "overlong.buffer: must be <= overlong"),
+        ({"overlong": {"max_length": 0, "buffer": 1}}, "overlong.max_length: must be >= 1"),
+        ({"kl_penalty_estimator": "k3"}, "kl_penalty_estimator: only applies with kl_penalty"),
+        ({"kl_penalty_estimator": "k4"}, "kl_penalty_estimator: must be one of"),
+        (
+            {"dynamic_sampling": {"groups_per_batch": 1, "max_sampling_rounds": 0}},
+            "dynamic_sampling.max_sampling_rounds: must be >= 1",
+        ),
+        (
+            {
+                "dynamic_sampling": {"groups_per_batch": 1, "max_sampling_rounds": 2},
+                "async_config": {
+                    "max_steps_off_policy": 0,
+                    "groups_per_batch": 1,
+                    "loss_fn": "ppo",
+                },
+            },
+            "dynamic_sampling: runs in the sync mode only",
+        ),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as error:
+        _config(tmp_path, **options)
+    assert "\n" not in str(error.value)
+
+
+def test_the_defaults_are_off() -> None:
+    config = TrainConfig()
+    assert config.mismatch_correction is None and config.overlong is None
+    assert config.dynamic_sampling is None and config.kl_penalty_estimator == "k1"
