@@ -9,6 +9,8 @@
   model to call a calculator tool) on the local backend.
 - `shell.report`: `rlpure cost` and `rlpure report`, a run's cost and PNG report.
 - `shell.serve`: `rlpure serve`, Tinker's HTTP API on localhost over the local backend.
+- `shell.sandboxes`: `rlpure sandbox-serve`, SandboxFusion's `run_code` API on localhost over
+  local subprocess sandboxes.
 
 A new recipe module builds a `shell.commands.TrainRecipe` (or `Command`) and is added to the
 tuple below; nothing is discovered by module name, so a renamed recipe fails at import.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from shell.commands import by_name
 from shell.jobs import demo, gsm8k, smollm2, tools, toy
 from shell.report import COST_COMMAND, REPORT_COMMAND
+from shell.sandboxes import RUN_CODE_COMMAND
 from shell.serve import COMMAND as SERVE_COMMAND
 
 __all__ = ["COMMANDS", "TRAIN_RECIPES"]
@@ -26,5 +29,7 @@ __all__ = ["COMMANDS", "TRAIN_RECIPES"]
 TRAIN_RECIPES = by_name([toy.RECIPE, gsm8k.RECIPE, smollm2.RECIPE])
 """`rlpure train NAME` → its `TrainRecipe`."""
 
-COMMANDS = by_name([demo.COMMAND, tools.COMMAND, COST_COMMAND, REPORT_COMMAND, SERVE_COMMAND])
+COMMANDS = by_name(
+    [demo.COMMAND, tools.COMMAND, COST_COMMAND, REPORT_COMMAND, SERVE_COMMAND, RUN_CODE_COMMAND]
+)
 """`rlpure NAME` → its `Command` (besides `train`)."""

@@ -6,7 +6,9 @@ The protocol and records (`SandboxInterface`, `SandboxResult`, `SandboxTerminate
 docstring lists what is and is not enforced). The cookbook's remote backends (`_remote`):
 `SandboxBackend`, `SandboxFusionClient` (an HTTP client of a SandboxFusion server, a docker
 container rlpure does not run) and `ModalSandbox` / `ModalSandboxPool` (Modal is not integrated:
-they raise `ConfigError` when built).
+they raise `ConfigError` when built). And `_run_code`: SandboxFusion's `POST /run_code` served
+on loopback over `LocalSandbox` (`rlpure sandbox-serve`, `running_run_code_server`), so a
+grader written for SandboxFusion runs code here without docker.
 """
 
 from shell.sandboxes._interface import (
@@ -28,14 +30,28 @@ from shell.sandboxes._remote import (
     SandboxBackend,
     SandboxFusionClient,
 )
+from shell.sandboxes._run_code import (
+    RUN_CODE_COMMAND,
+    CommandRunResult,
+    RunCodeRequest,
+    RunCodeResponse,
+    run_code,
+    run_code_app,
+    running_run_code_server,
+    serve_run_code,
+)
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "MODAL_UNAVAILABLE",
+    "RUN_CODE_COMMAND",
     "SANDBOXFUSION_START",
+    "CommandRunResult",
     "LocalSandbox",
     "ModalSandbox",
     "ModalSandboxPool",
+    "RunCodeRequest",
+    "RunCodeResponse",
     "SandboxBackend",
     "SandboxFusionClient",
     "SandboxInterface",
@@ -43,4 +59,8 @@ __all__ = [
     "SandboxResult",
     "SandboxTerminatedError",
     "network_namespaces_available",
+    "run_code",
+    "run_code_app",
+    "running_run_code_server",
+    "serve_run_code",
 ]
