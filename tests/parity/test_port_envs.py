@@ -149,6 +149,15 @@ def test_preference_envs_port_and_train_with_a_scripted_judge(tmp_path: Path) ->
     assert all("env/all/win_minus_loss" in row for row in rows)
 
 
+_CONFIG_EXTENSIONS = {
+    "mismatch_correction": None,
+    "kl_penalty_estimator": "k1",
+    "overlong": None,
+    "dynamic_sampling": None,
+}
+"""rlpure's extensions of `Config` (issue 30), after the cookbook's fields, with their off value."""
+
+
 def test_config_has_the_cookbook_fields_required_fields_and_defaults() -> None:
     from tinker_cookbook.rl import train as cookbook_train
 
@@ -159,7 +168,10 @@ def test_config_has_the_cookbook_fields_required_fields_and_defaults() -> None:
         (train.StreamMinibatchConfig, cookbook_train.StreamMinibatchConfig),
     ]:
         mine, cookbook = chz.chz_fields(ours), chz.chz_fields(theirs)
-        assert list(mine) == list(cookbook), ours.__name__
+        extensions = _CONFIG_EXTENSIONS if ours is train.Config else {}
+        assert list(mine) == list(cookbook) + list(extensions), ours.__name__
+        for name, off in extensions.items():  # rlpure's own fields come last, default off
+            assert mine[name]._default == off, name
         for name in cookbook:
             assert repr(mine[name]._default) == repr(cookbook[name]._default), name
             factory, cookbook_factory = mine[name]._default_factory, cookbook[name]._default_factory

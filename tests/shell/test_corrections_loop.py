@@ -354,3 +354,37 @@ def test_the_defaults_are_off() -> None:
     config = TrainConfig()
     assert config.mismatch_correction is None and config.overlong is None
     assert config.dynamic_sampling is None and config.kl_penalty_estimator == "k1"
+
+
+# --- the cookbook-style Config's extensions -----------------------------------------------------
+
+
+def test_the_cookbook_config_extensions_default_off_and_map_onto_the_train_config(
+    tmp_path: Path,
+) -> None:
+    from shell.config import DynamicSamplingConfig, MismatchCorrectionConfig, OverlongConfig
+    from shell.cookbook.rl import train as cookbook_train
+    from tests.shell.test_rl_facade import _config as cookbook_config
+
+    plain = cookbook_train.to_train_config(cookbook_config(tmp_path), backend="fake")
+    assert plain.mismatch_correction is None and plain.overlong is None
+    assert plain.dynamic_sampling is None and plain.kl_penalty_estimator == "k1"
+    correction = MismatchCorrectionConfig(level="geometric", mode="truncate", cap=2.0)
+    overlong = OverlongConfig(max_length=8, buffer=2)
+    dynamic = DynamicSamplingConfig(groups_per_batch=2, max_sampling_rounds=3)
+    extended = cookbook_config(
+        tmp_path,
+        mismatch_correction=correction,
+        overlong=overlong,
+        dynamic_sampling=dynamic,
+        kl_penalty_coef=0.1,
+        kl_reference_config=cookbook_train.KLReferenceConfig(base_model="base/m"),
+        kl_penalty_estimator="k3",
+    )
+    mapped = cookbook_train.to_train_config(extended, backend="fake")
+    assert (mapped.mismatch_correction, mapped.overlong) == (correction, overlong)
+    assert (mapped.dynamic_sampling, mapped.kl_penalty_estimator) == (dynamic, "k3")
+    with pytest.raises(ConfigError, match="kl_penalty_estimator: only applies with kl_penalty"):
+        cookbook_train.to_train_config(
+            cookbook_config(tmp_path, kl_penalty_estimator="k2"), backend="fake"
+        )

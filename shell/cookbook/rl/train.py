@@ -44,6 +44,11 @@ and `wandb_name` log to W&B as the cookbook's `WandbLogger`
 and the dataset builder's class are recorded as recipe options, so a resume with another recipe
 or builder class is refused.
 
+Extensions (rlpure's, issue 30; absent from the cookbook and off by default, so defaults stay
+the cookbook's): `mismatch_correction`, `kl_penalty_estimator`, `overlong` and
+`dynamic_sampling` take `shell.config`'s records and map onto the `TrainConfig` fields of the
+same names.
+
 Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
 None); `renderer_name` is accepted and not used (the renderer is the dataset builder's
 business); the TTLs are passed to the backend, which on the local one keeps every checkpoint
@@ -63,8 +68,14 @@ import tinker
 
 from shell.clients import ServiceClient, backend_of
 from shell.config import AsyncConfig as TrainAsyncConfig
+from shell.config import (
+    DynamicSamplingConfig,
+    MismatchCorrectionConfig,
+    OverlongConfig,
+    TerminationConfig,
+    TrainConfig,
+)
 from shell.config import StreamMinibatchConfig as TrainStreamMinibatchConfig
-from shell.config import TerminationConfig, TrainConfig
 from shell.cookbook.rl.types import RLDatasetBuilder
 from shell.errors import ConfigError
 from shell.evaluation import SamplingClientEvaluatorBuilder
@@ -213,6 +224,13 @@ class Config:
     num_epochs: int = 1
     max_steps: int | None = None
 
+    # rlpure's extensions (issue 30), not the cookbook's: off by default, so a cookbook
+    # recipe's Config trains as the cookbook's (see `shell.config.FIELD_HELP` for each)
+    mismatch_correction: MismatchCorrectionConfig | None = None
+    kl_penalty_estimator: Literal["k1", "k2", "k3"] = "k1"
+    overlong: OverlongConfig | None = None
+    dynamic_sampling: DynamicSamplingConfig | None = None
+
     def training_loss_fn(self) -> LossFnType:
         """The loss this run trains with: `async_config.loss_fn` for async runs, else
         `loss_fn`."""
@@ -322,6 +340,10 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
                 loss_fn=config.async_config.loss_fn,  # type: ignore[arg-type]
             )
         ),
+        "kl_penalty_estimator": config.kl_penalty_estimator,
+        "mismatch_correction": config.mismatch_correction,
+        "overlong": config.overlong,
+        "dynamic_sampling": config.dynamic_sampling,
         "wandb_project": config.wandb_project,
         # the cookbook names a W&B run only with a project (else wandb_name names the session)
         "wandb_name": config.wandb_name if config.wandb_project else None,
