@@ -20,7 +20,10 @@ Per step `i` (the cookbook's `do_sync_training`, as a library function recipes c
    as in the cookbook) → advantages (`rlpure.advantages`, configurable
    estimator) → one padded batch (`rlpure.packing.assemble_batch`) → loss aggregation →
    optional KL shaping against a reference sampler's `compute_logprobs` (`rlpure.kl`) →
-   `tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input);
+   `tinker.Datum`s (`shell.datums`, no `mask`: it is not a Tinker loss input); issue 30's
+   options, off by default (overlong shaping, the KL estimator, the mismatch correction,
+   `shell.training._corrections`; dynamic sampling, `shell.training._dynamic_sampling`), fit in
+   these stages;
 4. `forward_backward(datums, loss_fn, loss_fn_config)` + `optim_step(AdamParams)` for each of
    `num_substeps` contiguous slices — **all submitted first, then awaited**, SDK 0.38 style
    (each call returns an `APIFuture` at once; the service orders them by request id) — no retry

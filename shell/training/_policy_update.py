@@ -28,7 +28,8 @@ Conventions:
   (`post_update_kl_metrics`), in that order.
 - Timing: the phases are timed into the current step timer (`shell.timing.span`, a
   no-op outside one) under the cookbook's span names: `prepare_minibatch` (with
-  `assemble_training_data` and `kl_vs_base`), `train_step` (with, per substep `k`,
+  `assemble_training_data`, `kl_vs_base` and, with `mismatch_correction`, our
+  `compute_trainer_logprobs`), `train_step` (with, per substep `k`,
   `train/fwd_bwd_substep_{k}_mb_0_enqueue|consume` and `train/optim_substep_{k}_enqueue|consume`,
   the names of the cookbook's streaming step; its sync `train_step` times no call),
   `compute_full_batch_metrics_and_get_sampling_client` (with `compute_kl_sample_train`,

@@ -388,3 +388,19 @@ def test_the_cookbook_config_extensions_default_off_and_map_onto_the_train_confi
         cookbook_train.to_train_config(
             cookbook_config(tmp_path, kl_penalty_estimator="k2"), backend="fake"
         )
+
+
+def test_the_local_backend_agrees_with_its_own_sampler(tmp_path: Path) -> None:
+    """On the local backend the trainer's `forward` scores the sampled tokens as its sampler
+    did (same weights, temperature 1), to float32 rounding: nothing is masked."""
+    from tests.local.micro import MICRO_NAME, micro_service
+
+    correction = {"level": "token", "mode": "mask", "cap": 1.001}
+    config = _config(
+        tmp_path, backend="local", base_model=MICRO_NAME, mismatch_correction=correction
+    )
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=1, groups_per_batch=2)
+    asyncio.run(train(config, dataset=dataset, service_client=micro_service(tmp_path)))
+    (row,) = _step_rows(tmp_path)
+    assert row["mismatch/rollout_is_masked_fraction"] == 0.0
+    assert row["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
