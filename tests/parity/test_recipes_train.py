@@ -46,7 +46,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GSM8K_DIR
 from tests.parity.porting import require_cookbook
 from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env, run_ported_main
 
@@ -59,6 +58,7 @@ from tests.parity.tiny_chat_model import write_tiny_chat_llama  # noqa: E402
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, running_server  # noqa: E402
 
+GSM8K_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 LORA_RANK = 4
 STEPS = 2
 
