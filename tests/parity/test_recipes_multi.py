@@ -12,30 +12,45 @@ model, sizes and paths, and the `Config` its own code builds trains through the 
   are the only things set after `build_config`: the recipe's CLI has neither).
 - `multiplayer_rl/text_arena`: tic-tac-toe from `textarena` (0.7.4), self-play in training and
   the cookbook's own random opponent (`test_opponent=random`) in the evaluation.
-- `code_rl`: see `test_code_rl_trains_with_a_local_run_code_server`.
+- `code_rl`: the recipe's own async `cli_main` (its CLI has `base_url`: the policy trains on
+  `rlpure serve`), its grader's SandboxFusion client talking to `rlpure sandbox-serve`
+  (`SANDBOX_URL`), which runs each test in a `LocalSandbox`; the DeepCoder data is a local
+  folder with the hub dataset's name and columns, read by `datasets`' JSON loader. The policy
+  is a one-layer random Llama whose tokenizer has ChatML's special tokens, for a tool-calling
+  renderer (`qwen3_disable_thinking`). It never writes code, so the recipe's grader is also run
+  on known answers (right, wrong, none, call-based, endless) in the same event loop.
 
-Speed (2 CPU cores, JAX's compilation cache warm): the player is a micro model (one layer,
-width 16, with the byte tokenizer's 2048-token context) that compiles in seconds; the answerer
-runs `rlpure/tiny` on the server.
+Speed (2 CPU cores, JAX's compilation cache warm, idle machine): twenty questions ~55 s, text
+arena ~15 s, code_rl ~50 s; most of it compiling. The in-process player is a micro model (one
+layer, width 16, the byte tokenizer's 2048-token context); the answerer runs `rlpure/tiny`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import chz
+import datasets
+import httpx
 import pytest
+from safetensors.numpy import save_file
+from transformers import AutoTokenizer
 
-from rlpure.model import VOCAB_SIZE, ModelConfig
+from rlpure.model import VOCAB_SIZE, ByteTokenizer, ModelConfig
 from shell.cookbook.rl import train
 from shell.local import LocalServiceClient
+from shell.local._tokenizer_dirs import write_tokenizer_dir
 from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
-from tests.serve.server import running_server, sdk_env
+from tests.parity.tiny_hf_model import TINY_LLAMA_CONFIG, random_weights
+from tests.serve.server import RLPURE, Server, free_port, running_server, sdk_env
 
 require_cookbook()
 
@@ -93,6 +108,14 @@ def _checkpoints(log_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def _point_at(monkeypatch: pytest.MonkeyPatch, server: Server) -> None:
+    """The SDK's environment for `server` (URL, a `tml-` key, no telemetry), Hugging Face offline."""
+    for name, value in sdk_env(server).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
 def test_twenty_questions_trains_with_the_answerer_on_rlpure_serve(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,8 +129,7 @@ def test_twenty_questions_trains_with_the_answerer_on_rlpure_serve(
     config = module.build_config(cli)
     assert isinstance(config, train.Config) and config.log_path == str(log_path)
     with running_server(tmp_path / "state", "-v") as server:
-        for name, value in sdk_env(server).items():
-            monkeypatch.setenv(name, value)
+        _point_at(monkeypatch, server)
         builder = chz.replace(
             config.dataset_builder, base_url=server.url, answerer_base_model=ANSWERER
         )
@@ -158,4 +180,204 @@ def test_text_arena_tictactoe_trains_by_self_play(tmp_path: Path) -> None:
         assert -2.0 <= row["test/env/all/reward/total"] <= 1.0, row
     assert final_eval["final_eval"] == 1 and final_eval["step"] == 2, final_eval
     saved = _checkpoints(log_path)
-    assert [(c["name"], c["batch"]) for c in saved] == [("000001", 1), ("000002", 2), ("final", 2)]
+    # no periodic save on the last batch, the final one holds its weights (a documented
+    # difference: the cookbook also writes 000002 there)
+    assert [(c["name"], c["batch"]) for c in saved] == [("000001", 1), ("final", 2)]
+    assert all(Path(c["state_path"]).is_dir() for c in saved), saved  # the local backend's
+
+
+# --- code_rl -------------------------------------------------------------------------------------
+
+DEEPCODER = "agentica-org/DeepCoder-Preview-Dataset"
+CODE_RENDERER = "qwen3_disable_thinking"
+"""A tool-calling renderer (the recipe's env declares its `check_solution` tool in the prompt);
+`role_colon` has no tool-call format, here as in the cookbook."""
+SUM_TESTS = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin_stdout", "metadata": {}}]
+TOTAL_TESTS = [
+    {
+        "input": "[1, 2, 3]",
+        "output": "6",
+        "testtype": "functional",
+        "metadata": {"func_name": "total"},
+    }
+]
+DEEPCODER_ROWS: dict[str, dict[str, Any]] = {
+    "primeintellect": {"problem": "Read two integers and print their sum.", "tests": SUM_TESTS},
+    "taco": {
+        "problem": "Read n and print n squared.",
+        "tests": {"inputs": ["3\n"], "outputs": ["9\n"]},
+    },
+    "lcbv5": {
+        "problem": "Return the sum of the list.",
+        "tests": TOTAL_TESTS,
+        "starter_code": "class Solution:\n    def total(self, nums: List[int]) -> int:\n        ",
+    },
+    "codeforces": {"problem": "Read two integers and print their sum.", "tests": SUM_TESTS},
+}
+"""One problem per DeepCoder subset, in its columns (`tests` and `metadata` are JSON strings):
+stdin tests, TACO's `inputs`/`outputs` form, and a call-based test with starter code."""
+DEEPCODER_SPLITS = {
+    "primeintellect": ("train",),
+    "taco": ("train",),
+    "lcbv5": ("train", "test"),
+    "codeforces": ("test",),
+}
+"""The subsets and splits the recipe loads (`code_env._load_deepcoder_split`)."""
+
+
+def write_deepcoder_folder(root: Path) -> Path:
+    """A local dataset folder named like the hub's DeepCoder, read by `datasets`' JSON loader.
+
+    `load_dataset("agentica-org/DeepCoder-Preview-Dataset", name=..., split=...)` in a working
+    directory holding `root / DEEPCODER` loads that folder: its README's `configs` name the
+    subsets and their JSON-lines files, so the recipe's loader runs unchanged, offline.
+    """
+    folder = root / DEEPCODER
+    lines = ["---", "configs:"]
+    for name, splits in DEEPCODER_SPLITS.items():
+        row = DEEPCODER_ROWS[name]
+        record = {
+            "problem": row["problem"],
+            "tests": json.dumps(row["tests"]),
+            "starter_code": row.get("starter_code", ""),
+            "metadata": "{}",
+        }
+        lines += [f"- config_name: {name}", "  data_files:"]
+        for split in splits:
+            lines += [f"  - split: {split}", f"    path: {name}/{split}.jsonl"]
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            (folder / name / f"{split}.jsonl").write_text(json.dumps(record) + "\n")
+    (folder / "README.md").write_text("\n".join([*lines, "---", ""]))
+    return folder
+
+
+def write_tiny_chatml_llama(directory: Path) -> Path:
+    """`tiny_hf_model`'s random one-layer Llama with the byte tokenizer plus `<|im_start|>` and
+    `<|im_end|>` as special tokens (ids 259 and 260), so the qwen3 renderers work with it."""
+    directory = write_tokenizer_dir(ByteTokenizer(), directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.save_pretrained(directory)
+    config = {**TINY_LLAMA_CONFIG, "vocab_size": len(tokenizer)}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = random_weights(config, seed=0)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory.resolve()
+
+
+@contextlib.contextmanager
+def running_sandbox_serve(log: Path) -> Iterator[str]:
+    """`rlpure sandbox-serve` on a free loopback port (its own process: `LocalSandbox` forks,
+    which a process running JAX's threads should not); yields its `run_code` URL."""
+    url = f"http://127.0.0.1:{free_port()}/run_code"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [RLPURE, "sandbox-serve", "--port", url.rsplit(":", 1)[1].split("/")[0]],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.post(url, json={"code": "pass"}, timeout=10).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+SUM_SOLUTION = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+async def _grade_with_the_recipes_grader() -> dict[str, Any]:
+    """The recipe's own reward and test runner on known answers, through SandboxFusion's client."""
+    tool = _recipe("code_rl/deepcoder_tool.py")
+    grading = _recipe("code_rl/code_grading.py")
+    task = tool.DeepcoderTask(problem=DEEPCODER_ROWS["primeintellect"]["problem"], tests=SUM_TESTS)
+    reward = tool.DeepcoderReward(task=task)  # the SandboxFusion backend, as the recipe's default
+
+    def said(text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": task.problem}, {"role": "assistant", "content": text}]
+
+    wrong = SUM_SOLUTION.replace("a + b", "a - b")
+    functional = (
+        "```python\nclass Solution:\n    def total(self, nums):\n        return sum(nums)\n```"
+    )
+    return {
+        "right": await reward(said(SUM_SOLUTION)),
+        "wrong": await reward(said(wrong)),
+        "no code": await reward(said("I would add them.")),
+        "functional": await grading.sandbox_check_correctness(
+            TOTAL_TESTS, grading.extract_code_from_model(functional)
+        ),
+        "endless": await grading.sandbox_check_correctness(
+            SUM_TESTS, "while True: pass", timeout=1
+        ),
+    }
+
+
+def test_code_rl_trains_with_a_local_run_code_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`code_rl/train.py`'s own `cli_main` against `rlpure serve` (its `base_url`), its grader
+    against `rlpure sandbox-serve`'s `run_code` (`SANDBOX_URL`), on DeepCoder-shaped data.
+
+    DeepCoder itself is on the hub only, so the data is a local folder of the same name and
+    columns (`write_deepcoder_folder`). The random policy writes no code, so the training step's
+    reward is the format penalty; the grader's own classes are then checked on known answers in
+    the same event loop (the recipe keeps one SandboxFusion client per process).
+    """
+    module = _recipe("code_rl/train.py")
+    monkeypatch.chdir(tmp_path)  # the dataset's and the model's names are folders here
+    write_deepcoder_folder(tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    model = str(write_tiny_chatml_llama(tmp_path / "tiny-chatml"))
+    log_path = tmp_path / "run"
+    with (
+        running_sandbox_serve(tmp_path / "sandbox-serve.log") as sandbox_url,
+        running_server(tmp_path / "state", "-v") as server,
+    ):
+        _point_at(monkeypatch, server)
+        monkeypatch.setenv("SANDBOX_URL", sandbox_url)
+        cli = chz.entrypoint(
+            module.CLIConfig,
+            argv=[
+                f"model_name={model}",
+                f"renderer_name={CODE_RENDERER}",
+                f"log_path={log_path}",
+                f"base_url={server.url}",
+                "lora_rank=4",
+                "group_size=2",
+                "groups_per_batch=1",
+                "max_tokens=16",
+                "eval_every=0",
+                "max_steps=1",
+            ],
+        )
+
+        async def train_then_grade() -> dict[str, Any]:
+            await module.cli_main(cli)
+            return await _grade_with_the_recipes_grader()
+
+        graded = asyncio.run(train_then_grade())
+
+    (row,) = _step_rows(log_path)
+    assert row["step"] == 0 and row["env/all/total_episodes"] == 2, row
+    # an answer cut at max_tokens ends the episode with the env's context_overflow_reward
+    # (-0.1) and no grading, as in the cookbook; a graded one gets 0.1 * (has code - 1) + passed
+    assert -0.1 - 1e-6 <= row["env/all/reward/total"] <= 1.0, row
+    assert row.get("env/all/max_tokens_reached") == 1.0 or "env/all/format" in row, row
+    (final,) = _checkpoints(log_path)
+    assert final["name"] == "final" and final["state_path"].startswith("tinker://")
+    assert graded["right"] == (1.0, {"format": 1.0, "correct": 1.0}), graded
+    assert graded["wrong"] == (0.0, {"format": 1.0, "correct": 0.0}), graded
+    assert graded["no code"] == (pytest.approx(-0.1), {"format": 0.0, "correct": 0.0}), graded
+    passed, details = graded["functional"]
+    assert passed and details["run_result"]["status"] == "Finished", details
+    passed, details = graded["endless"]
+    assert not passed and details["status"] == "Failed", details
