@@ -315,8 +315,12 @@ def test_guess_number_trains(
 
 
 def _content(action: str) -> str:
-    """A sampled `role_colon` reply as the renderer reads it: its stop sequence or EOS cut."""
-    return action.removesuffix("<|eos|>").removesuffix("\n\nUser:")
+    """A sampled `role_colon` reply (as `samples.jsonl` spells it) as its `parse_response` reads
+    it: a trailing EOS dropped, the text before the stop sequence `"\\n\\nUser:"` without the
+    rendered leading space, and without a stop sequence also without the trailing blank line."""
+    content, stop, _ = action.removesuffix("<|eos|>").partition("\n\nUser:")
+    content = content.removeprefix(" ")
+    return content if stop else content.removesuffix("\n\n")
 
 
 def test_preference_shorter_trains_with_its_length_judge(
