@@ -10,6 +10,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
   adapters.
 - `_layers`: the transformer's norms, RoPE (`rope_inv_freq`), linear maps, attention, MLPs,
   embedding and unembedding.
+- `_prefix_forward`: `prefix_target_logprobs_fn`, training logprobs of datums packed as
+  prefix tries (`PrefixRows`, `prefix_attention_mask`): each shared prefix computed once.
 - `_lora_kernels`: the LoRA terms' hand-written VJPs (unmerged `(x A) B`, the merged
   unembedding).
 - `_lora`: `LoraConfig` (Tinker's `rank`, `train_attn`, `train_mlp`, `train_unembed`; scale
@@ -48,6 +50,11 @@ from rlpure.model._optimizer import (
     apply_adam_update,
     init_optimizer_state,
 )
+from rlpure.model._prefix_forward import (
+    PrefixRows,
+    prefix_attention_mask,
+    prefix_target_logprobs_fn,
+)
 from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens, stop_string_end
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
@@ -83,6 +90,7 @@ __all__ = [
     "ModelConfig",
     "Params",
     "PrefillOutput",
+    "PrefixRows",
     "RopeScaling",
     "SampleBatch",
     "SampleOutput",
@@ -101,6 +109,8 @@ __all__ = [
     "merge_lora",
     "params_from_hf",
     "prefill",
+    "prefix_attention_mask",
+    "prefix_target_logprobs_fn",
     "rope_inv_freq",
     "sample_tokens",
     "stop_string_end",

@@ -5,6 +5,8 @@
   provenance spans): `trajectory_segments`, `ProvenanceSpan`, `DatumProvenance`.
 - `_assembly`: segments of a whole batch → `DatumBatch`, bucketed padded `[D, T]` arrays
   (`assemble_batch`), the boundary check `check_datum_batch` and `datum_arrays`.
+- `_prefix_tree`: datums sharing token prefixes packed as tries in pre-order, so a model
+  computes each shared prefix once (`pack_prefix_tree`, `group_prefix_rows`).
 
 Each part's docstring states its conventions (alignment, masks, padding).
 """
@@ -12,14 +14,26 @@ Each part's docstring states its conventions (alignment, masks, padding).
 from __future__ import annotations
 
 from rlpure.packing._assembly import DatumBatch, assemble_batch, check_datum_batch, datum_arrays
+from rlpure.packing._prefix_tree import (
+    PrefixTree,
+    common_prefix_length,
+    group_prefix_rows,
+    pack_prefix_tree,
+    prefix_tree_size,
+)
 from rlpure.packing._segments import DatumProvenance, ProvenanceSpan, trajectory_segments
 
 __all__ = [
     "DatumBatch",
     "DatumProvenance",
+    "PrefixTree",
     "ProvenanceSpan",
     "assemble_batch",
     "check_datum_batch",
+    "common_prefix_length",
     "datum_arrays",
+    "group_prefix_rows",
+    "pack_prefix_tree",
+    "prefix_tree_size",
     "trajectory_segments",
 ]

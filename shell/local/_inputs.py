@@ -9,7 +9,11 @@ Conventions:
 - `check_data` validates a `forward_backward` batch; `plan_chunks` splits it into jitted calls
   (longest datums first, each chunk padded to its own length bucket and a power-of-two row
   count within the memory budget); `group_chunks` gathers consecutive chunks of one shape for
-  one call to loop over; `pack_rows` packs one chunk. Tinker's shifted alignment is
+  one call to loop over; `pack_rows` packs one chunk. `plan_prefix_chunks` and
+  `pack_prefix_chunk` are the prefix-shared route: when the datums' token tries
+  (`rlpure.packing.pack_prefix_tree`) hold at most `PREFIX_SHARING_FRACTION` of their tokens,
+  each chunk is a few packed trie rows (`rlpure.model.PrefixRows`) plus the datums' usual
+  `[D, T]` loss inputs. Tinker's shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
   `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
   to `[D, T]`: `D` a power of two, `T` a `length_bucket` (16, then two sizes per doubling), so
@@ -31,10 +35,15 @@ from tinker import types
 from rlpure import model as model_lib
 from rlpure.buckets import bucket_size
 from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES
+from rlpure.packing import group_prefix_rows, pack_prefix_tree, prefix_tree_size
 
 __all__ = [
+    "PREFIX_ROW_WIDTH",
+    "PREFIX_SHARING_FRACTION",
     "CheckedData",
     "PackedData",
+    "PrefixChunk",
+    "PrefixPlan",
     "TrainChunk",
     "check_data",
     "check_token_range",
@@ -42,8 +51,10 @@ __all__ = [
     "length_bucket",
     "loss_config_key",
     "model_input_tokens",
+    "pack_prefix_chunk",
     "pack_rows",
     "plan_chunks",
+    "plan_prefix_chunks",
     "row_bucket",
     "to_float",
 ]
@@ -114,7 +125,8 @@ class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """Some `tinker.Datum`s packed to bucketed `[D, T]` arrays (host-side numpy).
 
     Row `r < len(length_D)` holds datum `index_D[r]` of the call; the rows after are padding
-    (`valid_D_T` 0).
+    (`valid_D_T` 0). `prefix` is set on the prefix-shared route: the datums' tokens packed as
+    trie rows, the model input in place of `input_D_T`.
     """
 
     input_D_T: np.ndarray
@@ -122,6 +134,12 @@ class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     valid_D_T: np.ndarray
     length_D: np.ndarray
     index_D: np.ndarray
+    prefix: model_lib.PrefixRows | None = None
+
+    @property
+    def model_input(self) -> np.ndarray | model_lib.PrefixRows:
+        """What the model reads: `prefix` when set, else `input_D_T`."""
+        return self.input_D_T if self.prefix is None else self.prefix
 
 
 class TrainChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -306,6 +324,122 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
         length_D=length_D,
         index_D=np.asarray(chunk.index_D, np.int64),
     )
+
+
+# The prefix-shared route runs when the datums' tries hold at most this fraction of their
+# tokens (below, the longer rows' attention and the gather buy too little).
+PREFIX_SHARING_FRACTION = 0.8
+# Most trie nodes a packed row takes (or the longest datum's length, if longer): a GRPO group of
+# a 128-token prompt and 8 completions of 32 tokens fits one row; attention costs each query
+# the whole row, so rows stay short.
+PREFIX_ROW_WIDTH = 512
+
+
+class PrefixChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One jitted training call on the prefix-shared route: packed trie rows of datums."""
+
+    rows_R: tuple[tuple[int, ...], ...]
+    """Each packed row's datums (indices into the call's data)."""
+
+    @property
+    def index_D(self) -> tuple[int, ...]:
+        """The chunk's datums, row after row."""
+        return tuple(d for row in self.rows_R for d in row)
+
+
+class PrefixPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """A call's prefix-shared chunks, all padded to one shape (so one call loops over them)."""
+
+    chunks: tuple[PrefixChunk, ...]
+    rows: int
+    """Packed rows per chunk (a power of two)."""
+    width: int
+    """Padded row width (`length_bucket` of the largest row's node count)."""
+    datums: int
+    """Datum rows per chunk (a power of two, at least 8)."""
+    length: int
+    """Padded datum length (`length_bucket` of the longest datum)."""
+    nodes: int
+    """Trie nodes over all rows: the positions the model computes."""
+
+
+def plan_prefix_chunks(
+    tokens_D: tuple[np.ndarray, ...],
+    *,
+    rows_for_width: Callable[[int], int],
+    max_fraction: float = PREFIX_SHARING_FRACTION,
+    row_width: int = PREFIX_ROW_WIDTH,
+) -> PrefixPlan | None:
+    """Plans the prefix-shared route for datums `tokens_D`, or None when it saves too little.
+
+    The datums are cut into trie rows of at most `max(row_width, longest datum)` nodes
+    (`rlpure.packing.group_prefix_rows`, shared prefixes as neighbours); consecutive rows form
+    chunks of `rows_for_width(width)` rows (the memory budget at that width). None when the
+    rows hold more than `max_fraction` of the datums' tokens.
+
+    Examples:
+        >>> prompt = np.arange(100)
+        >>> data = tuple(np.concatenate([prompt, [200 + g] * 10]) for g in range(8))
+        >>> plan = plan_prefix_chunks(data, rows_for_width=lambda w: 4)
+        >>> plan.nodes, plan.rows, plan.width, plan.datums, plan.length
+        (180, 1, 192, 8, 128)
+        >>> plan_prefix_chunks(data[:1], rows_for_width=lambda w: 4) is None
+        True
+    """
+    total = sum(t.size for t in tokens_D)
+    longest = max(t.size for t in tokens_D)
+    if prefix_tree_size(tokens_D) > max_fraction * total:
+        return None
+    rows = group_prefix_rows(tokens_D, max_width=max(row_width, longest))
+    sizes = [prefix_tree_size([tokens_D[d] for d in row]) for row in rows]
+    if sum(sizes) > max_fraction * total:
+        return None
+    width = length_bucket(max(sizes))
+    per_chunk = max(1, rows_for_width(width))
+    chunks = tuple(
+        PrefixChunk(rows_R=tuple(rows[start : start + per_chunk]))
+        for start in range(0, len(rows), per_chunk)
+    )
+    return PrefixPlan(
+        chunks=chunks,
+        rows=min(per_chunk, row_bucket(len(rows), minimum=1)),
+        width=width,
+        datums=row_bucket(max(len(c.index_D) for c in chunks)),
+        length=length_bucket(longest),
+        nodes=sum(sizes),
+    )
+
+
+def pack_prefix_chunk(checked: CheckedData, plan: PrefixPlan, chunk: PrefixChunk) -> PackedData:
+    """Packs `chunk`'s datums as trie rows `[plan.rows, plan.width]` (`PackedData.prefix`) and
+    their loss inputs right-padded to `[plan.datums, plan.length]`, as `pack_rows` does.
+
+    `prefix.gather_D_T[d, t]` is the flat index `r · width + i` of datum row `d`'s node at
+    position `t` (0 on padding); padded row slots hold token 0 at position 0 reading only
+    themselves (`end = i + 1`).
+    """
+    n_r, n_w = plan.rows, plan.width
+    tokens_R_W = np.zeros((n_r, n_w), np.int32)
+    positions_R_W = np.zeros((n_r, n_w), np.int32)
+    end_R_W = np.broadcast_to(np.arange(1, n_w + 1, dtype=np.int32), (n_r, n_w)).copy()
+    gather_D_T = np.zeros((plan.datums, plan.length), np.int32)
+    packed = pack_rows(
+        checked, TrainChunk(index_D=chunk.index_D, rows=plan.datums, width=plan.length)
+    )
+    row_d = 0
+    for r, datums in enumerate(chunk.rows_R):
+        tree = pack_prefix_tree([checked.tokens_D[d] for d in datums])
+        n = tree.tokens_N.size
+        tokens_R_W[r, :n] = tree.tokens_N
+        positions_R_W[r, :n] = tree.position_N
+        end_R_W[r, :n] = tree.end_N
+        for columns in tree.column_D:
+            gather_D_T[row_d, : columns.size] = r * n_w + columns
+            row_d += 1
+    prefix = model_lib.PrefixRows(
+        tokens_R_W=tokens_R_W, positions_R_W=positions_R_W, end_R_W=end_R_W, gather_D_T=gather_D_T
+    )
+    return msgspec.structs.replace(packed, prefix=prefix)
 
 
 def loss_config_key(loss_fn_config: Mapping[str, Any] | None) -> tuple[tuple[str, float], ...]:

@@ -16,6 +16,11 @@ Conventions:
   memory bound) padded to its own length bucket, so short datums never pay a long one's
   quadratic attention and no call runs on padding rows alone. Their gradients add up and their
   metrics merge by suffix, so chunking does not change the result beyond float rounding.
+- Datums of one call that share token prefixes (a GRPO group's prompt, a multi-turn episode's
+  history) take the prefix-shared route when it saves enough (`plan_prefix_chunks`): each
+  chunk packs the datums' token tries as rows, the model computes each shared prefix once and
+  every datum gathers its logprobs back, so losses, logprobs and gradients equal the unshared
+  route's up to float rounding. The `Datum`s and outputs are the same either way.
 - Weights are an immutable pytree, replaced (never mutated) by `optim_step` and the loads, so a
   sampling client's snapshot never changes under it.
 - The optimizer step count is part of the client's state and of its checkpoints: sampling
@@ -43,12 +48,16 @@ from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._inputs import (
+    PREFIX_SHARING_FRACTION,
+    CheckedData,
     PackedData,
     check_data,
     group_chunks,
     loss_config_key,
+    pack_prefix_chunk,
     pack_rows,
     plan_chunks,
+    plan_prefix_chunks,
     to_float,
 )
 from shell.local._runtime import LoadedModel, LocalRuntime
@@ -76,6 +85,15 @@ def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
     out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
     out_X[: len(arrays)] = arrays
     return out_X
+
+
+def _stacked_model_inputs(packs: list[PackedData]) -> np.ndarray | model_lib.PrefixRows:
+    """The chunks' model inputs (tokens or prefix rows) stacked as `_stacked` does."""
+    first = packs[0].prefix
+    if first is None:
+        return _stacked([packed.input_D_T for packed in packs])
+    fields = [[getattr(packed.prefix, name) for packed in packs] for name in first._fields]
+    return model_lib.PrefixRows(*(_stacked(arrays) for arrays in fields))
 
 
 class LocalTrainingClient:
@@ -120,6 +138,9 @@ class LocalTrainingClient:
         self._optim_steps = optim_steps  # checkpointed: keys the sampling streams
         self._run_metadata = dict(run_metadata or {})
         self._samplers_this_step = 0
+        self.prefix_sharing_fraction = PREFIX_SHARING_FRACTION
+        """`forward`/`forward_backward` take the prefix-shared route when the datums' tries hold
+        at most this fraction of their tokens (same results either way): 0 never, 1 always."""
 
     @property
     def params(self) -> model_lib.Params:
@@ -228,16 +249,10 @@ class LocalTrainingClient:
     ) -> types.ForwardBackwardOutput:
         checked = check_data(data, loss_fn, self._config)
         loss_config = loss_config_key(loss_fn_config)
-        chunks = plan_chunks(
-            checked.length_D,
-            rows_for_width=lambda width: self._runtime.training_rows(self._config, width),
-        )
         grads = self._grads
         lp_D: list[np.ndarray] = [np.empty(0, np.float32)] * len(checked.tokens_D)
         metric_chunks = []
-        per_call = 1 if self._lora is None else CHUNKS_PER_CALL
-        for group in group_chunks(chunks, limit=per_call):
-            packs = [pack_rows(checked, chunk) for chunk in group]
+        for packs in self._packed_groups(checked):
             if backward and grads is None:
                 grads = zeros_like_tree(self._params)
             if self._lora is None:
@@ -263,6 +278,29 @@ class LocalTrainingClient:
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics=metrics
         )
 
+    def _packed_groups(self, checked: CheckedData) -> list[list[PackedData]]:
+        """The call's chunks, packed, in groups one jitted call runs (one chunk for a toy model,
+        up to `CHUNKS_PER_CALL` of one shape with LoRA): the prefix-shared route's when
+        `plan_prefix_chunks` finds it worth it (`prefix_sharing_fraction`), else `plan_chunks`'."""
+        per_call = 1 if self._lora is None else CHUNKS_PER_CALL
+
+        def rows_for_width(width: int) -> int:
+            return self._runtime.training_rows(self._config, width)
+
+        plan = plan_prefix_chunks(
+            checked.tokens_D,
+            rows_for_width=rows_for_width,
+            max_fraction=self.prefix_sharing_fraction,
+        )
+        if plan is not None:
+            packs = [pack_prefix_chunk(checked, plan, chunk) for chunk in plan.chunks]
+            return [packs[start : start + per_call] for start in range(0, len(packs), per_call)]
+        chunks = plan_chunks(checked.length_D, rows_for_width=rows_for_width)
+        return [
+            [pack_rows(checked, chunk) for chunk in group]
+            for group in group_chunks(chunks, limit=per_call)
+        ]
+
     def _lora_backward_call(
         self,
         packs: list[PackedData],
@@ -278,7 +316,7 @@ class LocalTrainingClient:
         outs_X, grads = lora_loss_and_grad(
             self._params,
             base,
-            _stacked([packed.input_D_T for packed in packs]),
+            _stacked_model_inputs(packs),
             {key: _stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
             _stacked([packed.valid_D_T for packed in packs]),
             np.int32(len(packs)),
@@ -310,7 +348,7 @@ class LocalTrainingClient:
         lp_X_D_T = lora_logprobs(
             self._params,
             base,
-            _stacked([packed.input_D_T for packed in packs]),
+            _stacked_model_inputs(packs),
             _stacked([packed.inputs["target_tokens"] for packed in packs]),
             np.int32(len(packs)),
             config=self._config,
@@ -342,7 +380,7 @@ class LocalTrainingClient:
         chunk's gradient when `backward`: the three jitted stages of `shell.local._train_steps`
         (a LoRA model runs `_lora_backward_call` or `_lora_forward_call`)."""
         lp_D_T, vjp = model_forward_vjp(
-            self._params, packed.input_D_T, packed.inputs["target_tokens"], config=self._config
+            self._params, packed.model_input, packed.inputs["target_tokens"], config=self._config
         )
         out, dlp_D_T = loss_and_logprob_grad(
             lp_D_T,

@@ -1,0 +1,362 @@
+"""Prefix-shared `forward` and `forward_backward` equal the unshared computation.
+
+The datums of a call that share token prefixes are packed as tries (`plan_prefix_chunks`,
+`pack_prefix_chunk`) and run through `rlpure.model.prefix_target_logprobs_fn`. Here, on prefix
+trees with no sharing, full sharing, nested sharing and a datum that is a prefix of another (and
+random trees), the logprobs, losses and gradients of that route are compared with the unshared
+route's, at the model level (a llama-family toy with grouped-query attention, full weights and
+LoRA adapters) and through the training client (full fine-tuning of a toy model, LoRA on a
+tiny pretrained Llama). Tolerances are float32 reassociation: masked keys get weight exactly 0,
+only the order of the sums changes. A mask that drops a branch's attention to its prompt fails
+the comparison, and a new sharing pattern of the same padded shapes does not recompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import msgspec
+import numpy as np
+import pytest
+from tinker import types
+
+from rlpure import model as model_lib
+from rlpure.model import _prefix_forward
+from shell.local import LocalServiceClient, LocalTrainingClient
+from shell.local._inputs import (
+    CheckedData,
+    TrainChunk,
+    check_data,
+    pack_prefix_chunk,
+    pack_rows,
+    plan_prefix_chunks,
+)
+from shell.local._train_steps import lora_loss_and_grad, model_forward_vjp
+from tests.compile_count import count_compiles
+from tests.local.hf_fixtures import (
+    hf_config,
+    random_hf_tensors,
+    train_tokenizer,
+    write_hf_directory,
+)
+from tests.local.micro import MICRO_NAME, micro_service
+
+CONFIG = model_lib.ModelConfig(
+    vocab_size=61,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=48,
+    max_seq_len=128,
+    family="llama",
+    init_std=0.2,
+)
+LORA = model_lib.LoraConfig(rank=4)
+
+Case = Callable[[np.random.Generator], list[np.ndarray]]
+
+
+def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, 50, n).astype(np.int64)
+
+
+def _no_sharing(rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.concatenate([[50 + d], _tokens(rng, 3 + 2 * d)]) for d in range(4)]
+
+
+def _full_sharing(rng: np.random.Generator) -> list[np.ndarray]:
+    same = _tokens(rng, 9)
+    return [same.copy() for _ in range(4)]
+
+
+def _nested(rng: np.random.Generator) -> list[np.ndarray]:
+    system = _tokens(rng, 6)
+    out = []
+    for _ in range(2):
+        prompt = np.concatenate([system, _tokens(rng, 5)])
+        out += [np.concatenate([prompt, _tokens(rng, int(rng.integers(1, 6)))]) for _ in range(3)]
+    return out
+
+
+def _prefix_of_another(rng: np.random.Generator) -> list[np.ndarray]:
+    long = _tokens(rng, 14)
+    return [long[:8], long, long[:8].copy(), np.concatenate([long[:8], _tokens(rng, 3)])]
+
+
+def _random_tree(rng: np.random.Generator) -> list[np.ndarray]:
+    """2–7 sequences, each after the first extending a random prefix of an earlier one by 0–5
+    tokens (at least 1 when the prefix is empty)."""
+    out = [_tokens(rng, int(rng.integers(1, 10)))]
+    for _ in range(int(rng.integers(1, 7))):
+        base = out[int(rng.integers(len(out)))]
+        stem = base[: int(rng.integers(0, base.size + 1))]
+        out.append(
+            np.concatenate([stem, _tokens(rng, int(rng.integers(0 if stem.size else 1, 6)))])
+        )
+    return out
+
+
+CASES: dict[str, Case] = {
+    "no sharing": _no_sharing,
+    "full sharing": _full_sharing,
+    "nested": _nested,
+    "prefix of another": _prefix_of_another,
+    **{f"random tree {seed}": _random_tree for seed in range(4)},
+}
+
+
+def _checked(seqs: list[np.ndarray], rng: np.random.Generator) -> CheckedData:
+    inputs = [
+        {
+            "target_tokens": _tokens(rng, s.size),
+            "advantages": rng.normal(size=s.size).astype(np.float32),
+        }
+        for s in seqs
+    ]
+    return CheckedData(
+        tokens_D=tuple(seqs), inputs_D=tuple(inputs), keys=("advantages", "target_tokens")
+    )
+
+
+# Every case is padded to these shapes (rows, row width, datum rows, datum length), so the
+# model-level comparison compiles once per route and adapter setting.
+SHAPES = (8, 64, 8, 64)
+
+
+def _packs(seqs: list[np.ndarray], rng: np.random.Generator, row_width: int) -> tuple[Any, Any]:
+    """(the prefix-shared pack, the unshared pack of the same datums in the same order)."""
+    checked = _checked(seqs, rng)
+    plan = plan_prefix_chunks(
+        checked.tokens_D, rows_for_width=lambda width: 64, max_fraction=1.0, row_width=row_width
+    )
+    assert plan is not None and len(plan.chunks) == 1
+    rows, width, datums, length = SHAPES
+    assert plan.rows <= rows and plan.width <= width
+    assert plan.datums <= datums and plan.length <= length
+    plan = msgspec.structs.replace(plan, rows=rows, width=width, datums=datums, length=length)
+    chunk = plan.chunks[0]
+    shared = pack_prefix_chunk(checked, plan, chunk)
+    plain = pack_rows(checked, TrainChunk(index_D=chunk.index_D, rows=datums, width=length))
+    return shared, plain
+
+
+def _routes(
+    params: Any,
+    adapters: Any,
+    prefix: model_lib.PrefixRows,
+    input_D_T: jax.Array,
+    target_D_T: jax.Array,
+    weight_D_T: jax.Array,
+    valid_D_T: jax.Array,
+    *,
+    lora: bool,
+) -> dict[str, tuple[Any, Any]]:
+    """Logprobs (zero on padding) and the gradient of `Σ weight · lp` (of the full weights,
+    or of the adapters with `lora`) on the prefix-shared and the unshared route."""
+    lora_config = LORA if lora else None
+
+    def shared_lp(p: Any, a: Any) -> jax.Array:
+        return model_lib.prefix_target_logprobs_fn(p, prefix, target_D_T, CONFIG, a, lora_config)
+
+    def plain_lp(p: Any, a: Any) -> jax.Array:
+        return model_lib.target_logprobs_fn(p, input_D_T, target_D_T, CONFIG, a, lora_config)
+
+    out = {}
+    for name, fn in (("shared", shared_lp), ("plain", plain_lp)):
+        if lora:
+            lp_D_T, vjp = jax.vjp(lambda a, fn=fn: fn(params, a), adapters)
+        else:
+            lp_D_T, vjp = jax.vjp(lambda p, fn=fn: fn(p, adapters), params)
+        (grads,) = vjp(weight_D_T)
+        out[name] = (lp_D_T * valid_D_T, grads)
+    return out
+
+
+_routes_jit = jax.jit(_routes, static_argnames="lora")
+
+
+def _both_routes(
+    seqs: list[np.ndarray], seed: int, row_width: int, *, lora: bool, routes: Any = _routes_jit
+) -> dict[str, tuple[Any, Any]]:
+    """`_routes` on `seqs` packed both ways, with random weights (and adapters with `B ≠ 0`)."""
+    rng = np.random.default_rng(seed)
+    shared, plain = _packs(seqs, rng, row_width)
+    params = model_lib.init_params(jax.random.key(seed), CONFIG)
+    adapters = model_lib.init_lora(jax.random.key(seed + 1), CONFIG, LORA)
+    adapters = jax.tree_util.tree_map(
+        lambda a: a + 0.1 * jax.random.normal(jax.random.key(seed + 2), a.shape), adapters
+    )
+    weight_D_T = shared.inputs["advantages"] * shared.valid_D_T
+    out: dict[str, tuple[Any, Any]] = routes(
+        params,
+        adapters if lora else None,
+        shared.prefix,
+        plain.input_D_T,
+        plain.inputs["target_tokens"],
+        weight_D_T,
+        plain.valid_D_T,
+        lora=lora,
+    )
+    return out
+
+
+def _assert_trees_close(a: Any, b: Any) -> None:
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(y).max())))
+
+
+def _assert_routes_equal(routes: dict[str, tuple[Any, Any]]) -> None:
+    (lp_shared, g_shared), (lp_plain, g_plain) = routes["shared"], routes["plain"]
+    np.testing.assert_allclose(lp_shared, lp_plain, rtol=0, atol=2e-5)
+    _assert_trees_close(g_shared, g_plain)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_model_logprobs_and_gradients_equal_the_unshared_pass(name: str, lora: bool) -> None:
+    seed = sum(map(ord, name))
+    seqs = CASES[name](np.random.default_rng(seed))
+    # Rows of at most 12 nodes: larger trees are cut, the prefix packed in several rows.
+    for row_width in (12, 512):
+        _assert_routes_equal(_both_routes(seqs, seed, row_width, lora=lora))
+
+
+def _mask_without_the_prompt(end_R_W: jax.Array) -> jax.Array:
+    """A plausible bug: a query reads only keys whose subtree ends where its own does, so every
+    branch but the last loses its prompt (and the last keeps it)."""
+    original = _original_mask(end_R_W)
+    return original & (end_R_W[:, None, :] == end_R_W[:, :, None])
+
+
+_original_mask = _prefix_forward.prefix_attention_mask
+
+
+def test_a_branch_that_cannot_see_its_prompt_fails_the_comparison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seqs = CASES["nested"](np.random.default_rng(0))
+    _assert_routes_equal(_both_routes(seqs, 0, 512, lora=False))
+    monkeypatch.setattr(_prefix_forward, "prefix_attention_mask", _mask_without_the_prompt)
+    # A fresh jit, so the patched mask is traced (the module's would reuse its cache).
+    fresh = jax.jit(lambda *args, **kwargs: _routes(*args, **kwargs), static_argnames="lora")
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
+        _assert_routes_equal(_both_routes(seqs, 0, 512, lora=False, routes=fresh))
+
+
+# -- through the training client --
+
+
+def _datum(tokens: np.ndarray, rng: np.random.Generator) -> types.Datum:
+    n = tokens.size - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(tokens[1:].astype(np.int64)),
+            "logprobs": types.TensorData.from_numpy(np.full(n, -4.0, np.float32)),
+            "advantages": types.TensorData.from_numpy(rng.normal(size=n).astype(np.float32)),
+        },
+    )
+
+
+def _grpo_data(rng: np.random.Generator, groups: int, samples: int, prompt: int) -> list[Any]:
+    data = []
+    for _ in range(groups):
+        head = _tokens(rng, prompt)
+        data += [
+            _datum(np.concatenate([head, _tokens(rng, int(rng.integers(2, 8)))]), rng)
+            for _ in range(samples)
+        ]
+    return data
+
+
+def _run_both(
+    trainer: LocalTrainingClient, data: list[Any], *, backward: bool
+) -> dict[str, tuple[Any, Any]]:
+    out = {}
+    for name, fraction in (("shared", 1.0), ("plain", 0.0)):
+        trainer.prefix_sharing_fraction = fraction
+        groups = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))
+        assert (groups[0][0].prefix is not None) == (name == "shared")
+        call = trainer.forward_backward if backward else trainer.forward
+        result = call(data, "importance_sampling").result()
+        out[name] = (result, trainer._grads)
+        trainer._grads = None
+    return out
+
+
+def _assert_client_routes_equal(out: dict[str, tuple[Any, Any]], *, backward: bool) -> None:
+    (shared, g_shared), (plain, g_plain) = out["shared"], out["plain"]
+    for a, b in zip(shared.loss_fn_outputs, plain.loss_fn_outputs, strict=True):
+        np.testing.assert_allclose(a["logprobs"].to_numpy(), b["logprobs"].to_numpy(), atol=2e-5)
+    assert shared.metrics.keys() == plain.metrics.keys()
+    for key, value in plain.metrics.items():
+        assert shared.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-4), key
+    if backward:
+        _assert_trees_close(g_shared, g_plain)
+
+
+@pytest.mark.parametrize("backward", [True, False], ids=["forward_backward", "forward"])
+def test_full_fine_tuning_client_routes_agree(tmp_path: Path, backward: bool) -> None:
+    trainer = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
+    data = _grpo_data(np.random.default_rng(1), groups=3, samples=4, prompt=12)
+    _assert_client_routes_equal(_run_both(trainer, data, backward=backward), backward=backward)
+
+
+@pytest.fixture(scope="module")
+def lora_trainer(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClient:
+    tokenizer = train_tokenizer()
+    config = hf_config("llama", vocab_size=len(tokenizer))
+    directory = tmp_path_factory.mktemp("llama")
+    write_hf_directory(directory, config, random_hf_tensors(config, seed=1), tokenizer)
+    service = LocalServiceClient(seed=0, checkpoint_dir=tmp_path_factory.mktemp("states"))
+    trainer = service.create_lora_training_client(base_model=str(directory), rank=4).result()
+    # One step so that B ≠ 0 and the gradients of every adapter matrix are non-zero.
+    trainer.forward_backward(_grpo_data(np.random.default_rng(2), 2, 2, 6), "importance_sampling")
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    return trainer
+
+
+@pytest.mark.parametrize("backward", [True, False], ids=["forward_backward", "forward"])
+def test_lora_client_routes_agree(lora_trainer: LocalTrainingClient, backward: bool) -> None:
+    data = _grpo_data(np.random.default_rng(3), groups=2, samples=4, prompt=20)
+    _assert_client_routes_equal(_run_both(lora_trainer, data, backward=backward), backward=backward)
+
+
+def _two_patterns(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
+    """Two sharing patterns with the same padded shapes (one row of 96, 8 datums of 32): a
+    21-token prompt with 8 answers (69 nodes), and a 6-token system prefix, 2 prompts of 12 and
+    4 answers each (94 nodes)."""
+    head = _tokens(rng, 21)
+    flat = [_datum(np.concatenate([head, _tokens(rng, 7)]), rng) for _ in range(8)]
+    system = _tokens(rng, 6)
+    nested = []
+    for _ in range(2):
+        prompt = np.concatenate([system, _tokens(rng, 12)])
+        nested += [_datum(np.concatenate([prompt, _tokens(rng, 9)]), rng) for _ in range(4)]
+    return flat, nested
+
+
+def _shapes(trainer: LocalTrainingClient, data: list[Any]) -> tuple[Any, ...]:
+    pack = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))[0][0]
+    assert pack.prefix is not None
+    return pack.prefix.tokens_R_W.shape, pack.prefix.gather_D_T.shape
+
+
+def test_a_new_sharing_pattern_of_the_same_shapes_does_not_recompile(
+    tmp_path: Path, lora_trainer: LocalTrainingClient
+) -> None:
+    toy = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
+    for trainer, jitted in ((lora_trainer, lora_loss_and_grad), (toy, model_forward_vjp)):
+        trainer.prefix_sharing_fraction = 0.8
+        flat, nested = _two_patterns(np.random.default_rng(4))
+        assert _shapes(trainer, flat) == _shapes(trainer, nested)
+        trainer.forward_backward(flat, "importance_sampling").result()
+        with count_compiles() as compiled:
+            trainer.forward_backward(nested, "importance_sampling").result()
+        assert compiled.traces_of(jitted) == 0
+        trainer._grads = None
