@@ -313,6 +313,9 @@ def test_lora_chunks_looped_in_one_call_equal_one_call_per_datum(
     trainer.forward_backward([_inputs_for("ppo", _datum([1, 2, 3]))], "ppo").result()
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B != 0 from here
     monkeypatch.setattr(trainer._runtime, "training_rows", lambda config, width: 1)
+    # The datums below share prefixes; this test is about the unshared route's chunk loop
+    # (`tests/local/test_prefix_sharing.py` tests the prefix-shared one).
+    trainer.prefix_sharing_fraction = 0.0
     tokens = _tokens(trainer, "What is 12 + 34? The answer is 46, and 46 - 34 = 12.")
     rng = np.random.default_rng(0)
     lengths = [len(tokens)] * (CHUNKS_PER_CALL + 3) + [5, 6]  # 19 chunks of one shape, 2 of another
