@@ -16,13 +16,14 @@ model, sizes and paths, and the `Config` its own code builds trains through the 
   `rlpure serve`), its grader's SandboxFusion client talking to `rlpure sandbox-serve`
   (`SANDBOX_URL`), which runs each test in a `LocalSandbox`; the DeepCoder data is a local
   folder with the hub dataset's name and columns, read by `datasets`' JSON loader. The policy
-  is a one-layer random Llama whose tokenizer has ChatML's special tokens, for a tool-calling
-  renderer (`qwen3_disable_thinking`). It never writes code, so the recipe's grader is also run
+  is `tiny_chat_model`'s one-layer random Llama (a BPE with Qwen's chat and tool tokens), for
+  a tool-calling renderer (`qwen3`). It never writes code, so the recipe's grader is also run
   on known answers (right, wrong, none, call-based, endless) in the same event loop.
 
-Speed (2 CPU cores, JAX's compilation cache warm, idle machine): twenty questions ~55 s, text
-arena ~15 s, code_rl ~50 s; most of it compiling. The in-process player is a micro model (one
-layer, width 16, the byte tokenizer's 2048-token context); the answerer runs `rlpure/tiny`.
+Speed (2 shared CPU cores at load average 9-11 from other jobs, JAX's compilation cache warm):
+twenty questions 56-102 s, text arena 13-28 s, code_rl 50-60 s, most of it compiling. The
+in-process player is a micro model (one layer, width 16, the byte tokenizer's 2048-token
+context); the answerer runs `rlpure/tiny`.
 """
 
 from __future__ import annotations
@@ -41,15 +42,12 @@ import chz
 import datasets
 import httpx
 import pytest
-from safetensors.numpy import save_file
-from transformers import AutoTokenizer
 
-from rlpure.model import VOCAB_SIZE, ByteTokenizer, ModelConfig
+from rlpure.model import VOCAB_SIZE, ModelConfig
 from shell.cookbook.rl import train
 from shell.local import LocalServiceClient
-from shell.local._tokenizer_dirs import write_tokenizer_dir
 from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
-from tests.parity.tiny_hf_model import TINY_LLAMA_CONFIG, random_weights
+from tests.parity.tiny_chat_model import write_tiny_chat_llama
 from tests.serve.server import RLPURE, Server, free_port, running_server, sdk_env
 
 require_cookbook()
@@ -189,7 +187,7 @@ def test_text_arena_tictactoe_trains_by_self_play(tmp_path: Path) -> None:
 # --- code_rl -------------------------------------------------------------------------------------
 
 DEEPCODER = "agentica-org/DeepCoder-Preview-Dataset"
-CODE_RENDERER = "qwen3_disable_thinking"
+CODE_RENDERER = "qwen3"
 """A tool-calling renderer (the recipe's env declares its `check_solution` tool in the prompt);
 `role_colon` has no tool-call format, here as in the cookbook."""
 SUM_TESTS = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin_stdout", "metadata": {}}]
@@ -251,18 +249,14 @@ def write_deepcoder_folder(root: Path) -> Path:
     return folder
 
 
-def write_tiny_chatml_llama(directory: Path) -> Path:
-    """`tiny_hf_model`'s random one-layer Llama with the byte tokenizer plus `<|im_start|>` and
-    `<|im_end|>` as special tokens (ids 259 and 260), so the qwen3 renderers work with it."""
-    directory = write_tokenizer_dir(ByteTokenizer(), directory)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.save_pretrained(directory)
-    config = {**TINY_LLAMA_CONFIG, "vocab_size": len(tokenizer)}
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    weights = random_weights(config, seed=0)
-    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory.resolve()
+def _deepcoder_texts() -> list[str]:
+    """What the policy's BPE learns its merges from: the recipe's prompts and a tool call."""
+    lcb = _recipe("code_rl/lcb_utils.py")
+    prompts = [
+        lcb.fetch_live_code_bench_system_prompt(row["problem"], row.get("starter_code"))
+        for row in DEEPCODER_ROWS.values()
+    ]
+    return [*prompts, '<tool_call>\n{"name": "check_solution", "arguments": {}}\n</tool_call>']
 
 
 @contextlib.contextmanager
@@ -336,7 +330,7 @@ def test_code_rl_trains_with_a_local_run_code_server(
     monkeypatch.chdir(tmp_path)  # the dataset's and the model's names are folders here
     write_deepcoder_folder(tmp_path)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
-    model = str(write_tiny_chatml_llama(tmp_path / "tiny-chatml"))
+    model = str(write_tiny_chat_llama(tmp_path / "tiny-chat-llama", _deepcoder_texts()))
     log_path = tmp_path / "run"
     with (
         running_sandbox_serve(tmp_path / "sandbox-serve.log") as sandbox_url,
