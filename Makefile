@@ -45,7 +45,8 @@ lock:
 # large download where no local wheel exists). Builds ./.cbvenv, then runs the parity tests and
 # the GRPO assembly benchmark with the cookbook's row.
 CBVENV := .cbvenv
-$(CBVENV)/.installed: pyproject.toml constraints.txt
+# Makefile too: a new pinned extra below reaches an existing .cbvenv on the next `make parity`.
+$(CBVENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(CBVENV)
 	$(CBVENV)/bin/pip install --quiet --upgrade pip
 	$(CBVENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
