@@ -30,6 +30,12 @@ Sections (`--sections`, default all):
   each against the matmul (`_model_flops` counts the matrix multiplies), the JAX device,
   torch's thread count (`torch.set_num_threads(cores)`) and the peak RSS of each phase.
   `--prompts 2 --samples 2 --prompt-len 16 --new-tokens 16 --rounds 1` is a quick run.
+- `grpo`: one GRPO step's LoRA `forward_backward` on `--prompts` prompts × `--samples`
+  completions (`--grpo-prompt-len` + `--grpo-new-tokens` tokens, default 16 × 8 of 128 + 32)
+  of `--model`: the prefix-shared route (each prompt computed once) against the unshared route
+  (`prefix_sharing_fraction = 0`) and PyTorch (as in `model`), alternating; it prints unique
+  tokens/s (each prompt and completion counted once), the ratios, and the FLOP rate against
+  the matmul measured in the same run.
 
 Run: `.venv/bin/python benchmarks/bench_local_model.py --sections toy-train toy-sample`
 or, with torch, `.cbvenv/bin/python benchmarks/bench_local_model.py --sections model`.
@@ -46,6 +52,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +62,15 @@ import numpy as np
 from tinker import types
 
 from rlpure import model as model_lib
+from rlpure.packing import prefix_tree_size
 from shell.local import LocalServiceClient
-from shell.local._inputs import check_data, length_bucket, loss_config_key, row_bucket
+from shell.local._inputs import (
+    check_data,
+    length_bucket,
+    loss_config_key,
+    plan_prefix_chunks,
+    row_bucket,
+)
 from shell.local._models import resolve_base_model
 from shell.local._train_steps import (
     CHUNKS_PER_CALL,
@@ -559,6 +573,129 @@ def bench_model(args: argparse.Namespace) -> None:
     print("  peak RSS by phase (GB): " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
 
 
+def _grpo_batch(
+    args: argparse.Namespace, vocab: int, old_lp: float
+) -> tuple[list[types.Datum], np.ndarray, np.ndarray]:
+    """The `grpo` section's batch: `--prompts` prompts of `--grpo-prompt-len` tokens, each with
+    `--samples` completions of `--grpo-new-tokens`; advantages per completion, 0 on the prompt.
+    Returns the datums and, for PyTorch, their tokens `[D, W + 1]` and advantages `[D, W]`."""
+    rng = np.random.default_rng(0)
+    p, g, t, m = args.prompts, args.samples, args.grpo_prompt_len, args.grpo_new_tokens
+    prompts_P_T = rng.integers(0, vocab, (p, t))
+    completions_D_M = rng.integers(0, vocab, (p * g, m))
+    tokens_D_W = np.concatenate([np.repeat(prompts_P_T, g, axis=0), completions_D_M], axis=1)
+    advantages_D_W = np.zeros((p * g, t + m - 1), np.float32)
+    advantages_D_W[:, t - 1 :] = rng.normal(size=(p * g, 1))
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(row[:-1].tolist()),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_numpy(row[1:].astype(np.int64)),
+                "logprobs": types.TensorData.from_numpy(np.full(row.size - 1, old_lp, np.float32)),
+                "advantages": types.TensorData.from_numpy(adv),
+            },
+        )
+        for row, adv in zip(tokens_D_W, advantages_D_W, strict=True)
+    ]
+    return data, tokens_D_W, advantages_D_W
+
+
+def bench_grpo(args: argparse.Namespace) -> None:
+    """One GRPO step's LoRA `forward_backward`: prefix-shared against unshared against PyTorch.
+
+    The three alternate over `--rounds` rounds after a warm-up round, with a 2048³ matmul each
+    round. Rates are per unique token (the batch's trie nodes: each prompt once, each
+    completion once), so the shared route's rate is what a GRPO step costs per token that
+    differs; the matmul fraction counts the FLOPs of the unshared batch (the same work done
+    once per datum), and for the shared route also those of the rows it executes.
+    """
+    cores = len(os.sched_getaffinity(0))
+    service = LocalServiceClient(seed=0)
+    trainer = service.create_lora_training_client(args.model, rank=args.rank).result()
+    config = trainer.config
+    old_lp = -11.0
+    data, tokens_D_W, advantages_D_W = _grpo_batch(args, config.vocab_size, old_lp)
+    checked = check_data(data, "importance_sampling", config)
+    width = int(checked.length_D.max())
+    rows_for_width = partial(trainer._runtime.training_rows, config)
+    plan = plan_prefix_chunks(checked.tokens_D, rows_for_width=rows_for_width)
+    assert plan is not None, "the grpo batch shares too little for the prefix-shared route"
+    unique, total = prefix_tree_size(checked.tokens_D), int(checked.length_D.sum())
+
+    def ours(fraction: float) -> Callable[[], Any]:
+        def run() -> Any:
+            trainer.prefix_sharing_fraction = fraction
+            trainer.forward_backward(data, "importance_sampling").result()
+            grads = trainer._grads
+            trainer._grads = None  # keep the adapters fixed: time forward_backward alone
+            return grads
+
+        return run
+
+    fns: dict[str, Callable[[], Any]] = {"shared": ours(1.0), "unshared": ours(0.0)}
+    torch_fns, torch_note = _torch_baseline(
+        args,
+        cores=cores,
+        rows_per_chunk=rows_for_width(length_bucket(width)),
+        prompts_P_T=tokens_D_W[:: args.samples, : args.grpo_prompt_len],
+        tokens_D_W=tokens_D_W,
+        advantages_D_W=advantages_D_W,
+        old_lp=old_lp,
+    )
+    if "train" in torch_fns:
+        fns["PyTorch"] = torch_fns["train"]
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    first: dict[str, float] = {}
+    matmul_s = []
+    for round_ in range(args.rounds + 1):  # round 0 is the warm-up (compile), not counted
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())  # type: ignore[no-untyped-call]
+            seconds = time.perf_counter() - start
+            if round_ == 0:
+                first[name] = seconds
+            else:
+                times[name].append(seconds)
+            print(
+                f"  [{time.strftime('%H:%M:%S')}] round {round_} {name}: {seconds:.1f}s", flush=True
+            )
+        matmul_s.append(_jax_matmul_seconds())
+    peak = 2 * 2048**3 / min(matmul_s) / 1e9
+    work = _model_flops(config, args.rank, len(data), width)["train"]
+    executed = _model_flops(config, args.rank, plan.rows * len(plan.chunks), plan.width)["train"]
+    print(
+        f"grpo: {args.model}, LoRA rank {args.rank}, {args.prompts} prompts × {args.samples} "
+        f"samples, {args.grpo_prompt_len}-token prompts, {args.grpo_new_tokens}-token "
+        f"completions: {len(data)} datums of {width} tokens = {total:,} tokens, {unique:,} unique "
+        f"({total / unique:.2f}×); JAX {jax.default_backend()}, {cores} cores; {torch_note}"
+    )
+    print(
+        f"  shared route: {len(plan.chunks)} chunks of {plan.rows} rows × {plan.width} "
+        f"({plan.nodes:,} nodes), {plan.datums} datum rows × {plan.length}; best of "
+        f"{args.rounds} alternating rounds (round 0 = warm-up)"
+    )
+    print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
+    print(
+        "  first call (compile included): " + ", ".join(f"{k} {v:.1f}s" for k, v in first.items())
+    )
+    best = {name: min(values) for name, values in times.items() if values}
+    for name, seconds in best.items():
+        gf = work / seconds / 1e9
+        extra = ""
+        if name == "shared":
+            ex = executed / seconds / 1e9
+            extra = f"; executed rows {ex:.1f} GFLOP/s = {ex / peak:.0%}"
+        print(
+            f"  {name}: {seconds:.2f}s, {unique / seconds:,.1f} unique tokens/s "
+            f"({total / seconds:,.1f} datum tokens/s); the unshared work at {gf:.1f} GFLOP/s = "
+            f"{gf / peak:.0%} of the matmul{extra}"
+        )
+        print("    seconds per round: " + "/".join(f"{s:.2f}" for s in times[name]))
+    for name in best:
+        if name != "shared":
+            print(f"  ratio shared / {name} (per unique token): {best[name] / best['shared']:.2f}×")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", nargs="+", default=["toy-train", "toy-sample", "model"])
@@ -575,13 +712,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up")
     parser.add_argument("--stages", nargs="+", default=["prefill", "sample", "train"])
     parser.add_argument("--torch-train-rows", type=int, default=16)
+    parser.add_argument("--grpo-prompt-len", type=int, default=128)
+    parser.add_argument("--grpo-new-tokens", type=int, default=32)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     args = parser.parse_args()
     print(f"JAX {jax.__version__}, device {jax.devices()[0]}")
     for section in args.sections:
-        {"toy-train": bench_toy_train, "toy-sample": bench_toy_sample, "model": bench_model}[
-            section
-        ](args)
+        {
+            "toy-train": bench_toy_train,
+            "toy-sample": bench_toy_sample,
+            "model": bench_model,
+            "grpo": bench_grpo,
+        }[section](args)
 
 
 if __name__ == "__main__":
