@@ -21,7 +21,7 @@ model, sizes and paths, and the `Config` its own code builds trains through the 
   on known answers (right, wrong, none, call-based, endless) in the same event loop.
 
 Speed (2 shared CPU cores at load average 9-11 from other jobs, JAX's compilation cache warm):
-twenty questions 56-102 s, text arena 13-28 s, code_rl 50-60 s, most of it compiling. The
+twenty questions 38-102 s, text arena 11-28 s, code_rl 31-60 s, most of it compiling. The
 in-process player is a micro model (one layer, width 16, the byte tokenizer's 2048-token
 context); the answerer runs `rlpure/tiny`.
 """
