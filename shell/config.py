@@ -179,8 +179,13 @@ class MismatchCorrectionConfig(
 
     Each step, one extra `forward` of the policy before its update gives the trainer's
     logprobs of the step's datums; the importance weights between them and the sampler's
-    scale the advantages before the datums are sent (TIS with `truncate`, MIS with `mask`).
-    The defaults are TRL's (`sequence_mask`, cap 3).
+    scale the advantages, and the datums are sent with the trainer's logprobs as their
+    `logprobs` (so the loss's own ratio is 1 at those weights and is not counted twice;
+    `shell.training._corrections`), TIS with `truncate`, MIS with `mask`. Not with
+    `stable_reinforce`. The default level and cap are TRL's (`sequence`, 3); its `*_mask`
+    modes only zero ratios above the cap, while `mask` here zeroes those outside
+    `[1/cap, cap]` (verl's window). Masked tokens stay in the loss aggregation's
+    denominators (verl removes them).
 
     Attributes:
         level: `token`, `sequence` (the product of the row's ratios) or `geometric` (its
@@ -354,6 +359,12 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             self.kl_penalty_estimator == "k1" or self.kl_penalty_coef > 0,
             "kl_penalty_estimator",
             "only applies with kl_penalty_coef > 0",
+        )
+        self._need(
+            self.mismatch_correction is None or self.training_loss_fn() != "stable_reinforce",
+            "mismatch_correction",
+            "is not combined with loss_fn 'stable_reinforce' (it reads the sampler's own "
+            "record server-side); choose another loss_fn",
         )
         overlong = self.overlong
         if overlong is not None and overlong.buffer > overlong.max_length:
@@ -648,12 +659,17 @@ FIELD_HELP: Mapping[str, str] = {
     "reference (saved once, reused after a resume); excludes kl_reference_model/checkpoint.",
     "kl_penalty_estimator": "Estimator of the per-token KL in the KL penalty: k1 (log-ratio, "
     "the cookbook's), k2 (half its square) or k3 ((r - 1) - log r, non-negative); Schulman's "
-    "estimators (rlpure.corrections.kl_estimate). Needs kl_penalty_coef > 0.",
+    "estimators (rlpure.corrections.kl_estimate). Needs kl_penalty_coef > 0. The penalty "
+    "is reward shaping (a stop-gradient reward): only k1 then gives an unbiased gradient of "
+    "the KL; k2 and k3 as rewards give biased gradients (they suit estimates and losses).",
     "mismatch_correction": "Training-inference mismatch correction, a table {level, mode, "
-    "cap} (default sequence, mask, 3.0, TRL's): one extra forward of the policy before each "
-    "update gives the trainer's logprobs; importance weights exp(trainer - sampler) at level "
-    "token|sequence|geometric, truncated at cap (truncate) or zeroed outside [1/cap, cap] "
-    "(mask), scale the advantages before the datums are sent. Metrics: mismatch/rollout_is_*.",
+    "cap} (default sequence, mask, 3.0): one extra forward of the policy before each update "
+    "gives the trainer's logprobs; importance weights exp(trainer - sampler) at level "
+    "token|sequence|geometric, truncated at cap (truncate, TIS) or zeroed outside [1/cap, cap] "
+    "(mask, MIS: verl's window; TRL's masks zero ratios above cap only) scale the advantages, "
+    "and the datums carry the trainer's logprobs, so the loss's own ratio is 1 at those "
+    "weights. Masked tokens stay in the aggregation's denominators (verl drops them). Not "
+    "with stable_reinforce. Metrics: mismatch/rollout_is_*.",
     "overlong": "DAPO's soft overlong punishment, a table {max_length, buffer}: a trajectory "
     "of n sampled tokens gets reward 0 up to max_length - buffer, linear to -1 at max_length, "
     "-1 beyond, added before advantages (training data only; env/* metrics are unshaped).",

@@ -12,18 +12,37 @@ exactly the datums it built before these options existed. When on, in `prepare_d
    by `d_t = q_t − ref_t` (k1); with k2 or k3 it measures it by that estimator's value, by
    handing the shaping the reference `q_t − k_t` (so `q_t − ref'_t = k_t` exactly as the
    shaping computes it, to float32 rounding).
-3. `mismatch_corrected`: one `forward` of the training client (the policy before this
-   update: in the sync mode the weights that sampled, in the async mode the newest ones, so
-   the weights then also correct staleness) over the step's datums gives the trainer's
-   logprobs; `rlpure.corrections.importance_weights` against the sampler's logprobs scales the
-   batch's advantages (after aggregation and KL shaping, so the weight multiplies the whole
-   advantage of a token). Metrics: verl's `mismatch/rollout_is_*`. Aggregation denominators
-   (e.g. `sequence_token_mean`) still count masked tokens.
+3. `mismatch_corrected`: one `forward` of the training client over the datums built so far
+   gives the trainer's logprobs `p`; `rlpure.corrections.importance_weights(q, p, mask)`
+   against the sampler's `q` scales the batch's advantages (after aggregation and KL
+   shaping, so the weight multiplies the whole advantage of a token), and the datums sent
+   carry `p` as their `logprobs` on action tokens (the sampler's values elsewhere), as verl
+   (`old_log_prob` recomputed by the actor) and TRL (`old_per_token_logps`) do. Tinker's
+   losses read the datum's `logprobs` as the behaviour policy of their own ratio
+   `r = exp(lp − logprobs)`; with the sampler's there, `r = p/q` at the forward's weights and
+   the gradient would be `−r·w·A` (the ratio counted twice); with `p` it is `r = 1` there and
+   the gradient is TIS's/MIS's `−w·A`, and ppo's clip window is centred on the forward's
+   policy (verl's decoupled PPO). The batch keeps the sampler's `logprobs_D_T`, so the
+   `optim/kl_sample_train_*` and `kl_pre_post_*` metrics still start from the sampler's
+   logprobs. Metrics: verl's `mismatch/rollout_is_*`. Aggregation denominators (e.g.
+   `sequence_token_mean`) still count masked tokens (verl removes them).
+
+   Which weights the forward sees: in the sync mode, the weights that sampled, before any
+   substep (one forward for the whole step; substep `k > 0` then trains on weights
+   `k` optimizer steps newer, with a ratio that is no longer 1, as PPO's minibatches after
+   the first); in the streaming mode one forward per minibatch, so with `num_substeps > 1`
+   a minibatch of substep `k > 0` is scored by the weights after substep `k − 1`'s
+   `optim_step` (the weights it trains on), not the ones that sampled, and its weights
+   correct that staleness as well; in the async mode the newest weights (the data may be
+   several steps old), so the weights also correct staleness. `stable_reinforce` is refused
+   with a correction (`TrainConfig`): it reads the sampler's own record server-side
+   (provenance spans), and what it takes from the datum's `logprobs` is not public.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -34,9 +53,11 @@ from rlpure.packing import DatumBatch
 from rlpure.records import TrajectoryGroup
 from shell.clients import TrainingClient
 from shell.config import OverlongConfig, TrainConfig
+from shell.datums import to_tinker_datums
 from shell.timing import span
 
 __all__ = [
+    "MismatchCorrection",
     "estimator_reference_logprobs",
     "mismatch_corrected",
     "overlong_shaped_groups",
@@ -96,12 +117,45 @@ def estimator_reference_logprobs(
 
 def trainer_logprobs_D_T(output: tinker.ForwardBackwardOutput, batch: DatumBatch) -> np.ndarray:
     """The trainer's logprobs of each datum's targets (`loss_fn_outputs`), padded like the
-    batch (`[D, T]`, 0 on padding)."""
+    batch (`[D, T]`, 0 on padding).
+
+    Raises:
+        ValueError: the output has another number of datums than the batch, or a datum's
+            logprobs another length than its targets (naming both).
+    """
+    outputs = output.loss_fn_outputs
+    if len(outputs) != batch.num_datums:
+        raise ValueError(
+            f"trainer_logprobs_D_T: the forward returned {len(outputs)} loss_fn_outputs for "
+            f"{batch.num_datums} datums"
+        )
     out = np.zeros(batch.shape, np.float32)
-    for d, found in enumerate(output.loss_fn_outputs):
-        row = np.asarray(found["logprobs"].to_numpy(), np.float32)
-        out[d, : row.shape[0]] = row
+    for d, found in enumerate(outputs):
+        row = np.asarray(found["logprobs"].to_numpy(), np.float32).reshape(-1)
+        length = int(batch.length_D[d])
+        if row.shape[0] != length:
+            raise ValueError(
+                f"trainer_logprobs_D_T: datum {d}'s logprobs have length {row.shape[0]}, its "
+                f"targets {length}"
+            )
+        out[d, :length] = row
     return out
+
+
+class MismatchCorrection(NamedTuple):
+    """What `mismatch_corrected` returns.
+
+    Attributes:
+        batch: the batch with its advantages scaled by the weights; its `logprobs_D_T` are
+            still the sampler's (for `optim/kl_sample_train_*` and the post-update KL).
+        datums: the datums to send: the corrected advantages, and as `logprobs` the
+            trainer's on the action tokens (the batch's values elsewhere).
+        metrics: the weights' metrics (`mismatch/rollout_is_*`).
+    """
+
+    batch: DatumBatch
+    datums: list[tinker.Datum]
+    metrics: dict[str, float]
 
 
 async def mismatch_corrected(
@@ -110,13 +164,15 @@ async def mismatch_corrected(
     *,
     training_client: TrainingClient,
     config: TrainConfig,
-) -> tuple[DatumBatch, dict[str, float]]:
+) -> MismatchCorrection:
     """The batch with its advantages scaled by the importance weights between the trainer's
     logprobs (one `forward` of `datums`, the batch's datums as built so far) and the
-    sampler's (see the module docstring, 3.), and the weights' metrics.
+    sampler's, and the datums to send, whose `logprobs` are the trainer's (see the module
+    docstring, 3.).
 
     Raises:
-        ValueError: `config.mismatch_correction` is None.
+        ValueError: `config.mismatch_correction` is None; the forward's outputs do not match
+            the batch (`trainer_logprobs_D_T`).
     """
     correction = config.mismatch_correction
     if correction is None:
@@ -125,9 +181,10 @@ async def mismatch_corrected(
         output = await training_client.forward(
             datums, config.training_loss_fn(), config.loss_fn_config
         )
+    trainer_D_T = trainer_logprobs_D_T(output, batch)
     weights = importance_weights(
         batch.logprobs_D_T,
-        trainer_logprobs_D_T(output, batch),
+        trainer_D_T,
         batch.mask_D_T,
         level=correction.level,
         mode=correction.mode,
@@ -137,4 +194,13 @@ async def mismatch_corrected(
         weights.weights_D_T, np.float32
     )
     corrected = msgspec.structs.replace(batch, advantages_D_T=advantages)
-    return corrected, {key: float(value) for key, value in weights.metrics.items()}
+    # the losses' own ratio exp(lp − logprobs) is then 1 at the weights of this forward
+    behaviour = np.where(
+        np.asarray(batch.mask_D_T) > 0, trainer_D_T, np.asarray(batch.logprobs_D_T, np.float32)
+    )
+    sent = to_tinker_datums(
+        msgspec.structs.replace(corrected, logprobs_D_T=behaviour.astype(np.float32)),
+        include_mask=False,
+    )
+    metrics = {key: float(value) for key, value in weights.metrics.items()}
+    return MismatchCorrection(batch=corrected, datums=sent, metrics=metrics)

@@ -315,8 +315,10 @@ class PreparedDatums(NamedTuple):
 
     Attributes:
         batch: the padded batch (advantages aggregated and, with a KL penalty, shaped).
-        datums: its `tinker.Datum`s (no `mask`), with provenance spans.
-        metrics: the KL penalty's metrics when shaped, else empty.
+        datums: its `tinker.Datum`s (no `mask`), with provenance spans; with
+            `mismatch_correction` their `logprobs` are the trainer's on action tokens (the
+            batch's `logprobs_D_T` stay the sampler's).
+        metrics: the overlong, KL penalty and mismatch metrics of the options that are on.
     """
 
     batch: DatumBatch
@@ -383,11 +385,10 @@ async def prepare_datums(
         datums = to_tinker_datums(batch, include_mask=False)
         if config.mismatch_correction is not None:
             assert training_client is not None  # checked above
-            batch, weight_metrics = await mismatch_corrected(
+            batch, datums, weight_metrics = await mismatch_corrected(
                 batch, datums, training_client=training_client, config=config
             )
             metrics.update(weight_metrics)
-            datums = to_tinker_datums(batch, include_mask=False)
     return PreparedDatums(batch=batch, datums=datums, metrics=metrics)
 
 

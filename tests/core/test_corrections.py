@@ -28,7 +28,7 @@ PAD_D, PAD_T = 4, 6  # drawn arrays have this shape (one compile per static opti
 @st.composite
 def mismatched_logprobs(draw, *, one_token_rows: bool = False):
     """Sampler and trainer logprobs `[PAD_D, PAD_T]`, a mask (rows without tokens included),
-    garbage (NaN) off the mask."""
+    garbage (NaN or finite) off the mask."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if one_token_rows:
         mask = np.zeros((PAD_D, PAD_T), np.float32)
@@ -39,8 +39,13 @@ def mismatched_logprobs(draw, *, one_token_rows: bool = False):
     sampler = rng.uniform(-4.0, 0.0, (PAD_D, PAD_T))
     scale = draw(st.sampled_from([0.0, 0.05, 0.5, 1.5]))
     trainer = sampler + rng.normal(scale=scale, size=sampler.shape)
-    sampler = np.where(mask > 0, sampler, np.nan).astype(np.float32)
-    trainer = np.where(mask > 0, trainer, np.nan).astype(np.float32)
+    # off the mask: NaN, or finite garbage (a sampler of 0 against trainer values, as the
+    # loop's observation positions), that no masking-free formula could ignore
+    finite = draw(st.booleans())
+    off_sampler = 0.0 if finite else np.nan
+    off_trainer = rng.uniform(-8.0, -2.0, sampler.shape) if finite else np.nan
+    sampler = np.where(mask > 0, sampler, off_sampler).astype(np.float32)
+    trainer = np.where(mask > 0, trainer, off_trainer).astype(np.float32)
     return sampler, trainer, mask
 
 
@@ -188,12 +193,11 @@ def test_cap_is_traced_once_per_level_and_mode():
 # --- gradients ----------------------------------------------------------------------------------
 
 
-def test_weights_carry_no_gradient_and_scale_the_loss_gradient():
+def test_weights_carry_no_gradient():
     rng = np.random.default_rng(0)
     sampler = jnp.asarray(rng.uniform(-3, 0, (3, 4)), jnp.float32)
     trainer = sampler + jnp.asarray(rng.normal(scale=0.8, size=(3, 4)), jnp.float32)
     mask = jnp.asarray(rng.uniform(size=(3, 4)) < 0.7, jnp.float32)
-    advantages = jnp.asarray(rng.normal(size=(3, 4)), jnp.float32) * mask
 
     def weight_sum(trainer_lp):
         out = importance_weights(sampler, trainer_lp, mask, level="sequence", mode="truncate")
@@ -201,20 +205,37 @@ def test_weights_carry_no_gradient_and_scale_the_loss_gradient():
 
     np.testing.assert_array_equal(jax.grad(weight_sum)(trainer), np.zeros((3, 4)))
 
-    weights = importance_weights(sampler, trainer, mask, level="token", mode="mask", cap=2.0)
 
-    def corrected_loss(target_lp, trainer_lp):
-        w = importance_weights(sampler, trainer_lp, mask, level="token", mode="mask", cap=2.0)
-        return importance_sampling_loss(target_lp, sampler, advantages * w.weights_D_T).loss
+@pytest.mark.parametrize(("level", "mode"), [("token", "truncate"), ("sequence", "mask")])
+def test_the_corrected_loss_gradient_is_minus_w_times_a_at_the_trainers_logprobs(level, mode):
+    """TIS/MIS: `∂L/∂lp = −w·A` at `lp = trainer`, when the loss's behaviour logprobs (the
+    datum's `logprobs`) are the trainer's; with the sampler's there Tinker's ratio
+    `exp(lp − q)` multiplies the weight again (`−r·w·A`)."""
+    rng = np.random.default_rng(0)
+    sampler = jnp.asarray(rng.uniform(-3, 0, (3, 4)), jnp.float32)
+    trainer = sampler + jnp.asarray(rng.normal(scale=0.8, size=(3, 4)), jnp.float32)
+    mask = jnp.asarray(rng.uniform(size=(3, 4)) < 0.7, jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(3, 4)), jnp.float32) * mask
+    w = importance_weights(sampler, trainer, mask, level=level, mode=mode, cap=2.0).weights_D_T
+    assert not np.allclose(np.asarray(w)[np.asarray(mask) > 0], 1.0)  # the weights matter
 
-    def plain_loss(target_lp):
-        return importance_sampling_loss(target_lp, sampler, advantages).loss
+    def corrected_loss(lp, behaviour):
+        return importance_sampling_loss(lp, behaviour, advantages * w, valid_mask_D_T=mask).loss
 
-    grad_target, grad_trainer = jax.grad(corrected_loss, argnums=(0, 1))(trainer, trainer)
-    np.testing.assert_allclose(
-        grad_target, weights.weights_D_T * jax.grad(plain_loss)(trainer), rtol=1e-6
+    want = np.where(mask > 0, -np.asarray(w) * np.asarray(advantages), 0.0)
+    np.testing.assert_allclose(jax.grad(corrected_loss)(trainer, trainer), want, rtol=1e-6)
+    # the double count the loop avoids: sampler logprobs as the behaviour policy
+    doubled = jax.grad(corrected_loss)(trainer, sampler)
+    ratio = np.exp(np.asarray(trainer) - np.asarray(sampler))
+    np.testing.assert_allclose(doubled, want * ratio, rtol=1e-5)
+    # the reviewer's case: sampler -1.0, trainer -0.1, truncate at 2
+    one = jnp.ones((1, 1), jnp.float32)
+    w1 = importance_weights(-one, -0.1 * one, one, level="token", mode="truncate", cap=2.0)
+    assert float(w1.weights_D_T[0, 0]) == 2.0
+    grad = jax.grad(lambda lp: importance_sampling_loss(lp, -0.1 * one, one * w1.weights_D_T).loss)(
+        -0.1 * one
     )
-    np.testing.assert_array_equal(grad_trainer, np.zeros((3, 4)))
+    assert float(grad[0, 0]) == pytest.approx(-2.0)
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])

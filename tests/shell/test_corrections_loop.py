@@ -156,6 +156,60 @@ def test_a_mismatched_sampler_masks_the_fraction_its_arrays_predict(
         assert 0 < masked < total  # the scripted sampler shifts some tokens, not all
 
 
+def test_the_sent_logprobs_are_the_trainers_and_metrics_keep_the_samplers(
+    tmp_path: Path,
+) -> None:
+    """The datums carry the trainer's logprobs (the fake's forward: `-log(V)` on every
+    token), so Tinker's ratio `exp(lp − logprobs)` is 1 at the pre-update weights and the
+    weight is not multiplied by `p/q` again; `optim/kl_sample_train_v1` still reads the
+    sampler's logprobs (`SHIFT` above the trainer's on even tokens)."""
+    service = _ShiftedService(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=1, groups_per_batch=2)
+    correction = {"level": "token", "mode": "truncate", "cap": 3.0}
+    _train(_config(tmp_path, mismatch_correction=correction), service, dataset)
+    ((datums,), (row,)) = _sent(service), _step_rows(tmp_path)
+    trainer = np.float32(-math.log(VOCAB))
+    differences = []
+    for datum in datums:
+        targets, logprobs, _ = _arrays(datum)
+        action = np.arange(targets.size) >= 2  # the prompt [1, 2, 3 + p] predicts 2 targets
+        assert action.any() and np.all(logprobs[~action] == 0.0)
+        np.testing.assert_allclose(logprobs[action], trainer, rtol=1e-6)
+        differences.extend(np.where(targets[action] % 2 == 0, SHIFT, 0.0).tolist())
+    assert row["optim/kl_sample_train_v1"] == pytest.approx(np.mean(differences), rel=1e-5)
+    assert row["optim/kl_sample_train_v1"] > 0
+
+
+def test_trainer_logprobs_of_another_count_or_length_are_refused() -> None:
+    from rlpure.packing import DatumBatch
+    from shell.training._corrections import trainer_logprobs_D_T
+
+    z = np.zeros((2, 4), np.float32)
+    batch = DatumBatch(
+        input_tokens_D_T=z.astype(np.int32),
+        target_tokens_D_T=z.astype(np.int32),
+        logprobs_D_T=z,
+        advantages_D_T=z,
+        mask_D_T=z,
+        length_D=np.array([4, 3], np.int32),
+        group_idx_D=np.zeros(2, np.int32),
+        traj_idx_D=np.arange(2, dtype=np.int32),
+        num_datums=2,
+    )
+
+    def output(*lengths: int) -> tinker.ForwardBackwardOutput:
+        rows = [
+            {"logprobs": tinker.TensorData.from_numpy(np.zeros(n, np.float32))} for n in lengths
+        ]
+        return tinker.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=rows)
+
+    assert trainer_logprobs_D_T(output(4, 3), batch).shape == (2, 4)
+    with pytest.raises(ValueError, match="returned 1 loss_fn_outputs for 2 datums"):
+        trainer_logprobs_D_T(output(4), batch)
+    with pytest.raises(ValueError, match="datum 1's logprobs have length 4, its targets 3"):
+        trainer_logprobs_D_T(output(4, 4), batch)
+
+
 def test_an_exact_sampler_changes_nothing_and_weights_are_one(tmp_path: Path) -> None:
     dataset = ScriptedDataset(_odd_count_builder, num_batches=2, groups_per_batch=2)
     plain, corrected = FakeServiceClient(vocab_size=VOCAB), FakeServiceClient(vocab_size=VOCAB)
@@ -325,6 +379,17 @@ def test_dynamic_sampling_larger_than_the_batch_is_refused_before_anything_runs(
         ({"overlong": {"max_length": 0, "buffer": 1}}, "overlong.max_length: must be >= 1"),
         ({"kl_penalty_estimator": "k3"}, "kl_penalty_estimator: only applies with kl_penalty"),
         ({"kl_penalty_estimator": "k4"}, "kl_penalty_estimator: must be one of"),
+        (
+            {"mismatch_correction": {}, "loss_fn": "stable_reinforce"},
+            "mismatch_correction: is not combined with loss_fn 'stable_reinforce'",
+        ),
+        (
+            {
+                "mismatch_correction": {},
+                "async_config": {"max_steps_off_policy": 1, "groups_per_batch": 1},
+            },
+            "mismatch_correction: is not combined with loss_fn 'stable_reinforce'",
+        ),
         (
             {"dynamic_sampling": {"groups_per_batch": 1, "max_sampling_rounds": 0}},
             "dynamic_sampling.max_sampling_rounds: must be >= 1",
