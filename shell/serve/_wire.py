@@ -42,6 +42,8 @@ _DTYPES: Mapping[int, tuple[np.dtype, types.TensorDtype]] = {
     pb.DTYPE_INT32: (np.dtype(np.int32), "int64"),
 }
 _OUT_DTYPES: Mapping[str, int] = {"float32": pb.DTYPE_FLOAT32, "int64": pb.DTYPE_INT64}
+_OUT_NP: Mapping[str, np.dtype] = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
+_INT32 = np.dtype(np.int32)
 _STOP_REASONS: Mapping[str, int] = {
     "stop": pb.STOP_REASON_STOP,
     "length": pb.STOP_REASON_LENGTH,
@@ -71,19 +73,35 @@ def _frombuffer(buffer: bytes, dtype: np.dtype, where: str) -> np.ndarray:
     return np.frombuffer(buffer, dtype=dtype).copy()
 
 
-def _tensor(message: pb.Tensor, where: str) -> types.TensorData:
-    if message.dtype not in _DTYPES:
-        raise WireError(f"{where}: unsupported dtype {message.dtype} (float32 or int64)")
-    np_dtype, dtype = _DTYPES[message.dtype]
-    shape = [int(size) for size in message.shape]
-    if any(size < 0 for size in shape):
-        raise WireError(f"{where}: negative shape {shape}")
+def _where(index: int, name: str) -> str:
+    return f"data[{index}].loss_fn_inputs[{name!r}]"
+
+
+def _tensor(message: pb.Tensor, index: int, name: str) -> types.TensorData:
+    """Loss input `name` of datum `index` (named in errors only: this runs per datum)."""
+    code = message.dtype
+    if code not in _DTYPES:
+        raise WireError(f"{_where(index, name)}: unsupported dtype {code} (float32 or int64)")
+    np_dtype, dtype = _DTYPES[code]
+    shape = list(message.shape)
+    if shape and min(shape) < 0:
+        raise WireError(f"{_where(index, name)}: negative shape {shape}")
     if message.HasField("sparse_csr"):
-        return _densified(message.sparse_csr, np_dtype, dtype, shape, where)
-    values = _frombuffer(message.dense, np_dtype, where).astype(np.dtype(dtype), copy=False)
-    if shape and math.prod(shape) != values.size:
-        raise WireError(f"{where}: shape {shape} does not hold {values.size} values")
-    return types.TensorData.from_numpy(values.reshape(shape) if shape else values)
+        return _densified(message.sparse_csr, np_dtype, dtype, shape, _where(index, name))
+    dense = message.dense
+    if len(dense) % np_dtype.itemsize:
+        raise WireError(
+            f"{_where(index, name)}: {len(dense)} bytes is not a whole number of "
+            f"{np_dtype.name} elements"
+        )
+    values = np.frombuffer(dense, dtype=np_dtype).astype(_OUT_NP[dtype])  # a writable copy
+    if shape:
+        if math.prod(shape) != values.size:
+            raise WireError(
+                f"{_where(index, name)}: shape {shape} does not hold {values.size} values"
+            )
+        values = values.reshape(shape)
+    return types.TensorData(data=values, dtype=dtype, shape=list(values.shape))
 
 
 def _densified(
@@ -110,22 +128,18 @@ def _densified(
 
 
 def _datum(message: pb.Datum, index: int) -> types.Datum:
-    where = f"data[{index}]"
     tokens: list[int] = []
     for position, chunk in enumerate(message.model_input):
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
             raise WireError(
-                f"{where}.model_input[{position}]: {kind or 'empty'} chunks are not supported "
-                "(the local models read text tokens only)"
+                f"data[{index}].model_input[{position}]: {kind or 'empty'} chunks are not "
+                "supported (the local models read text tokens only)"
             )
         tokens.extend(
-            _frombuffer(chunk.encoded_text.tokens, np.dtype(np.int32), f"{where} tokens").tolist()
+            _frombuffer(chunk.encoded_text.tokens, _INT32, f"data[{index}] tokens").tolist()
         )
-    inputs = {
-        name: _tensor(tensor, f"{where}.loss_fn_inputs[{name!r}]")
-        for name, tensor in message.loss_fn_inputs.items()
-    }
+    inputs = {name: _tensor(tensor, index, name) for name, tensor in message.loss_fn_inputs.items()}
     return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
 
 
