@@ -230,12 +230,15 @@ class Engine:
         """
         with self._lock:
             pending = self._futures[request_id]
-        try:
-            reply = await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(pending.future)), timeout_s
-            )
-        except TimeoutError:
-            return None
+        if pending.future.done():  # answered at once: wrapping a done future costs a loop wake-up
+            reply = pending.future.result()
+        else:
+            try:
+                reply = await asyncio.wait_for(
+                    asyncio.shield(asyncio.wrap_future(pending.future)), timeout_s
+                )
+            except TimeoutError:
+                return None
         with self._lock:
             if pending.delivered_at is None:
                 pending.delivered_at = time.time()
