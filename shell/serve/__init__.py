@@ -50,6 +50,9 @@ __all__ = ["CLIENT_CONFIG", "COMMAND", "Engine", "build_app", "serve", "served_m
 _logger = logging.getLogger("rlpure.serve")
 
 _JANITOR_S = 30.0
+_SWITCH_INTERVAL_S = 0.001
+"""The GIL switch interval while serving (Python's default is 5 ms): a request waits up to this
+long for the GIL whenever the worker thread runs Python (a model's host-side code)."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -158,9 +161,12 @@ def serve(
     # installed: with these, that ends `run` instead of the process, so the engine closes here
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
         server.run(sockets=[sock])
     finally:
+        sys.setswitchinterval(switch_interval)
         stop.set()
         engine.close()
     return 0
