@@ -13,6 +13,7 @@ the comparison, and a new sharing pattern of the same padded shapes does not rec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -179,17 +180,24 @@ def _routes(
 _routes_jit = jax.jit(_routes, static_argnames="lora")
 
 
+@functools.cache
+def _weights() -> tuple[Any, Any]:
+    """Random weights and adapters with `B ≠ 0`, drawn once (eager init compiles op by op)."""
+    params = model_lib.init_params(jax.random.key(0), CONFIG)
+    adapters = model_lib.init_lora(jax.random.key(1), CONFIG, LORA)
+    noisy = jax.tree_util.tree_map(
+        lambda a: a + 0.1 * jax.random.normal(jax.random.key(2), a.shape), adapters
+    )
+    return params, noisy
+
+
 def _both_routes(
     seqs: list[np.ndarray], seed: int, row_width: int, *, lora: bool, routes: Any = _routes_jit
 ) -> dict[str, tuple[Any, Any]]:
-    """`_routes` on `seqs` packed both ways, with random weights (and adapters with `B ≠ 0`)."""
+    """`_routes` on `seqs` packed both ways (inputs drawn from `seed`), with `_weights()`."""
     rng = np.random.default_rng(seed)
     shared, plain = _packs(seqs, rng, row_width)
-    params = model_lib.init_params(jax.random.key(seed), CONFIG)
-    adapters = model_lib.init_lora(jax.random.key(seed + 1), CONFIG, LORA)
-    adapters = jax.tree_util.tree_map(
-        lambda a: a + 0.1 * jax.random.normal(jax.random.key(seed + 2), a.shape), adapters
-    )
+    params, adapters = _weights()
     weight_D_T = shared.inputs["advantages"] * shared.valid_D_T
     out: dict[str, tuple[Any, Any]] = routes(
         params,
