@@ -217,11 +217,12 @@ class OverlongConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class DynamicSamplingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """DAPO's dynamic sampling, in the sync mode (`shell.training._sync`).
 
-    The step's batch rolls out; while fewer than `groups_per_batch` of its groups have a
-    non-constant reward, the groups with a constant reward (or that failed) roll out again
-    with fresh seeds, at most `max_sampling_rounds` rounds in all; the step then trains on the
-    first `groups_per_batch` non-constant groups in batch order (all it found when the rounds
-    ran out; the first group when it found none, as `remove_constant_reward_groups`).
+    The step's batch rolls out; while fewer than `groups_per_batch` of the groups sampled so
+    far have a non-constant reward, round `k` rolls out the dataset's batch `(step + k) mod
+    num_batches` (new prompts, as DAPO and verl's recipe draw them; deterministic, so a resume
+    samples the same), at most `max_sampling_rounds` rounds in all; the step then trains on
+    the first `groups_per_batch` non-constant groups in sampling order (all it found when the
+    rounds ran out; the first group when it found none, as `remove_constant_reward_groups`).
 
     Attributes:
         groups_per_batch: non-constant groups per step (at most the dataset's batch size).
@@ -674,9 +675,11 @@ FIELD_HELP: Mapping[str, str] = {
     "of n sampled tokens gets reward 0 up to max_length - buffer, linear to -1 at max_length, "
     "-1 beyond, added before advantages (training data only; env/* metrics are unshaped).",
     "dynamic_sampling": "DAPO's dynamic sampling (sync mode), a table {groups_per_batch, "
-    "max_sampling_rounds}: groups with a constant reward (or that failed) roll out again until "
-    "groups_per_batch groups have a non-constant reward or max_sampling_rounds rounds ran; the "
-    "step trains on those. Metrics: dynamic_sampling/rounds, /groups_sampled, /groups_kept.",
+    "max_sampling_rounds}: while fewer than groups_per_batch sampled groups have a "
+    "non-constant reward, round k of step s rolls out the dataset's batch (s + k) mod "
+    "num_batches (new prompts, as DAPO), at most max_sampling_rounds rounds; the step trains "
+    "on the first groups_per_batch mixed groups (env/* metrics read every group sampled). "
+    "Metrics: dynamic_sampling/rounds, /groups_sampled, /groups_kept.",
     "termination": "Stop-reason-keyed reward semantics of training rollouts (the cookbook's "
     "TerminationRewardPolicy), a table: zero_reward_on_limit, limit_stop_reasons, "
     "skip_grading_on_timeout, grader_timeout_seconds, pass_all_messages_to_grader. Default: "

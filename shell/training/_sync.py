@@ -8,8 +8,10 @@ are skipped and counted (`rollout_errors/*`, running totals of the call), and a 
 every group failed is skipped with a warning (`progress/skipped`: no training, same sampler);
 else the successful groups' `env/*` metrics, `batch/num_groups`,
 `batch/degenerate_groups_frac`, then `train_on_groups` (`update_policy`) and its metrics.
-With `dynamic_sampling`, the rollouts are `sample_until_mixed`'s rounds and the update trains
-on `groups_to_train` (`shell.training._dynamic_sampling`, which states its metrics).
+With `dynamic_sampling`, the rollouts are `sample_until_mixed`'s rounds (later rounds roll out
+further batches of the dataset, new prompts), the step's metrics read every group of every
+round and the update trains on `groups_to_train` (`shell.training._dynamic_sampling`, which
+states its metrics).
 
 Spans: `run_evals` (when evaluating), `sampling`, `do_train_step_and_get_sampling_client`
 (and, inside `train_on_groups`, its parts).
@@ -55,8 +57,10 @@ async def run_sync_step(
     dynamic: DynamicRollouts | None = None
     with span("sampling"):
         if config.dynamic_sampling is not None:
-            dynamic = await sample_until_mixed(ctx, state, builders, seed=start.seed)
-            outcomes = dynamic.outcomes_P
+            dynamic = await sample_until_mixed(
+                ctx, state, builders, step=step, dataset=dataset, seed=start.seed
+            )
+            builders, outcomes = dynamic.builders_P, dynamic.outcomes_P
         else:
             outcomes = await do_batch_rollouts(
                 builders,

@@ -296,70 +296,100 @@ def test_the_kl_penalty_measures_tokens_with_its_estimator(
 # --- dynamic sampling --------------------------------------------------------------------------
 
 
-def _late_mixing_builder(mixed_from_round: dict[int, int]):  # type: ignore[no-untyped-def]
-    """Problem `p`'s group has a constant reward before round `mixed_from_round[p]` (from 1;
-    absent: always constant), then rewards 0, 1, 0, 1."""
+def _mixed_where(mixed: set[tuple[int, int]]):  # type: ignore[no-untyped-def]
+    """Batch `b`'s problem `p` (prompt `[1, 2, 3 + 3b + p]`) has rewards 0, 1 when `(b, p)` is
+    in `mixed`, else a constant 0."""
 
     def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
-        first = mixed_from_round.get(problem)
-
         def make(index: int) -> ScriptedEnv:
-            this_round = index // 2 + 1  # group size 2: envs 0-1 are round 1, 2-3 round 2, ...
-            mixed = first is not None and this_round >= first
-            return ScriptedEnv(
-                prompt=[1, 2, 3 + problem], rewards=(float(mixed and index % 2),), stop=()
-            )
+            reward = float((batch, problem) in mixed and index % 2)
+            return ScriptedEnv(prompt=[1, 2, 3 + 3 * batch + problem], rewards=(reward,), stop=())
 
         return ScriptedGroupBuilder(make, group_size=2, tags=("toy",))
 
     return builder
 
 
-def test_dynamic_sampling_resamples_constant_groups_until_the_batch_is_full(
-    tmp_path: Path,
-) -> None:
+def _trained_prompts(datums: list[tinker.Datum]) -> list[tuple[int, int]]:
+    """`(batch, problem)` of each trained group (group size 2: every other datum)."""
+    found = [int(d.model_input.to_ints()[2]) - 3 for d in datums[::2]]
+    return [divmod(x, 3) for x in found]
+
+
+def test_dynamic_sampling_draws_new_prompts_from_the_next_batches(tmp_path: Path) -> None:
+    """DAPO (and verl's recipe) fill the batch with new prompts: round `k` of step `s` rolls
+    out batch `(s + k) mod n`, so a step whose own prompts are constant trains others'."""
     service = FakeServiceClient(vocab_size=VOCAB)
     dataset = ScriptedDataset(
-        _late_mixing_builder({0: 1, 1: 2, 2: 2, 3: 3}), num_batches=1, groups_per_batch=4
+        _mixed_where({(1, 0), (1, 1), (2, 0)}), num_batches=3, groups_per_batch=2
     )
-    dynamic = {"groups_per_batch": 3, "max_sampling_rounds": 5}
+    dynamic = {"groups_per_batch": 2, "max_sampling_rounds": 3}
     _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
-    (row,) = _step_rows(tmp_path)
-    # round 1: group 0 mixed; round 2 re-rolls 1, 2, 3: groups 1 and 2 mixed -> 3, stop
-    assert row["dynamic_sampling/rounds"] == 2
-    assert row["dynamic_sampling/groups_sampled"] == 4 + 3
-    assert row["dynamic_sampling/groups_kept"] == 3
-    assert row["batch/num_trained_groups"] == 3
-    (datums,) = _sent(service)
-    assert len(datums) == 3 * 2
+    rows = _step_rows(tmp_path)
+    got = [(r["dynamic_sampling/rounds"], r["dynamic_sampling/groups_sampled"]) for r in rows]
+    # step 0: batch 0 (constant), then batch 1 (2 mixed); step 1: batch 1; step 2: batch 2
+    # (1 mixed), batch 0 (none), batch 1 (2 more)
+    assert got == [(2, 4), (1, 2), (3, 6)]
+    assert [r["dynamic_sampling/groups_kept"] for r in rows] == [2, 2, 2]
+    assert [r["batch/num_groups"] for r in rows] == [4, 2, 6]  # every group sampled
+    trained = [_trained_prompts(datums) for datums in _sent(service)]
+    assert trained == [[(1, 0), (1, 1)], [(1, 0), (1, 1)], [(2, 0), (1, 0)]]
+
+
+def test_a_resumed_dynamic_run_samples_what_the_whole_run_did(tmp_path: Path) -> None:
+    from tests.shell.test_train import _without_times
+
+    def run(log_dir: Path, service: FakeServiceClient, **options: Any) -> None:
+        dataset = ScriptedDataset(
+            _mixed_where({(1, 0), (1, 1), (2, 0)}), num_batches=3, groups_per_batch=2
+        )
+        dynamic = {"groups_per_batch": 2, "max_sampling_rounds": 3}
+        config = _config(log_dir, dynamic_sampling=dynamic, save_every=1, **options)
+        _train(config, service, dataset)
+
+    whole, split = FakeServiceClient(vocab_size=VOCAB), FakeServiceClient(vocab_size=VOCAB)
+    run(tmp_path / "whole", whole)
+    run(tmp_path / "split", split, max_steps=2)
+    resumed = FakeServiceClient(vocab_size=VOCAB, store=split.store)
+    run(tmp_path / "split", resumed)
+    assert _trained_prompts(_sent(resumed)[0]) == _trained_prompts(_sent(whole)[2])
+
+    def comparable(log_dir: Path) -> list[dict[str, Any]]:
+        # done_frac reads max_steps, which the first part of the split run set
+        rows = [_without_times(r) for r in _step_rows(log_dir)]
+        return [{k: v for k, v in r.items() if k != "progress/done_frac"} for r in rows]
+
+    assert comparable(tmp_path / "split") == comparable(tmp_path / "whole")
 
 
 def test_dynamic_sampling_stops_after_its_rounds_and_trains_what_it_found(tmp_path: Path) -> None:
     service = FakeServiceClient(vocab_size=VOCAB)
-    dataset = ScriptedDataset(_late_mixing_builder({1: 2}), num_batches=1, groups_per_batch=3)
+    dataset = ScriptedDataset(_mixed_where({(0, 1)}), num_batches=3, groups_per_batch=3)
     dynamic = {"groups_per_batch": 2, "max_sampling_rounds": 3}
     _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
-    (row,) = _step_rows(tmp_path)
+    row = _step_rows(tmp_path)[0]
     assert row["dynamic_sampling/rounds"] == 3
-    assert row["dynamic_sampling/groups_sampled"] == 3 + 3 + 2
+    assert row["dynamic_sampling/groups_sampled"] == 3 + 3 + 3
     assert row["dynamic_sampling/groups_kept"] == 1
     assert row["batch/num_trained_groups"] == 1
+    assert _trained_prompts(_sent(service)[0]) == [(0, 1)]
 
 
 def test_dynamic_sampling_without_any_mixed_group_trains_the_first(tmp_path: Path) -> None:
     service = FakeServiceClient(vocab_size=VOCAB)
-    dataset = ScriptedDataset(_late_mixing_builder({}), num_batches=1, groups_per_batch=2)
+    dataset = ScriptedDataset(_mixed_where(set()), num_batches=1, groups_per_batch=2)
     dynamic = {"groups_per_batch": 1, "max_sampling_rounds": 2}
     _train(_config(tmp_path, dynamic_sampling=dynamic), service, dataset)
     (row,) = _step_rows(tmp_path)
     assert (row["dynamic_sampling/rounds"], row["dynamic_sampling/groups_kept"]) == (2, 0)
+    assert row["dynamic_sampling/groups_sampled"] == 4  # one batch: round 1 rolls it again
     assert row["batch/num_trained_groups"] == 1
 
 
 def test_dynamic_sampling_larger_than_the_batch_is_refused_before_anything_runs(
     tmp_path: Path,
 ) -> None:
-    dataset = ScriptedDataset(_late_mixing_builder({}), num_batches=1, groups_per_batch=2)
+    dataset = ScriptedDataset(_mixed_where(set()), num_batches=1, groups_per_batch=2)
     config = _config(tmp_path, dynamic_sampling={"groups_per_batch": 3, "max_sampling_rounds": 2})
     with pytest.raises(ConfigError, match=r"dynamic_sampling.groups_per_batch: 3 is larger"):
         _train(config, FakeServiceClient(), dataset)
