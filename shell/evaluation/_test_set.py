@@ -14,6 +14,9 @@ Conventions:
   an rlpure addition). `last_result` holds the call's `BenchmarkResult`: one example per group
   (one problem), correct when any trajectory's total reward is > 0, failed groups counted as
   errors, scored as the cookbook's.
+- Each call ends in `_collect_eval_metrics(results, rollout_summary_export, store=store)`, the
+  cookbook's hook (one `TrajectoryGroup | None` per builder), so a subclass that overrides it,
+  as cookbook recipes do, sees every call's results.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from shell.completion import TinkerTokenCompleter
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.evaluation._benchmarks import BenchmarkResult
 from shell.evaluation._evaluators import SamplingClientEvaluator
-from shell.rollouts import RolloutStrategy, batch_rollout_error_metrics, do_batch_rollouts
+from shell.rollouts import RolloutErrorCounter, RolloutStrategy, do_batch_rollouts
 
 __all__ = ["RLTestSetEvaluator"]
 
@@ -96,13 +99,21 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
         self.last_groups: tuple[tuple[TrajectoryGroup, list[str]], ...] = ()
 
     async def __call__(
-        self, sampling_client: SamplingClient, *, seed: int | None = None
+        self,
+        sampling_client: SamplingClient,
+        *,
+        seed: int | None = None,
+        rollout_summary_export: object | None = None,
+        store: object | None = None,
     ) -> dict[str, float]:
         """Rolls out every test group with `sampling_client`; returns the prefixed metrics.
 
         Args:
             sampling_client: a sampling client of the weights to evaluate.
             seed: base sampling seed of this call (default: the evaluator's `seed`).
+            rollout_summary_export: the cookbook's rollout-summary export, passed on to
+                `_collect_eval_metrics` (written by the cookbook facade's subclass).
+            store: the cookbook's training-run store, passed on likewise.
 
         Raises:
             Exception: under `FailFast`, the first rollout failure.
@@ -113,27 +124,55 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
             temperature=self.temperature,
             seed=self.seed if seed is None else seed,
         )
-        builders = self.env_group_builders_P
         outcomes = await do_batch_rollouts(
-            builders,
+            self.env_group_builders_P,
             policy,
             strategy=self.strategy,
             max_concurrent_groups=self.max_concurrent_groups,
         )
+        results: list[TrajectoryGroup | None] = [
+            outcome.unwrap() if isinstance(outcome, Success) else None for outcome in outcomes
+        ]
+        return self._collect_eval_metrics(results, rollout_summary_export, store=store)
+
+    def _collect_eval_metrics(
+        self,
+        results: list[TrajectoryGroup | None],
+        rollout_summary_export: object | None,
+        *,
+        store: object | None = None,
+    ) -> dict[str, float]:
+        """The metrics of one evaluation's results, as the cookbook's hook of the same name.
+
+        Sets `last_result` and `last_groups`; a subclass may extend the metrics (the cookbook's
+        recipes override this to add set-level metrics such as AUC).
+
+        Args:
+            results: one entry per builder of `env_group_builders_P`, None for a failed group.
+            rollout_summary_export: unused here (the cookbook facade's subclass writes it).
+            store: unused here, likewise.
+
+        Returns:
+            The metrics, each key prefixed `<name>/`.
+        """
+        del rollout_summary_export, store
         kept = [
-            (builder, outcome.unwrap())
-            for builder, outcome in zip(builders, outcomes, strict=True)
-            if isinstance(outcome, Success)
+            (builder, group)
+            for builder, group in zip(self.env_group_builders_P, results, strict=True)
+            if group is not None
         ]
         groups = [group for _, group in kept]
+        counter = RolloutErrorCounter()
+        for result in results:
+            counter.ingest(result)
         found: dict[str, float] = {"num_groups": float(len(groups))}
-        found.update(batch_rollout_error_metrics(outcomes))
+        found.update(counter.get_metrics())
         if groups:
             tags = [builder.logging_tags() for builder, _ in kept]
             found.update(
                 {k: float(v) for k, v in metrics_lib.trajectory_metrics(groups, tags).items()}
             )
-        self.last_result = _benchmark_result(self.name, groups, len(builders), found)
+        self.last_result = _benchmark_result(self.name, groups, len(results), found)
         self.last_groups = tuple((group, builder.logging_tags()) for builder, group in kept)
         return {f"{self.name}/{key}": value for key, value in found.items()}
 
