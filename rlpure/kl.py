@@ -44,7 +44,7 @@ from msgspec.structs import replace
 from rlpure._checks import check_rank, check_shapes_equal
 from rlpure.packing import DatumBatch
 
-__all__ = ["discounted_future_sum", "kl_penalty_advantages"]
+__all__ = ["discounted_future_sum", "kl_penalty_advantages", "kl_penalty_advantages_from_estimate"]
 
 
 @jax.jit
@@ -163,6 +163,27 @@ def kl_penalty_advantages(
     return replace(batch, advantages_D_T=advantages), {"kl_policy_base": kl_policy_base}
 
 
+def _penalty_added(
+    kl_D_T: jax.Array,
+    mask_D_T: ArrayLike,
+    advantages_D_T: ArrayLike,
+    coef: ArrayLike,
+    discount: float,
+) -> tuple[jax.Array, jax.Array]:
+    """`A + x'` and `avg_d` from the per-token measure `d` (module docstring), `d` finite."""
+    advantages = jnp.asarray(advantages_D_T)
+    dtype = advantages.dtype if jnp.issubdtype(advantages.dtype, jnp.floating) else jnp.float32
+    advantages = advantages.astype(dtype)
+    mask = jnp.asarray(mask_D_T).astype(dtype)
+    diff = kl_D_T.astype(dtype) * mask
+    total = jnp.sum(mask)
+    avg = jnp.where(total > 0, jnp.sum(diff) / jnp.where(total > 0, total, 1), 0)
+    added = jnp.asarray(coef, dtype) * mask * (avg - diff)
+    if discount > 0:
+        added = discounted_future_sum(added, discount)
+    return advantages + added, avg
+
+
 def _shaped_advantages_impl(
     logprobs_D_T: ArrayLike,
     ref_logprobs_D_T: ArrayLike,
@@ -174,18 +195,93 @@ def _shaped_advantages_impl(
 ) -> tuple[jax.Array, jax.Array]:
     advantages = jnp.asarray(advantages_D_T)
     dtype = advantages.dtype if jnp.issubdtype(advantages.dtype, jnp.floating) else jnp.float32
-    advantages = advantages.astype(dtype)
-    mask = jnp.asarray(mask_D_T).astype(dtype)
-    on = mask != 0
+    on = jnp.asarray(mask_D_T) != 0
     q = jnp.where(on, jnp.asarray(logprobs_D_T).astype(dtype), 0)
     ref = jnp.where(on, jnp.asarray(ref_logprobs_D_T).astype(dtype), 0)
-    diff = (q - ref) * mask
-    total = jnp.sum(mask)
-    avg = jnp.where(total > 0, jnp.sum(diff) / jnp.where(total > 0, total, 1), 0)
-    added = jnp.asarray(coef, dtype) * mask * (avg - diff)
-    if discount > 0:
-        added = discounted_future_sum(added, discount)
-    return advantages + added, avg
+    return _penalty_added(q - ref, mask_D_T, advantages_D_T, coef, discount)
 
 
 _shaped_advantages = jax.jit(_shaped_advantages_impl, static_argnames=("discount",))
+
+
+def _estimate_shaped_advantages_impl(
+    kl_D_T: ArrayLike,
+    mask_D_T: ArrayLike,
+    advantages_D_T: ArrayLike,
+    coef: ArrayLike,
+    *,
+    discount: float,
+) -> tuple[jax.Array, jax.Array]:
+    on = jnp.asarray(mask_D_T) != 0
+    kl = jnp.where(on, jnp.asarray(kl_D_T), 0)
+    return _penalty_added(kl, mask_D_T, advantages_D_T, coef, discount)
+
+
+_estimate_shaped_advantages = jax.jit(
+    _estimate_shaped_advantages_impl, static_argnames=("discount",)
+)
+
+
+def kl_penalty_advantages_from_estimate(
+    batch: DatumBatch,
+    kl_D_T: ArrayLike,
+    *,
+    coef: float,
+    discount: float = 0.0,
+) -> tuple[DatumBatch, dict[str, jax.Array]]:
+    """`kl_penalty_advantages` with the per-token measure `d_t` given directly.
+
+    The module docstring's shaping with `d_t = kl_t · mask_t`, e.g. Schulman's k2 or k3 from
+    `rlpure.corrections.kl_estimate(q, ref, mask).kl_D_T`. Handing the estimate itself keeps
+    its float32 precision; routing it through a reference `ref' = q − k` would not (with
+    `q ≈ −10` the spacing of float32 near 10 is ~1e-6, so `q − ref'` loses ~1% of a
+    `k ≈ 1e-4`). As reward shaping (a stop-gradient reward) only k1 (`q − ref`, which
+    `kl_penalty_advantages` uses) gives an unbiased gradient of the KL; k2 and k3 as rewards
+    are biased.
+
+    Args:
+        batch: the padded batch (`mask_D_T` the action mask, `advantages_D_T` the advantages
+            to shape; `logprobs_D_T` is not read).
+        kl_D_T: float `[D, T]` the per-token measure, aligned and padded like the batch;
+            ignored where `mask_D_T` is 0.
+        coef: penalty coefficient; Python float, static.
+        discount: γ in [0, 1]; Python float, static.
+
+    Returns:
+        A new `DatumBatch` with shaped advantages and `{"kl_policy_base": avg_d}` (the masked
+        mean of `kl_D_T`).
+
+    Raises:
+        ValueError: `kl_D_T`, or a `[D, T]` field of `batch`, shaped unlike
+            `batch.mask_D_T` (naming both); `discount` outside [0, 1]; non-finite `coef`.
+
+    Examples:
+        >>> import numpy as np
+        >>> z = np.zeros((1, 3), np.float32)
+        >>> batch = DatumBatch(
+        ...     input_tokens_D_T=z.astype(np.int32), target_tokens_D_T=z.astype(np.int32),
+        ...     logprobs_D_T=z, advantages_D_T=z, mask_D_T=np.array([[0.0, 1.0, 1.0]], np.float32),
+        ...     length_D=np.array([3], np.int32), group_idx_D=np.zeros(1, np.int32),
+        ...     traj_idx_D=np.zeros(1, np.int32), num_datums=1)
+        >>> shaped, metrics = kl_penalty_advantages_from_estimate(
+        ...     batch, np.array([[9.0, 1.0, 0.0]], np.float32), coef=1.0)
+        >>> float(metrics["kl_policy_base"]), shaped.advantages_D_T.tolist()
+        (0.5, [[0.0, -0.5, 0.5]])
+    """
+    coef = _check_number("coef", coef)
+    discount = _check_number("discount", discount)
+    name = "kl_penalty_advantages_from_estimate"
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"{name}: discount must lie in [0, 1], got {discount}")
+    check_rank(name, "batch.mask_D_T", batch.mask_D_T, "DT")
+    check_shapes_equal(
+        name,
+        ("batch.mask_D_T", batch.mask_D_T),
+        ("kl_D_T", kl_D_T),
+        ("batch.advantages_D_T", batch.advantages_D_T),
+        ("batch.input_tokens_D_T", batch.input_tokens_D_T),
+    )
+    advantages, kl_policy_base = _estimate_shaped_advantages(
+        kl_D_T, batch.mask_D_T, batch.advantages_D_T, coef, discount=discount
+    )
+    return replace(batch, advantages_D_T=advantages), {"kl_policy_base": kl_policy_base}

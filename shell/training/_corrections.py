@@ -8,10 +8,11 @@ exactly the datums it built before these options existed. When on, in `prepare_d
    reward (a trajectory's length is its number of sampled tokens, over all its turns), before
    advantages; new group records (the step's own groups, which its `env/*` metrics and token
    counts read, are unchanged). Metrics: `overlong/penalty_mean`, `overlong/penalized_frac`.
-2. `estimator_reference_logprobs`: the cookbook's KL shaping (`rlpure.kl`) measures each token
-   by `d_t = q_t − ref_t` (k1); with k2 or k3 it measures it by that estimator's value, by
-   handing the shaping the reference `q_t − k_t` (so `q_t − ref'_t = k_t` exactly as the
-   shaping computes it, to float32 rounding).
+2. `kl_shaped`: the cookbook's KL shaping (`rlpure.kl.kl_penalty_advantages`) measures each
+   token by `d_t = q_t − ref_t` (k1); with k2 or k3 it measures it by that estimator's value
+   `k_t`, handed to the shaping directly (`kl_penalty_advantages_from_estimate`, which keeps
+   `k_t`'s float32 precision). As reward shaping only k1 gives an unbiased gradient of the
+   KL; k2 and k3 as rewards are biased.
 3. `mismatch_corrected`: one `forward` of the training client over the datums built so far
    gives the trainer's logprobs `p`; `rlpure.corrections.importance_weights(q, p, mask)`
    against the sampler's `q` scales the batch's advantages (after aggregation and KL
@@ -44,11 +45,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import jax
 import msgspec
 import numpy as np
 import tinker
 
 from rlpure.corrections import importance_weights, kl_estimate, overlong_penalty
+from rlpure.kl import kl_penalty_advantages, kl_penalty_advantages_from_estimate
 from rlpure.packing import DatumBatch
 from rlpure.records import TrajectoryGroup
 from shell.clients import TrainingClient
@@ -58,7 +61,7 @@ from shell.timing import span
 
 __all__ = [
     "MismatchCorrection",
-    "estimator_reference_logprobs",
+    "kl_shaped",
     "mismatch_corrected",
     "overlong_shaped_groups",
     "trainer_logprobs_D_T",
@@ -100,19 +103,18 @@ def overlong_shaped_groups(
     return shaped, metrics
 
 
-def estimator_reference_logprobs(
+def kl_shaped(
     batch: DatumBatch, ref_logprobs_D_T: np.ndarray, *, config: TrainConfig
-) -> np.ndarray:
-    """The reference logprobs to hand `rlpure.kl.kl_penalty_advantages` so that it measures
-    each token by `config.kl_penalty_estimator` (see the module docstring, 2.): `ref` itself
-    for k1, `q − k` otherwise."""
+) -> tuple[DatumBatch, dict[str, jax.Array]]:
+    """The cookbook's KL shaping of `batch` against `ref_logprobs_D_T`, each token measured by
+    `config.kl_penalty_estimator` (see the module docstring, 2.)."""
+    coef, discount = config.kl_penalty_coef, config.kl_discount
     if config.kl_penalty_estimator == "k1":
-        return ref_logprobs_D_T
+        return kl_penalty_advantages(batch, ref_logprobs_D_T, coef=coef, discount=discount)
     estimate = kl_estimate(
         batch.logprobs_D_T, ref_logprobs_D_T, batch.mask_D_T, estimator=config.kl_penalty_estimator
     )
-    sampler = np.asarray(batch.logprobs_D_T, np.float32)
-    return sampler - np.asarray(estimate.kl_D_T, np.float32)
+    return kl_penalty_advantages_from_estimate(batch, estimate.kl_D_T, coef=coef, discount=discount)
 
 
 def trainer_logprobs_D_T(output: tinker.ForwardBackwardOutput, batch: DatumBatch) -> np.ndarray:

@@ -51,7 +51,6 @@ import tinker
 
 from rlpure import advantages as advantages_lib
 from rlpure import metrics as metrics_lib
-from rlpure.kl import kl_penalty_advantages
 from rlpure.packing import DatumBatch, assemble_batch
 from rlpure.records import TrajectoryGroup
 from shell.clients import APIFuture, SamplingClient, TrainingClient
@@ -59,7 +58,7 @@ from shell.config import TrainConfig
 from shell.datums import to_tinker_datums
 from shell.timing import span
 from shell.training._corrections import (
-    estimator_reference_logprobs,
+    kl_shaped,
     mismatch_corrected,
     overlong_shaped_groups,
 )
@@ -375,12 +374,7 @@ async def prepare_datums(
         if kl_reference_client is not None and config.kl_penalty_coef > 0:
             with span("kl_vs_base"):
                 ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
-                batch, kl_metrics = kl_penalty_advantages(
-                    batch,
-                    estimator_reference_logprobs(batch, ref_D_T, config=config),
-                    coef=config.kl_penalty_coef,
-                    discount=config.kl_discount,
-                )
+                batch, kl_metrics = kl_shaped(batch, ref_D_T, config=config)
             metrics.update({k: float(v) for k, v in kl_metrics.items()})
         datums = to_tinker_datums(batch, include_mask=False)
         if config.mismatch_correction is not None:

@@ -307,6 +307,43 @@ def test_k1_and_k2_means_are_the_kl_sample_train_metrics(problem):
     assert float(k2) == pytest.approx(found["optim/kl_sample_train_v2"], rel=1e-5, abs=1e-6)
 
 
+def test_the_kl_penalty_takes_the_estimate_directly_at_full_precision():
+    """k3 ≈ 1e-4 at logprobs ≈ −10: handed to the shaping directly it keeps float32's
+    relative precision; through a reference `ref' = q − k` (so that `q − ref' = k`) the
+    spacing of float32 near 10 (~1e-6) costs ~1% of it."""
+    from rlpure.kl import kl_penalty_advantages, kl_penalty_advantages_from_estimate
+    from rlpure.packing import DatumBatch
+
+    rng = np.random.default_rng(3)
+    shape = (3, 8)
+    q = rng.uniform(-10.5, -9.5, shape).astype(np.float32)
+    ref = (q.astype(np.float64) + rng.uniform(0.01, 0.02, shape)).astype(np.float32)
+    mask = (rng.uniform(size=shape) < 0.8).astype(np.float32)
+    zeros = np.zeros(shape, np.float32)
+    batch = DatumBatch(
+        input_tokens_D_T=zeros.astype(np.int32),
+        target_tokens_D_T=zeros.astype(np.int32),
+        logprobs_D_T=q,
+        advantages_D_T=zeros,
+        mask_D_T=mask,
+        length_D=np.full(shape[0], shape[1], np.int32),
+        group_idx_D=np.zeros(shape[0], np.int32),
+        traj_idx_D=np.arange(shape[0], dtype=np.int32),
+        num_datums=shape[0],
+    )
+    log_r = ref.astype(np.float64) - q.astype(np.float64)
+    k3 = np.where(mask > 0, np.expm1(log_r) - log_r, 0.0)  # ~1e-4, float64
+    assert k3[mask > 0].min() > 2e-5 and k3.max() < 3e-4
+    want = mask * (k3[mask > 0].mean() - k3)  # coef 1, no discount, float64
+    estimate = kl_estimate(q, ref, mask, estimator="k3").kl_D_T
+    direct, metrics = kl_penalty_advantages_from_estimate(batch, estimate, coef=1.0)
+    np.testing.assert_allclose(direct.advantages_D_T, want, rtol=0, atol=5e-4 * np.abs(want).max())
+    assert float(metrics["kl_policy_base"]) == pytest.approx(k3[mask > 0].mean(), rel=1e-3)
+    routed, _ = kl_penalty_advantages(batch, q - np.asarray(estimate), coef=1.0)
+    error = np.abs(np.asarray(routed.advantages_D_T) - want).max() / np.abs(want).max()
+    assert error > 5e-3  # the route this function replaces
+
+
 # --- overlong ------------------------------------------------------------------------------------
 
 
