@@ -47,7 +47,8 @@ or builder class is refused.
 Extensions (rlpure's, issue 30; absent from the cookbook and off by default, so defaults stay
 the cookbook's): `mismatch_correction`, `kl_penalty_estimator`, `overlong` and
 `dynamic_sampling` take `shell.config`'s records and map onto the `TrainConfig` fields of the
-same names.
+same names. `mismatch_correction` is refused with `stable_reinforce` (the async default loss):
+set `async_config.loss_fn` (or `loss_fn`) to another loss to use it.
 
 Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
 None); `renderer_name` is accepted and not used (the renderer is the dataset builder's
