@@ -20,8 +20,9 @@ Conventions:
   computes, so on-policy importance ratios are 1 (to float32 rounding).
 - Prompts are right-padded (each row at least one real token); stop sequences are
   right-aligned in their `W` window and left-padded with -1. The KV cache holds keys and
-  values `[L, B, S, N, C]` each (`rlpure.model._transformer.prefill` / `decode_step`, the
-  same for every model family). With `SampleBatch.prompt_index_B` the `P` distinct prompts
+  values as `L` arrays `[B, N, S, C]` each (`rlpure.model._transformer.prefill` /
+  `decode_layers`, the same for every model family); the weights are split per layer once
+  per call, before the loop. With `SampleBatch.prompt_index_B` the `P` distinct prompts
   are prefilled once and their caches broadcast to their `B` rows (`num_samples`).
 - Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
   logprob is unfiltered. Each row's randomness depends on its own key material and the step
@@ -44,7 +45,14 @@ import numpy as np
 from rlpure.model._config import ModelConfig
 from rlpure.model._layers import NEG_INF
 from rlpure.model._lora import LoraConfig
-from rlpure.model._transformer import KVCache, Params, PrefillOutput, decode_step, prefill
+from rlpure.model._transformer import (
+    KVCache,
+    Params,
+    PrefillOutput,
+    decode_layers,
+    prefill,
+    split_layers,
+)
 
 __all__ = [
     "SampleBatch",
@@ -135,7 +143,8 @@ def _row_keys(key_material_B_K: jax.Array) -> jax.Array:
     """One PRNG key per row: `key(m_0)` folded with `m_1`, …, `m_{K−1}` (see `SampleBatch`)."""
 
     def one(material_K: jax.Array) -> jax.Array:
-        key = jax.random.key(material_K[0])
+        # threefry (JAX's default) named: `_gumbel_noise` reimplements its bits
+        key = jax.random.key(material_K[0], impl="threefry2x32")
         for i in range(1, material_K.shape[0]):
             key = jax.random.fold_in(key, material_K[i])
         return key
@@ -183,7 +192,7 @@ class _DecodeState(NamedTuple):
 
     step: jax.Array  # int32 scalar: tokens decoded so far (the next column of `tokens_B_M`)
     logits_B_V: jax.Array  # float32 next-token logits of every row
-    cache: KVCache  # RoPE'd keys and values [L, B, S, N, C] (config.dtype)
+    cache: KVCache  # RoPE'd keys and values, L arrays [B, N, S, C] (config.dtype)
     done_B: jax.Array  # bool: the row generates no more tokens
     stopped_B: jax.Array  # bool: the row ended on a stop token or sequence
     num_B: jax.Array  # int32 tokens generated per row
@@ -260,7 +269,8 @@ def _prefill_rows(
     shared = PrefillOutput(
         logits_B_V=prefilled.logits_B_V[index_B],
         cache=KVCache(
-            k_L_B_S_N_C=cache.k_L_B_S_N_C[:, index_B], v_L_B_S_N_C=cache.v_L_B_S_N_C[:, index_B]
+            k_L_B_N_S_C=tuple(k[index_B] for k in cache.k_L_B_N_S_C),
+            v_L_B_N_S_C=tuple(v[index_B] for v in cache.v_L_B_N_S_C),
         ),
     )
     return shared, prompt_length[index_B]
@@ -284,11 +294,74 @@ def _initial_state(
     )
 
 
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(
+    key0: jax.Array, key1: jax.Array, count0: jax.Array, count1: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The Threefry-2x32 block cipher (20 rounds; Salmon et al. 2011) on uint32 words, unrolled.
+
+    The same function as JAX's `threefry2x32` primitive, bit for bit; JAX lowers that as a
+    rolled 5-iteration loop on CPU, each iteration a pass over memory, which made drawing the
+    Gumbel noise of a `[128, 49152]` step cost ~40% of a SmolLM2 decode step. Unrolled, XLA
+    fuses the 20 rounds into one vectorised loop.
+    """
+    schedule = (key0, key1, key0 ^ key1 ^ np.uint32(0x1BD11BDA))
+    x0, x1 = count0 + schedule[0], count1 + schedule[1]
+    for i in range(5):
+        for rotation in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = (x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))
+            x1 = x0 ^ x1
+        x0 = x0 + schedule[(i + 1) % 3]
+        x1 = x1 + schedule[(i + 2) % 3] + np.uint32(i + 1)
+    return x0, x1
+
+
+def _gumbel_noise(keys_B: jax.Array, v: int) -> jax.Array:
+    """float32 `[B, V]`: row `b` is `jax.random.gumbel(keys_B[b], (V,))`, bit for bit.
+
+    JAX's recipe for a threefry key (`jax_threefry_partitionable`, the default): 32 random
+    bits per element are `x0 ^ x1` of `threefry2x32(key, (0, i))`, the top 23 become a float
+    `u` in `[tiny, 1)` (`jax.random.uniform`) and the noise is `-log(-log(u))`. Pinned against
+    `jax.random.gumbel` by `tests/core/test_sampling_tokens.py`.
+    """
+    words_B_2 = jax.random.key_data(keys_B)
+    count_1_V = jnp.arange(v, dtype=jnp.uint32)[None, :]
+    x0_B_V, x1_B_V = _threefry2x32(
+        words_B_2[:, :1], words_B_2[:, 1:], jnp.zeros_like(count_1_V), count_1_V
+    )
+    bits_B_V = x0_B_V ^ x1_B_V
+    mantissa_B_V = (bits_B_V >> np.uint32(9)) | np.uint32(0x3F800000)  # 1.m in [1, 2)
+    floats_B_V = jax.lax.bitcast_convert_type(mantissa_B_V, jnp.float32) - np.float32(1.0)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    uniform_B_V = jnp.maximum(tiny, floats_B_V * (np.float32(1.0) - tiny) + tiny)
+    return -jnp.log(-jnp.log(uniform_B_V))
+
+
+def _first_argmax(x_B_V: jax.Array) -> jax.Array:
+    """`jnp.argmax(x_B_V, axis=-1)` (the first maximum; the first NaN if any), int32 `[B]`,
+    as two plain reductions that XLA's CPU backend vectorises (its fused value-and-index
+    reduction ran element by element)."""
+    v = x_B_V.shape[-1]
+    max_B_1 = jnp.max(x_B_V, axis=-1, keepdims=True)
+    hit_B_V = (x_B_V == max_B_1) | jnp.isnan(x_B_V)
+    index_B_V = jax.lax.broadcasted_iota(jnp.int32, x_B_V.shape, 1)
+    return jnp.min(jnp.where(hit_B_V, index_B_V, v), axis=-1)
+
+
 def _draw_tokens(
     logits_B_V: jax.Array, step: jax.Array, rules: _SamplingRules
 ) -> tuple[jax.Array, jax.Array]:
     """Each row's next token int32 `[B]` (drawn from `softmax(filter(logits) / temperature)`,
-    argmax at temperature 0) and its tempered logprob float32 `[B]`."""
+    argmax at temperature 0) and its tempered logprob float32 `[B]`.
+
+    The draw is `jax.random.categorical(key, scaled)` (the Gumbel-max trick, `argmax(g +
+    scaled)` with `g = gumbel(key)`), computed with the same noise bit for bit
+    (`_gumbel_noise`); the perturbed logits are materialised (an optimisation barrier) so
+    the two reductions of `_first_argmax` read them instead of each recomputing the noise.
+    """
     step_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, step))(rules.keys_B)
     filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
         rules.needs_filter,
@@ -297,9 +370,10 @@ def _draw_tokens(
         logits_B_V,
     )
     scaled_B_V = filtered_B_V / rules.safe_temp_B[:, None]
-    drawn_B = jax.vmap(jax.random.categorical)(step_keys_B, scaled_B_V)
-    token_B = jnp.where(rules.temperature_B > 0, drawn_B, jnp.argmax(logits_B_V, axis=-1))
-    token_B = token_B.astype(jnp.int32)
+    noise_B_V = _gumbel_noise(step_keys_B, logits_B_V.shape[-1])
+    perturbed_B_V = jax.lax.optimization_barrier(noise_B_V + scaled_B_V)  # type: ignore[no-untyped-call]
+    drawn_B = _first_argmax(perturbed_B_V)
+    token_B = jnp.where(rules.temperature_B > 0, drawn_B, _first_argmax(logits_B_V))
     logprob_B = tempered_token_logprobs(logits_B_V, rules.safe_temp_B, token_B)
     return token_B, logprob_B
 
@@ -352,7 +426,7 @@ def sample_tokens(
     tempered, not renormalised over the top-k/top-p set; at temperature 0 the untempered one),
     stop the row if the token is a stop token, if its generated tail now ends with one of its
     stop sequences, or if it reached its `max_new_tokens_B`; feed the token back through one
-    cached decoder step (`decode_step`). Exits early when every row has stopped.
+    cached decoder step (`decode_layers`). Exits early when every row has stopped.
 
     Args:
         params: model params.
@@ -373,6 +447,9 @@ def sample_tokens(
         params, batch, config=config, cache_len=t + max_new_tokens, adapters=adapters, lora=lora
     )
     initial = _initial_state(prefilled, rules, max_new_tokens=max_new_tokens, window=window)
+    layers_L = split_layers(params["layers"], config.n_layers)  # once, not every step
+    layer_adapters = (adapters or {}).get("layers")
+    layer_adapters_L = split_layers(layer_adapters, config.n_layers) if layer_adapters else None
 
     def cond(state: _DecodeState) -> jax.Array:
         return (state.step < max_new_tokens) & ~jnp.all(state.done_B)
@@ -381,12 +458,14 @@ def sample_tokens(
         token_B, logprob_B = _draw_tokens(state.logits_B_V, state.step, rules)
         recorded = _record_tokens(state, token_B, logprob_B, rules)
         # One cached decoder step on the new token at position length + step.
-        decoded = decode_step(
+        decoded = decode_layers(
             params,
+            layers_L,
             state.cache,
             token_B,
             length_B + state.step,
             config=config,
+            layer_adapters_L=layer_adapters_L,
             adapters=adapters,
             lora=lora,
         )

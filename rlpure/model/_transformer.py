@@ -40,8 +40,9 @@ Conventions:
 - Shapes are bucketed by the caller (`rlpure.buckets.bucket_size`, powers of two) so a run
   compiles a handful of times; `config`, `lora` and cache lengths are static under `jit`,
   everything else is traced.
-- `prefill` and `decode_step` are the KV-cached pair `rlpure.model._sampling` decodes with;
-  `forward` is the full causal pass.
+- `prefill` and `decode_step` are the KV-cached pair; `rlpure.model._sampling` decodes with
+  `decode_layers` (the step on weights split once per call by `split_layers`); `forward` is
+  the full causal pass.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import numpy as np
 
 from rlpure.model._config import ModelConfig
 from rlpure.model._layers import (
-    _attend,
+    _attend_cached,
     _attend_recomputed,
     _dtype,
     _embed,
@@ -72,11 +73,13 @@ __all__ = [
     "Params",
     "PrefillOutput",
     "count_params",
+    "decode_layers",
     "decode_step",
     "forward",
     "init_params",
     "logits",
     "prefill",
+    "split_layers",
     "target_logprobs",
     "target_logprobs_fn",
 ]
@@ -180,10 +183,12 @@ class ForwardOutput(NamedTuple):
 
 
 class KVCache(NamedTuple):
-    """Every layer's RoPE'd keys and values at each cache position (`config.dtype`)."""
+    """Every layer's RoPE'd keys and values at each cache position (`config.dtype`): a tuple
+    of `L` arrays `[B, N, S, C]` each (one buffer per layer, head-major), so a decode step
+    updates and reads each layer's cache in place, never slicing or transposing a stack."""
 
-    k_L_B_S_N_C: jax.Array
-    v_L_B_S_N_C: jax.Array
+    k_L_B_N_S_C: tuple[jax.Array, ...]
+    v_L_B_N_S_C: tuple[jax.Array, ...]
 
 
 class PrefillOutput(NamedTuple):
@@ -300,7 +305,7 @@ def prefill(
 
     Returns:
         `PrefillOutput`: logits float32 `[B, V]` after `tokens_B_T[b, : length_B[b]]`, and a
-        `KVCache` `[L, B, S, N, C]` holding positions `[0, T)` (zeros after).
+        `KVCache` (`L` arrays `[B, N, S, C]`) holding positions `[0, T)` (zeros after).
     """
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     tokens_B_T = jnp.asarray(tokens_B_T, jnp.int32)
@@ -312,10 +317,64 @@ def prefill(
     )
     last_B = jnp.asarray(length_B, jnp.int32) - 1
     x_B_1_E = x_B_T_E[jnp.arange(b), last_B][:, None, :]
-    pad = ((0, 0), (0, 0), (0, cache_len - t), (0, 0), (0, 0))
+    pad = ((0, 0), (0, 0), (0, cache_len - t), (0, 0))
+
+    def per_layer(kv_L_B_T_N_C: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(jnp.pad(kv.transpose(0, 2, 1, 3), pad) for kv in kv_L_B_T_N_C)
+
     return PrefillOutput(
         logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_S_N_C=jnp.pad(k_L_B_T_N_C, pad), v_L_B_S_N_C=jnp.pad(v_L_B_T_N_C, pad)),
+        cache=KVCache(k_L_B_N_S_C=per_layer(k_L_B_T_N_C), v_L_B_N_S_C=per_layer(v_L_B_T_N_C)),
+    )
+
+
+def split_layers(layers: Params, n_layers: int) -> tuple[Params, ...]:
+    """The per-layer slices of a pytree stacked over a leading layer axis `L` (`params["layers"]`
+    or LoRA adapters' `"layers"`): a tuple of `n_layers` pytrees.
+
+    A decode loop splits once, before it starts: a layer scan over the stacks copied every
+    layer's weights out of them at every step (a tenth of a SmolLM2 step).
+    """
+    return tuple(jax.tree_util.tree_map(lambda x, i=i: x[i], layers) for i in range(n_layers))
+
+
+def decode_layers(
+    params: Params,
+    layers_L: tuple[Params, ...],
+    cache: KVCache,
+    token_B: jax.Array,
+    position_B: jax.Array,
+    *,
+    config: ModelConfig,
+    layer_adapters_L: tuple[Params, ...] | None = None,
+    adapters: Params | None = None,
+    lora: LoraConfig | None = None,
+) -> DecodeOutput:
+    """`decode_step` on weights already split per layer (`split_layers`), not jitted: the body
+    of a decode loop (`rlpure.model._sampling`). The layers are unrolled (one buffer per
+    layer, nothing sliced out of a stack); `adapters`' own `"layers"` are ignored in favour of
+    `layer_adapters_L`, its per-layer split."""
+    _, top_adapters, scale = _lora_parts(adapters, lora)
+    dtype = _dtype(config)
+    token_B = jnp.asarray(token_B, jnp.int32)
+    position_B = jnp.asarray(position_B, jnp.int32)
+    rows_B = jnp.arange(token_B.shape[0])
+    cache_len = cache.k_L_B_N_S_C[0].shape[2]
+    allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= position_B[:, None])[:, None, :]
+    positions_B_1 = position_B[:, None]
+    k_L, v_L = list(cache.k_L_B_N_S_C), list(cache.v_L_B_N_S_C)
+    x_B_1_E = _embed(params, token_B[:, None])
+    for index, layer in enumerate(layers_L):
+        ad = layer_adapters_L[index] if layer_adapters_L else {}
+        q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = _qkv(layer, x_B_1_E, positions_B_1, config, ad, scale)
+        # row b's new key at [b, :, position_B[b], :] (advanced indices first: [B, N, C])
+        k_L[index] = k_L[index].at[rows_B, :, position_B].set(k_B_1_N_C[:, 0].astype(dtype))
+        v_L[index] = v_L[index].at[rows_B, :, position_B].set(v_B_1_N_C[:, 0].astype(dtype))
+        attn_B_1_H_C = _attend_cached(q_B_1_H_C, k_L[index], v_L[index], allowed_B_1_S, dtype)
+        x_B_1_E = _finish_block(layer, x_B_1_E, attn_B_1_H_C, config, ad, scale)
+    return DecodeOutput(
+        logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
+        cache=KVCache(k_L_B_N_S_C=tuple(k_L), v_L_B_N_S_C=tuple(v_L)),
     )
 
 
@@ -337,7 +396,8 @@ def decode_step(
 
     Args:
         params: the params pytree.
-        cache: the `KVCache` `[L, B, S, N, C]`, filled on `[0, position_B[b])` for row `b`.
+        cache: the `KVCache` (`L` arrays `[B, N, S, C]`), filled on `[0, position_B[b])` for
+            row `b`.
         token_B: int32 `[B]` the token fed at each row's position.
         position_B: int32 `[B]` each row's position, `< S`.
         config: model shape (static).
@@ -347,40 +407,17 @@ def decode_step(
     Returns:
         `DecodeOutput`: logits float32 `[B, V]` after the fed token, and the updated cache.
     """
-    layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
-    dtype = _dtype(config)
-    token_B = jnp.asarray(token_B, jnp.int32)
-    position_B = jnp.asarray(position_B, jnp.int32)
-    b = token_B.shape[0]
-    cache_len = cache.k_L_B_S_N_C.shape[2]
-    rows_B = jnp.arange(b)
-    allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= position_B[:, None])[:, None, :]
-    positions_B_1 = position_B[:, None]
-
-    def block(
-        carry: tuple[jax.Array, jax.Array, jax.Array],
-        layer_index_and_params: tuple[jax.Array, Params, Params],
-    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], None]:
-        x_B_1_E, k_L_B_S_N_C, v_L_B_S_N_C = carry
-        index, layer, ad = layer_index_and_params
-        q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = _qkv(layer, x_B_1_E, positions_B_1, config, ad, scale)
-        k_L_B_S_N_C = k_L_B_S_N_C.at[index, rows_B, position_B].set(k_B_1_N_C[:, 0].astype(dtype))
-        v_L_B_S_N_C = v_L_B_S_N_C.at[index, rows_B, position_B].set(v_B_1_N_C[:, 0].astype(dtype))
-        attn_B_1_H_C = _attend(
-            q_B_1_H_C, k_L_B_S_N_C[index], v_L_B_S_N_C[index], allowed_B_1_S, dtype
-        )
-        x_B_1_E = _finish_block(layer, x_B_1_E, attn_B_1_H_C, config, ad, scale)
-        return (x_B_1_E, k_L_B_S_N_C, v_L_B_S_N_C), None
-
-    x_B_1_E = _embed(params, token_B[:, None])
-    (x_B_1_E, k_L_B_S_N_C, v_L_B_S_N_C), _ = jax.lax.scan(
-        block,
-        (x_B_1_E, cache.k_L_B_S_N_C, cache.v_L_B_S_N_C),
-        (jnp.arange(config.n_layers), params["layers"], layer_adapters),
-    )
-    return DecodeOutput(
-        logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_S_N_C=k_L_B_S_N_C, v_L_B_S_N_C=v_L_B_S_N_C),
+    layer_adapters, _, _ = _lora_parts(adapters, lora)
+    return decode_layers(
+        params,
+        split_layers(params["layers"], config.n_layers),
+        cache,
+        token_B,
+        position_B,
+        config=config,
+        layer_adapters_L=split_layers(layer_adapters, config.n_layers) if layer_adapters else None,
+        adapters=adapters,
+        lora=lora,
     )
 
 
