@@ -56,6 +56,8 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(CBVENV)/bin/pip install --quiet sympy==1.14.0 pylatexenc==2.11 math-verify==0.9.0 \
 		latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 	$(CBVENV)/bin/pip install --quiet textarena==0.7.4
+	# search_tool's and verifiers_rl's extras (the cookbook's `all` extra; none pulls torch).
+	$(CBVENV)/bin/pip install --quiet chromadb==1.5.9 google-genai==3.3.0 verifiers==0.1.9.post3
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
