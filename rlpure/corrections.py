@@ -11,7 +11,10 @@ Conventions:
 - With Tinker's built-in losses the one client-side lever is the per-token advantage, so an
   importance weight corrects a batch by scaling its `advantages_D_T` before the datums are
   built (`batch.advantages_D_T * weights_D_T`); weights carry no gradient (`stop_gradient`,
-  as TRL and verl compute them without one).
+  as TRL and verl compute them without one). The datums must then carry the **trainer's**
+  logprobs as `logprobs` (verl's `old_log_prob`, TRL's `old_per_token_logps`): Tinker's
+  losses compute their own ratio `exp(lp − logprobs)`, which with the sampler's logprobs is
+  the mismatch ratio again at the pre-update weights (gradient `−r·w·A` instead of `−w·A`).
 """
 
 from __future__ import annotations
@@ -330,7 +333,9 @@ def kl_estimate(
     per masked-in token, and their batch-wide mean over those tokens. With the sampler's
     logprobs as `logprobs_D_T` and the trainer's as `ref_logprobs_D_T`, k1's mean is the
     cookbook's `optim/kl_sample_train_v1` and k2's its `optim/kl_sample_train_v2`.
-    Differentiable in both logprobs (e.g. k3 as a KL loss, as GRPO's).
+    Differentiable in both logprobs (e.g. k3 as a KL loss, as GRPO's). As a penalty on the
+    rewards (stop-gradient, `rlpure.kl.kl_penalty_advantages_from_estimate`) only k1 gives an
+    unbiased gradient of the KL; k2 and k3 as rewards are biased.
 
     Args:
         logprobs_D_T: float `[D, T]` logprobs under the sampling policy π.
