@@ -116,7 +116,7 @@ class RunRegistry:
             self._training_stores[run_id] = self.store_class(self.storage_for(run_id), prefix)
         return self._training_stores[run_id]
 
-    def get_eval_store(self) -> None:
+    def get_eval_store(self) -> object | None:
         """None: the cookbook's eval store is not ported."""
         return None
 
