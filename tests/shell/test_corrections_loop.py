@@ -180,6 +180,26 @@ def test_the_sent_logprobs_are_the_trainers_and_metrics_keep_the_samplers(
     assert row["optim/kl_sample_train_v1"] > 0
 
 
+def test_streaming_substeps_score_each_minibatch_after_the_previous_optim_step(
+    tmp_path: Path,
+) -> None:
+    """Streaming: one forward per minibatch, just before its forward_backward, so substep 1's
+    minibatch is scored by the weights after substep 0's optim_step (the module docstring)."""
+    service = _ShiftedService(vocab_size=VOCAB)
+    dataset = ScriptedDataset(_odd_count_builder, num_batches=1, groups_per_batch=2)
+    config = _config(
+        tmp_path,
+        mismatch_correction={"level": "token", "mode": "truncate", "cap": 3.0},
+        num_substeps=2,
+        stream_minibatch_config={"groups_per_batch": 2, "num_minibatches": 1},
+    )
+    _train(config, service, dataset)
+    calls = [e[0] for e in service.events if e[0] in ("forward", "forward_backward", "optim_step")]
+    assert calls == ["forward", "forward_backward", "optim_step"] * 2
+    (row,) = _step_rows(tmp_path)
+    assert 0 < row["mismatch/rollout_is_ratio_fraction_low"] < 1  # both minibatches corrected
+
+
 def test_trainer_logprobs_of_another_count_or_length_are_refused() -> None:
     from rlpure.packing import DatumBatch
     from shell.training._corrections import trainer_logprobs_D_T
