@@ -297,6 +297,20 @@ def _model_flops(
     }
 
 
+def _sampling_flops(
+    config: model_lib.ModelConfig, prompts: int, samples: int, prompt_len: int, new_tokens: int
+) -> float:
+    """Matrix-multiply FLOPs of sampling `samples` completions of `new_tokens` tokens from each
+    of `prompts` prompts of `prompt_len` tokens: one forward of each prompt (`_model_flops`),
+    then per new token `2·I·O` per matrix (the unembedding included) and attention over the
+    `t + 1` positions so far, `2·2·H·C·(t+1)` at position `t`."""
+    prefill = _model_flops(config, 0, prompts, prompt_len)["forward"]
+    base = sum(2 * i * o for i, o in _lora_matrices(config))
+    positions = sum(prompt_len + i + 1 for i in range(new_tokens))  # attended, per row
+    attn = config.n_layers * 4 * config.n_heads * config.head_dim * positions
+    return prefill + prompts * samples * (base * new_tokens + attn)
+
+
 class _TorchLora:
     """Hand-written LoRA for the PyTorch baseline (no peft here): `base(x) + s·(x A) B` on the
     matrices ours adapts (attention q/k/v/o, MLP gate/up/down, the unembedding), frozen base,
@@ -512,6 +526,7 @@ def bench_model(args: argparse.Namespace) -> None:
 
     peak = 2 * 2048**3 / min(matmul_s) / 1e9
     flops_prefill = _model_flops(config, args.rank, p, t)["forward"]
+    flops_sample = _sampling_flops(config, p, g, t, m)
     flops_train = _model_flops(config, args.rank, p * g, width)["train"]
     gen_tokens = p * g * m
     print(
@@ -560,11 +575,14 @@ def bench_model(args: argparse.Namespace) -> None:
         if key in rates["torch"]:
             print(f"  ratio ours/PyTorch, {key}: {rates['ours'][key] / rates['torch'][key]:.2f}")
     for who in ("ours", "torch"):
-        pre, trn = best(who, "prefill"), best(who, "train")
+        pre, smp, trn = best(who, "prefill"), best(who, "sample"), best(who, "train")
         parts = []
         if pre is not None:
             gf = flops_prefill / pre / 1e9
             parts.append(f"prefill {gf:.1f} GFLOP/s = {gf / peak:.0%}")
+        if smp is not None:  # prefill included, as the sample stage times it
+            gf = flops_sample / smp / 1e9
+            parts.append(f"sampling {gf:.1f} GFLOP/s = {gf / peak:.0%}")
         if trn is not None:
             gf = flops_train / trn / 1e9
             parts.append(f"LoRA fwd+bwd {gf:.1f} GFLOP/s = {gf / peak:.0%}")
