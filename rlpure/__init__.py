@@ -35,11 +35,7 @@ from rlpure.corrections import (
     kl_estimate,
     overlong_penalty,
 )
-from rlpure.kl import (
-    discounted_future_sum,
-    kl_penalty_advantages,
-    kl_penalty_advantages_from_estimate,
-)
+from rlpure.kl import discounted_future_sum, kl_penalty_advantages
 from rlpure.losses import (
     LOSSES,
     LossOutput,
@@ -140,7 +136,6 @@ __all__ = [
     "importance_weights",
     "kl_estimate",
     "kl_penalty_advantages",
-    "kl_penalty_advantages_from_estimate",
     "kl_sample_train_metrics",
     "leave_one_out_advantages",
     "loss_fn_inputs_from_batch",
