@@ -9,6 +9,8 @@ registries find the same runs; `storage_join` and `LocalStorage` agree. Needs th
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import os
 import time
 from pathlib import Path
@@ -175,3 +177,36 @@ def test_the_registries_find_the_same_runs(tmp_path: Path) -> None:
     assert [r.run_id for r in ours.get_runs()] == ["old_sl", "rl_run"]
     assert _reads(ours.get_training_store("rl_run")) == _reads(theirs.get_training_store("rl_run"))
     assert ours.get_run("nope") is None and theirs.get_run("nope") is None
+
+
+def _params(function: Any) -> list[tuple[str, str, Any]]:
+    return [
+        (p.name, p.kind.name, p.default) for p in inspect.signature(function).parameters.values()
+    ]
+
+
+@pytest.mark.parametrize(
+    "module", ["__init__", "_incremental", "storage", "training_store", "registry"]
+)
+def test_the_facade_has_the_cookbooks_names_and_signatures(module: str) -> None:
+    suffix = "" if module == "__init__" else f".{module}"
+    theirs = importlib.import_module(f"tinker_cookbook.stores{suffix}")
+    ours = importlib.import_module(f"shell.cookbook.stores{suffix}")
+    defined = getattr(theirs, "__all__", None) or [
+        n
+        for n, value in vars(theirs).items()
+        if not n.startswith("_") and getattr(value, "__module__", None) == theirs.__name__
+    ]
+    assert [n for n in defined if not hasattr(ours, n)] == []
+    for name in defined:
+        cls = getattr(theirs, name)
+        if not isinstance(cls, type) or name in ("Storage", "AsyncStorage"):
+            continue  # protocols: their methods are checked on the classes
+        assert _params(getattr(ours, name)) == _params(cls), f"{name}(...)"
+        if name == "FsspecStorage":
+            continue  # refused when built (no cloud backend here): no methods to reach
+        for method, function in vars(cls).items():
+            if callable(function) and not method.startswith("_"):
+                assert _params(getattr(getattr(ours, name), method)) == _params(function), (
+                    f"{name}.{method}"
+                )
