@@ -20,7 +20,7 @@ Conventions:
   computes, so on-policy importance ratios are 1 (to float32 rounding).
 - Prompts are right-padded (each row at least one real token); stop sequences are
   right-aligned in their `W` window and left-padded with -1. The KV cache holds keys and
-  values as `L` arrays `[B, N, S, C]` each (`rlpure.model._transformer.prefill` /
+  values as `L` arrays each, keys `[B, N, C, S]` and values `[B, N, S, C]` (`prefill` /
   `decode_layers`, the same for every model family); the weights are split per layer once
   per call, before the loop. With `SampleBatch.prompt_index_B` the `P` distinct prompts
   are prefilled once and their caches broadcast to their `B` rows (`num_samples`).
@@ -192,7 +192,7 @@ class _DecodeState(NamedTuple):
 
     step: jax.Array  # int32 scalar: tokens decoded so far (the next column of `tokens_B_M`)
     logits_B_V: jax.Array  # float32 next-token logits of every row
-    cache: KVCache  # RoPE'd keys and values, L arrays [B, N, S, C] (config.dtype)
+    cache: KVCache  # RoPE'd keys [B, N, C, S] and values [B, N, S, C] per layer (config.dtype)
     done_B: jax.Array  # bool: the row generates no more tokens
     stopped_B: jax.Array  # bool: the row ended on a stop token or sequence
     num_B: jax.Array  # int32 tokens generated per row
@@ -269,7 +269,7 @@ def _prefill_rows(
     shared = PrefillOutput(
         logits_B_V=prefilled.logits_B_V[index_B],
         cache=KVCache(
-            k_L_B_N_S_C=tuple(k[index_B] for k in cache.k_L_B_N_S_C),
+            k_L_B_N_C_S=tuple(k[index_B] for k in cache.k_L_B_N_C_S),
             v_L_B_N_S_C=tuple(v[index_B] for v in cache.v_L_B_N_S_C),
         ),
     )

@@ -183,11 +183,12 @@ class ForwardOutput(NamedTuple):
 
 
 class KVCache(NamedTuple):
-    """Every layer's RoPE'd keys and values at each cache position (`config.dtype`): a tuple
-    of `L` arrays `[B, N, S, C]` each (one buffer per layer, head-major), so a decode step
-    updates and reads each layer's cache in place, never slicing or transposing a stack."""
+    """Every layer's RoPE'd keys and values at each cache position (`config.dtype`): tuples
+    of `L` arrays, keys `[B, N, C, S]` and values `[B, N, S, C]` (one buffer per layer, in
+    the layouts the attention dots read as stored), so a decode step updates and reads each
+    layer's cache in place, never slicing or transposing a stack."""
 
-    k_L_B_N_S_C: tuple[jax.Array, ...]
+    k_L_B_N_C_S: tuple[jax.Array, ...]
     v_L_B_N_S_C: tuple[jax.Array, ...]
 
 
@@ -305,7 +306,8 @@ def prefill(
 
     Returns:
         `PrefillOutput`: logits float32 `[B, V]` after `tokens_B_T[b, : length_B[b]]`, and a
-        `KVCache` (`L` arrays `[B, N, S, C]`) holding positions `[0, T)` (zeros after).
+        `KVCache` (per layer: keys `[B, N, C, S]`, values `[B, N, S, C]`) holding positions
+        `[0, T)` (zeros after).
     """
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     tokens_B_T = jnp.asarray(tokens_B_T, jnp.int32)
@@ -317,14 +319,16 @@ def prefill(
     )
     last_B = jnp.asarray(length_B, jnp.int32) - 1
     x_B_1_E = x_B_T_E[jnp.arange(b), last_B][:, None, :]
-    pad = ((0, 0), (0, 0), (0, cache_len - t), (0, 0))
-
-    def per_layer(kv_L_B_T_N_C: jax.Array) -> tuple[jax.Array, ...]:
-        return tuple(jnp.pad(kv.transpose(0, 2, 1, 3), pad) for kv in kv_L_B_T_N_C)
-
+    room = cache_len - t
+    keys_L = tuple(  # [B, T, N, C] -> [B, N, C, S]
+        jnp.pad(k.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, room))) for k in k_L_B_T_N_C
+    )
+    values_L = tuple(  # [B, T, N, C] -> [B, N, S, C]
+        jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, room), (0, 0))) for v in v_L_B_T_N_C
+    )
     return PrefillOutput(
         logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_N_S_C=per_layer(k_L_B_T_N_C), v_L_B_N_S_C=per_layer(v_L_B_T_N_C)),
+        cache=KVCache(k_L_B_N_C_S=keys_L, v_L_B_N_S_C=values_L),
     )
 
 
@@ -359,22 +363,23 @@ def decode_layers(
     token_B = jnp.asarray(token_B, jnp.int32)
     position_B = jnp.asarray(position_B, jnp.int32)
     rows_B = jnp.arange(token_B.shape[0])
-    cache_len = cache.k_L_B_N_S_C[0].shape[2]
+    cache_len = cache.v_L_B_N_S_C[0].shape[2]
     allowed_B_1_S = (jnp.arange(cache_len)[None, :] <= position_B[:, None])[:, None, :]
     positions_B_1 = position_B[:, None]
-    k_L, v_L = list(cache.k_L_B_N_S_C), list(cache.v_L_B_N_S_C)
+    k_L, v_L = list(cache.k_L_B_N_C_S), list(cache.v_L_B_N_S_C)
     x_B_1_E = _embed(params, token_B[:, None])
     for index, layer in enumerate(layers_L):
         ad = layer_adapters_L[index] if layer_adapters_L else {}
         q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = _qkv(layer, x_B_1_E, positions_B_1, config, ad, scale)
-        # row b's new key at [b, :, position_B[b], :] (advanced indices first: [B, N, C])
-        k_L[index] = k_L[index].at[rows_B, :, position_B].set(k_B_1_N_C[:, 0].astype(dtype))
+        # row b's new key at [b, :, :, position_B[b]], its value at [b, :, position_B[b], :]
+        # (the advanced indices' axis first: both take [B, N, C])
+        k_L[index] = k_L[index].at[rows_B, :, :, position_B].set(k_B_1_N_C[:, 0].astype(dtype))
         v_L[index] = v_L[index].at[rows_B, :, position_B].set(v_B_1_N_C[:, 0].astype(dtype))
         attn_B_1_H_C = _attend_cached(q_B_1_H_C, k_L[index], v_L[index], allowed_B_1_S, dtype)
         x_B_1_E = _finish_block(layer, x_B_1_E, attn_B_1_H_C, config, ad, scale)
     return DecodeOutput(
         logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_N_S_C=tuple(k_L), v_L_B_N_S_C=tuple(v_L)),
+        cache=KVCache(k_L_B_N_C_S=tuple(k_L), v_L_B_N_S_C=tuple(v_L)),
     )
 
 
@@ -396,8 +401,8 @@ def decode_step(
 
     Args:
         params: the params pytree.
-        cache: the `KVCache` (`L` arrays `[B, N, S, C]`), filled on `[0, position_B[b])` for
-            row `b`.
+        cache: the `KVCache` (per layer: keys `[B, N, C, S]`, values `[B, N, S, C]`), filled
+            on `[0, position_B[b])` for row `b`.
         token_B: int32 `[B]` the token fed at each row's position.
         position_B: int32 `[B]` each row's position, `< S`.
         config: model shape (static).
