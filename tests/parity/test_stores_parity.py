@@ -2,12 +2,15 @@
 
 The same writes through either package's `TrainingRunStore` leave byte-identical folders; each
 package reads the folder the other wrote as the other reads it (both directions); the run
-registries find the same runs; `storage_join` and `LocalStorage` agree. Needs the cookbook
-(`make parity`).
+registries find the same runs; `storage_join` and `LocalStorage` agree; the facade has the
+cookbook's names and signatures. Last, forecasting's `ForecastEvaluator`, ported, reports its
+AUC through rlpure's evaluator (which calls the `_collect_eval_metrics` hook it overrides).
+Needs the cookbook (`make parity`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib
 import inspect
@@ -19,7 +22,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.parity.porting import require_cookbook
+from rlpure.records import StepResult
+from shell.fakes import FakeSamplingClient, ScriptedDataset, ScriptedEnv, ScriptedGroupBuilder
+from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
 
 COOKBOOK = require_cookbook()
 
@@ -210,3 +215,44 @@ def test_the_facade_has_the_cookbooks_names_and_signatures(module: str) -> None:
                 assert _params(getattr(getattr(ours, name), method)) == _params(function), (
                     f"{name}.{method}"
                 )
+
+
+class _ForecastEnv(ScriptedEnv):
+    """One step whose logs carry a forecast and its outcome, as forecasting's env logs them."""
+
+    def __init__(self, forecast: float | str, outcome: int) -> None:
+        super().__init__(rewards=[1.0])
+        self.logs: dict[str, str | int | float | bool] = {"forecast": forecast, "outcome": outcome}
+
+    async def step(self, action: Any, *, extra: Any = None) -> StepResult:
+        return msgspec.structs.replace(await super().step(action, extra=extra), logs=self.logs)
+
+
+def test_forecastings_evaluator_reports_its_auc_through_ours() -> None:
+    """The ported `ForecastEvaluator` overrides `_collect_eval_metrics`; ours calls it."""
+    points: list[tuple[float | str, int]] = [
+        (0.9, 1),
+        (0.8, 0),
+        (0.3, 1),
+        (0.1, 0),
+        ("invalid", 1),
+    ]  # AUC 3/4 over four
+
+    def builder(batch: int, problem: int) -> ScriptedGroupBuilder:
+        forecast, outcome = points[problem]
+        return ScriptedGroupBuilder(
+            lambda i: _ForecastEnv(forecast, outcome),
+            group_size=1,
+            tags=("a" if problem < 3 else "b",),
+        )
+
+    with serve_ported_recipes():
+        forecasting = import_ported("recipes/forecasting/env.py")
+    data = ScriptedDataset(builder, num_batches=1, groups_per_batch=len(points))
+    evaluator = forecasting.ForecastEvaluator(data, max_tokens=4)
+    metrics = asyncio.run(evaluator(FakeSamplingClient()))
+    expected_all = forecasting.roc_auc([(0.9, 1), (0.8, 0), (0.3, 1), (0.1, 0)])
+    assert metrics["test/env/all/auc"] == expected_all == 0.75
+    assert metrics["test/env/a/auc"] == 0.5  # 0.9 and 0.3 (outcome 1) against 0.8 (outcome 0)
+    assert "test/env/b/auc" not in metrics  # (0.1, 0) alone (the invalid one left out): undefined
+    assert evaluator.last_result.metrics["env/all/auc"] == 0.75
