@@ -210,6 +210,8 @@ class _SamplingRules(NamedTuple):
     top_k_B: jax.Array  # int32
     top_p_B: jax.Array  # float32
     needs_filter: jax.Array  # bool scalar: some row filters by top-k or top-p
+    needs_draw: jax.Array  # bool scalar: some row that generates samples (temperature > 0)
+    needs_greedy: jax.Array  # bool scalar: some row that generates is greedy (temperature 0)
     keys_B: jax.Array  # each row's PRNG key before the step index is folded in
     stop_mask_B_V: jax.Array  # bool
     stop_seqs_B_Q_W: jax.Array  # int32, right-aligned, -1 a wildcard
@@ -232,6 +234,8 @@ def _sampling_rules(batch: SampleBatch) -> _SamplingRules:
         top_k_B=top_k_B,
         top_p_B=top_p_B,
         needs_filter=jnp.any(top_k_B > 0) | jnp.any(top_p_B < 1.0),
+        needs_draw=jnp.any((temperature_B > 0) & (max_new_B > 0)),
+        needs_greedy=jnp.any((temperature_B <= 0) & (max_new_B > 0)),
         keys_B=_row_keys(jnp.asarray(batch.key_material_B_K, jnp.uint32)),
         stop_mask_B_V=stop_mask_B_V,
         stop_seqs_B_Q_W=stop_seqs_B_Q_W,
@@ -363,17 +367,33 @@ def _draw_tokens(
     the two reductions of `_first_argmax` read them instead of each recomputing the noise.
     """
     step_keys_B = jax.vmap(lambda key: jax.random.fold_in(key, step))(rules.keys_B)
-    filtered_B_V = jax.lax.cond(  # the sort costs as much as a decoder step: skip it
-        rules.needs_filter,
-        lambda x: _filter_logits(x, rules.top_k_B, rules.top_p_B),
-        lambda x: x,
+    b, v = logits_B_V.shape
+
+    def gumbel_max(filtered: bool) -> Callable[[jax.Array], jax.Array]:
+        def draw(x_B_V: jax.Array) -> jax.Array:
+            if filtered:
+                x_B_V = _filter_logits(x_B_V, rules.top_k_B, rules.top_p_B)
+            noise_B_V = _gumbel_noise(step_keys_B, v)
+            perturbed_B_V = jax.lax.optimization_barrier(  # type: ignore[no-untyped-call]
+                noise_B_V + x_B_V / rules.safe_temp_B[:, None]
+            )
+            return _first_argmax(perturbed_B_V)
+
+        return draw
+
+    def none(x_B_V: jax.Array) -> jax.Array:
+        return jnp.zeros((b,), jnp.int32)
+
+    # Each pass over [B, V] costs: the sort only when some row filters (it costs as much as a
+    # decoder step), the draw only when some live row samples, the argmax when one is greedy.
+    drawn_B = jax.lax.cond(
+        rules.needs_draw,
+        lambda x: jax.lax.cond(rules.needs_filter, gumbel_max(True), gumbel_max(False), x),
+        none,
         logits_B_V,
     )
-    scaled_B_V = filtered_B_V / rules.safe_temp_B[:, None]
-    noise_B_V = _gumbel_noise(step_keys_B, logits_B_V.shape[-1])
-    perturbed_B_V = jax.lax.optimization_barrier(noise_B_V + scaled_B_V)  # type: ignore[no-untyped-call]
-    drawn_B = _first_argmax(perturbed_B_V)
-    token_B = jnp.where(rules.temperature_B > 0, drawn_B, _first_argmax(logits_B_V))
+    greedy_B = jax.lax.cond(rules.needs_greedy, _first_argmax, none, logits_B_V)
+    token_B = jnp.where(rules.temperature_B > 0, drawn_B, greedy_B)
     logprob_B = tempered_token_logprobs(logits_B_V, rules.safe_temp_B, token_B)
     return token_B, logprob_B
 

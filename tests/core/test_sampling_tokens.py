@@ -116,3 +116,21 @@ def test_the_draw_is_jax_random_categorical() -> None:
     np.testing.assert_array_equal(
         np.asarray(_sampling._first_argmax(jnp.asarray(ties, jnp.float32))), [1, 0, 0]
     )
+
+
+def test_a_mixed_batch_samples_each_row_as_its_own_settings_do() -> None:
+    """Greedy, tempered and filtered rows in one batch (the draw, the sort and the argmax
+    each run only when some live row needs them) sample what they sample apart."""
+    settings = list(_PINS)
+    batches = [_batch(*s) for s in settings]
+    row_settings = np.arange(B) % len(settings)
+    mixed = M.SampleBatch(
+        **{
+            name: np.stack([getattr(batches[k], name)[row] for row, k in enumerate(row_settings)])
+            for name in M.SampleBatch.__struct_fields__
+            if name != "prompt_index_B"
+        }
+    )
+    out = M.sample_tokens(PARAMS, mixed, config=CONFIG, max_new_tokens=NEW)
+    for row, k in enumerate(row_settings):
+        np.testing.assert_array_equal(np.asarray(out.tokens_B_M)[row], _PINS[settings[k]][0][row])
