@@ -9,6 +9,14 @@ command still running at its wall-clock `timeout` has its whole process group ki
 stderr are each kept up to `max_output_bytes` (the rest is drained and dropped,
 `metrics["output_truncated"] = True`) and decoded as UTF-8 with replacement.
 
+No process outlives its command: where the kernel allows unprivileged user namespaces, the
+command runs under `unshare --user --map-root-user --pid --fork --kill-child` (plus `--net`
+unless `network=True`), in a fresh PID namespace whose init is the command's shell, so when the
+shell exits or is killed every descendant dies with it, even one that left the process group
+(`setsid`); `metrics["processes_contained"]` says so. Elsewhere the process group is killed
+after every run, and reading the output after a kill waits at most `_DRAIN_SECONDS` (a
+descendant that left the group and keeps a pipe open cannot hold the call).
+
 What is and is not enforced (Linux, no container):
 - Network: with `network=False` (the default) commands run under
   `unshare --user --map-root-user --net`, a fresh network namespace with only a down loopback,
@@ -51,20 +59,41 @@ DEFAULT_MAX_OUTPUT_BYTES = 128 * 1024
 TIMEOUT_EXIT_CODE = 124
 """`exit_code` of a command killed at its timeout (coreutils `timeout`'s)."""
 
-_UNSHARE_NET = ("unshare", "--user", "--map-root-user", "--net", "--")
+_UNSHARE_USER = ("unshare", "--user", "--map-root-user")
+_NET = ("--net",)
+_PID = ("--pid", "--fork", "--kill-child")
 _CHUNK_BYTES = 65536
+_DRAIN_SECONDS = 2.0
+"""Longest wait for a killed command's pipes to close before they are closed unread."""
 
 
 @functools.cache
-def network_namespaces_available() -> bool:
-    """Whether this process may run commands in a fresh network namespace (probed once)."""
+def _unshare_works(*options: str) -> bool:
+    """Whether `unshare --user --map-root-user <options> -- true` succeeds here (probed once)."""
     if shutil.which("unshare") is None:
         return False
     try:
-        probe = subprocess.run([*_UNSHARE_NET, "true"], capture_output=True, timeout=10)
+        probe = subprocess.run(
+            [*_UNSHARE_USER, *options, "--", "true"], capture_output=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
+
+
+def network_namespaces_available() -> bool:
+    """Whether this process may run commands in a fresh network namespace (probed once)."""
+    return _unshare_works(*_NET)
+
+
+def _namespace_prefix(*, isolate_network: bool) -> tuple[tuple[str, ...], bool]:
+    """The `unshare` argv prefix of a command and whether it contains all its processes."""
+    net = _NET if isolate_network else ()
+    if _unshare_works(*net, *_PID):
+        return (*_UNSHARE_USER, *net, *_PID, "--"), True
+    if net:
+        return (*_UNSHARE_USER, *net, "--"), False
+    return (), False
 
 
 def _limit_child(memory_limit_bytes: int | None, cpu_seconds: int, file_size_bytes: int) -> None:
@@ -76,16 +105,21 @@ def _limit_child(memory_limit_bytes: int | None, cpu_seconds: int, file_size_byt
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-async def _read_capped(stream: asyncio.StreamReader, limit: int) -> tuple[bytes, bool]:
-    """All of `stream`, keeping the first `limit` bytes; `(kept, truncated)`."""
-    kept = bytearray()
-    truncated = False
-    while chunk := await stream.read(_CHUNK_BYTES):
-        room = limit - len(kept)
-        if len(chunk) > room:
-            truncated = True
-        kept += chunk[: max(room, 0)]
-    return bytes(kept), truncated
+class _Capture:
+    """The first `limit` bytes read from a pipe and whether more came (kept if reading stops)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = bytearray()
+        self.truncated = False
+
+    async def read_all(self, stream: asyncio.StreamReader) -> None:
+        """Reads `stream` to its end, keeping the first `limit` bytes."""
+        while chunk := await stream.read(_CHUNK_BYTES):
+            room = self.limit - len(self.kept)
+            if len(chunk) > room:
+                self.truncated = True
+            self.kept += chunk[: max(room, 0)]
 
 
 class LocalSandbox:
@@ -156,8 +190,9 @@ class LocalSandbox:
         """Runs `command` with `/bin/sh -c` under the limits; kills its process group at `timeout`.
 
         Returns:
-            The result; `exit_code` 124 and `metrics["timed_out"]` on a timeout, a negative
-            `exit_code` (minus the signal) when a limit's signal killed it (e.g. -9, -24).
+            The result; `exit_code` 124 and `metrics["timed_out"]` on a timeout; when a
+            limit's signal killed the command, 128 plus the signal as the shell reports its
+            child's (e.g. 137), or minus the signal where the shell itself was killed.
         """
         self._check_alive()
         if not timeout > 0:
@@ -166,7 +201,8 @@ class LocalSandbox:
         isolated = self.network_isolated
         if not self.network and not isolated:
             _warn_no_network_isolation()
-        argv = [*(_UNSHARE_NET if isolated else ()), "/bin/sh", "-c", command]
+        prefix, contained = _namespace_prefix(isolate_network=isolated)
+        argv = [*prefix, "/bin/sh", "-c", command]
         cwd = self._path(workdir) if workdir is not None else self._workdir
         limits = functools.partial(
             _limit_child,
@@ -174,39 +210,33 @@ class LocalSandbox:
             math.ceil(timeout) + 1,
             self.file_size_limit_bytes,
         )
-        process = await asyncio.create_subprocess_exec(
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(loop),
             *argv,
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=limits,
         )
-        assert process.stdout is not None and process.stderr is not None  # PIPE above
-        reads = asyncio.gather(
-            _read_capped(process.stdout, cap), _read_capped(process.stderr, cap), process.wait()
-        )
-        timed_out = False
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        out, err = _Capture(cap), _Capture(cap)
         try:
-            (out, out_cut), (err, err_cut), _ = await asyncio.wait_for(
-                asyncio.shield(reads), timeout
-            )
-        except TimeoutError:
-            timed_out = True
+            timed_out = await _collect(process, protocol.exited, out, err, timeout)
+        finally:  # whatever happened, nothing the command started keeps running
             _kill_group(process.pid)
-            (out, out_cut), (err, err_cut), _ = await reads
-        except BaseException:  # cancelled: leave nothing running
-            _kill_group(process.pid)
-            raise
+            transport.close()
         return SandboxResult(
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
+            stdout=out.kept.decode("utf-8", "replace"),
+            stderr=err.kept.decode("utf-8", "replace"),
             exit_code=TIMEOUT_EXIT_CODE if timed_out else int(process.returncode or 0),
             metrics={
                 "timed_out": timed_out,
-                "output_truncated": out_cut or err_cut,
+                "output_truncated": out.truncated or err.truncated,
                 "network_isolated": isolated,
+                "processes_contained": contained,
             },
         )
 
@@ -244,7 +274,58 @@ class LocalSandbox:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
 
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's subprocess protocol, with `exited` set when the process itself exits (asyncio's
+    `Process.wait` also waits for the pipes to close, which a descendant can hold open)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=_CHUNK_BYTES, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _collect(
+    process: asyncio.subprocess.Process,
+    exited: asyncio.Future[None],
+    out: _Capture,
+    err: _Capture,
+    timeout: float,
+) -> bool:
+    """Reads `process`'s stdout and stderr into `out` and `err`; whether it ran past `timeout`.
+
+    When the shell exits, or at `timeout`, its process group is killed (a background child
+    does not outlive it); the pipes are then read for at most `_DRAIN_SECONDS` and closed
+    unread after that (a descendant that left the group may hold them open): what was read so
+    far is kept.
+    """
+    assert process.stdout is not None and process.stderr is not None  # PIPE
+    reads = asyncio.gather(out.read_all(process.stdout), err.read_all(process.stderr))
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), timeout)
+    except TimeoutError:
+        timed_out = True
+    except BaseException:  # cancelled: the caller kills the group
+        reads.cancel()
+        raise
+    _kill_group(process.pid)
+    try:
+        await asyncio.wait_for(asyncio.shield(reads), _DRAIN_SECONDS)
+    except TimeoutError:
+        reads.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reads
+    with contextlib.suppress(TimeoutError):  # the killed shell itself is reaped at once
+        await asyncio.wait_for(asyncio.shield(exited), _DRAIN_SECONDS)
+    return timed_out
+
+
 def _kill_group(pid: int) -> None:
+    """SIGKILL to process group `pid` (the command's session), if any of it is left."""
     with contextlib.suppress(ProcessLookupError):  # the group already exited
         os.killpg(pid, signal.SIGKILL)
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +17,25 @@ from shell.sandboxes import (
     LocalSandbox,
     SandboxInterface,
     SandboxTerminatedError,
+    _local,
     network_namespaces_available,
 )
+
+MakeSandbox = Callable[..., LocalSandbox]
+
+
+@pytest.fixture
+def make_sandbox() -> Iterator[MakeSandbox]:
+    """`LocalSandbox(**options)`, each cleaned up after the test (no temporary folder left)."""
+    made: list[LocalSandbox] = []
+
+    def make(**options: Any) -> LocalSandbox:
+        made.append(LocalSandbox(**options))
+        return made[-1]
+
+    yield make
+    for sandbox in made:
+        asyncio.run(sandbox.cleanup())
 
 
 def test_captures_stdout_stderr_and_exit_code(tmp_path: Path) -> None:
@@ -27,8 +48,8 @@ def test_captures_stdout_stderr_and_exit_code(tmp_path: Path) -> None:
     assert result.metrics["timed_out"] is False
 
 
-def test_output_is_capped_and_drained() -> None:
-    sandbox = LocalSandbox(max_output_bytes=10)
+def test_output_is_capped_and_drained(make_sandbox: MakeSandbox) -> None:
+    sandbox = make_sandbox(max_output_bytes=10)
     result = asyncio.run(sandbox.run_command("head -c 1000000 /dev/zero | tr '\\0' x"))
     assert result.stdout == "x" * 10
     assert result.metrics["output_truncated"] is True
@@ -38,8 +59,8 @@ def test_output_is_capped_and_drained() -> None:
     asyncio.run(sandbox.cleanup())
 
 
-def test_a_command_past_its_timeout_is_killed_with_its_children() -> None:
-    sandbox = LocalSandbox()
+def test_a_command_past_its_timeout_is_killed_with_its_children(make_sandbox: MakeSandbox) -> None:
+    sandbox = make_sandbox()
     start = time.monotonic()
     result = asyncio.run(
         sandbox.run_command("echo started; sleep 30 & sleep 30; echo never", timeout=1)
@@ -50,8 +71,8 @@ def test_a_command_past_its_timeout_is_killed_with_its_children() -> None:
     assert result.stdout == "started\n"
 
 
-def test_memory_limit_makes_allocation_fail() -> None:
-    sandbox = LocalSandbox(memory_limit_bytes=256 * 1024 * 1024)
+def test_memory_limit_makes_allocation_fail(make_sandbox: MakeSandbox) -> None:
+    sandbox = make_sandbox(memory_limit_bytes=256 * 1024 * 1024)
     code = "b = bytearray(1024 * 1024 * 1024); print('allocated')"
     result = asyncio.run(sandbox.run_command(f'{sys.executable} -S -c "{code}"'))
     assert result.exit_code != 0
@@ -84,11 +105,84 @@ def _interfaces(listing: str) -> set[str]:
 
 
 @pytest.mark.skipif(not network_namespaces_available(), reason="no unprivileged user namespaces")
-def test_no_network_by_default() -> None:
+def test_no_network_by_default(make_sandbox: MakeSandbox) -> None:
     # a fresh network namespace holds only its own loopback, whatever the host has
-    isolated = asyncio.run(LocalSandbox().run_command("cat /proc/net/dev"))
+    isolated = asyncio.run(make_sandbox().run_command("cat /proc/net/dev"))
     assert isolated.metrics["network_isolated"] is True
     assert _interfaces(isolated.stdout) == {"lo"}
-    host = asyncio.run(LocalSandbox(network=True).run_command("cat /proc/net/dev"))
+    host = asyncio.run(make_sandbox(network=True).run_command("cat /proc/net/dev"))
     assert host.metrics["network_isolated"] is False
     assert _interfaces(host.stdout) == _interfaces(Path("/proc/net/dev").read_text())
+
+
+def _alive(marker: str) -> list[int]:
+    """Pids of this machine's processes whose command line contains `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if entry.name.isdigit() and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _gone(marker: str, *, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while _alive(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture(params=["namespace", "group only"])
+def containment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way of ending a command's processes: its PID namespace, or (where the kernel has no
+    unprivileged user namespaces) its process group alone."""
+    if request.param == "group only":
+        monkeypatch.setattr(_local, "_namespace_prefix", lambda **_: ((), False))
+    elif not _local._unshare_works(*_local._PID):
+        pytest.skip("no unprivileged PID namespaces")
+    return str(request.param)
+
+
+def test_no_process_outlives_a_command_that_exits_normally(
+    make_sandbox: MakeSandbox, containment: str
+) -> None:
+    """A background child dies when the command ends; in a PID namespace, so does a `setsid`
+    grandchild (its own session, out of the process group)."""
+    code = (
+        "import subprocess; subprocess.Popen(['sleep', '771']); "
+        "subprocess.Popen(['setsid', 'sleep', '772'], stdout=subprocess.DEVNULL, "
+        "stderr=subprocess.DEVNULL); print('spawned')"
+    )
+    result = asyncio.run(make_sandbox().run_command(f'{sys.executable} -S -c "{code}"', timeout=10))
+    assert result.stdout == "spawned\n" and result.exit_code == 0, result
+    assert result.metrics["processes_contained"] is (containment == "namespace")
+    assert _gone("sleep 771"), _alive("sleep 771")
+    if containment == "namespace":
+        assert _gone("sleep 772"), _alive("sleep 772")
+    else:  # documented: a new session escapes the group kill
+        for pid in _alive("sleep 772"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_timeout_is_not_held_by_a_grandchild_keeping_stdout_open(
+    make_sandbox: MakeSandbox, containment: str
+) -> None:
+    """A `setsid` grandchild escapes the process group and keeps stdout open: the run still ends
+    within a bounded time after its timeout, keeping what was printed."""
+    start = time.monotonic()
+    result = asyncio.run(
+        make_sandbox().run_command("echo started; setsid sleep 773 & sleep 30", timeout=1)
+    )
+    assert time.monotonic() - start < 1 + 2 * _local._DRAIN_SECONDS + 2
+    assert result.exit_code == 124 and result.metrics["timed_out"] is True
+    assert result.stdout == "started\n", result
+    if containment == "namespace":
+        assert _gone("sleep 773"), _alive("sleep 773")
+    else:
+        for pid in _alive("sleep 773"):
+            os.kill(pid, signal.SIGKILL)
