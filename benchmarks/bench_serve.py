@@ -13,6 +13,13 @@ server (`rlpure serve` on a free loopback port, a subprocess) driven by the unmo
    the local backend batches) and of the SDK (one process, `asyncio.gather`); with `--full`
    also 4 spawned processes × 8 requests each on a pickled SDK sampling client.
 
+Beside figure 1, the floor: the same step through the SDK against `floor_app`, a Starlette app
+on the same uvicorn set-up that answers every route at once with canned results (a subprocess,
+`--floor-server`). Its step time, less building the datums (client work both sides share), is
+the SDK's and HTTP's own cost, which no server can remove: in-process + floor bounds what the
+server can reach, and the rest of B - A is rlpure serve's own. Then one `optim_step` (a future:
+POST, then `retrieve_future`) on each of the three, the per-request figure.
+
 Both sides compile first (two warm-up steps and a warm-up round each), then A and B alternate
 for `--repeats` rounds: the median, best and worst are printed. The server gathers sample
 requests until none arrived for a few milliseconds (`shell.serve._engine`), so a round whose
@@ -35,6 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -46,6 +54,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +62,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import tinker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
 
 MODEL = "rlpure/tiny"
 API_KEY = "tml-local"
@@ -84,6 +98,7 @@ QUICK = Sizes(prompts=4, samples=8, step_tokens=8, requests=32, request_samples=
 class StepTimes(NamedTuple):
     sample_s: float  # save weights + sample
     train_s: float  # datums + forward_backward + optim_step
+    datums_s: float  # the client's own work in `train_s`: building the datums
     digest: str  # of the sampled tokens
 
 
@@ -138,6 +153,26 @@ def running_server(state_dir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def floor_server(directory: Path) -> Iterator[str]:
+    """The floor app (`floor_app`) in a subprocess on a free loopback port; yields its URL."""
+    port = _free_port()
+    log = directory / "floor.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--floor-server", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, log)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+@contextlib.contextmanager
 def sdk_environment(url: str) -> Iterator[None]:
     """The SDK's variables (also for spawned children), restored on exit."""
     values = {"TINKER_BASE_URL": url, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0"}
@@ -151,6 +186,138 @@ def sdk_environment(url: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# --- the floor: an instant server on the same stack ---------------------------------------------
+
+
+JSON_TYPE, PROTO_TYPE = "application/json", "application/x-protobuf"
+
+
+def _reply(data: object) -> Response:
+    return Response(json.dumps(data).encode(), media_type=JSON_TYPE)
+
+
+class FloorApi:
+    """The floor's handlers: each answers at once; a future's result waits in `results` for its
+    `retrieve_future`."""
+
+    def __init__(self, client_config: dict[str, Any]) -> None:
+        self.client_config = client_config
+        self.results: dict[str, tuple[bytes, str]] = {}
+
+    def _future(self, body: bytes, media_type: str = JSON_TYPE, **extra: Any) -> Response:
+        request_id = uuid.uuid4().hex
+        self.results[request_id] = (body, media_type)
+        return _reply({"request_id": request_id, **extra})
+
+    async def fixed(self, request: Request) -> Response:
+        await request.body()
+        return _reply(
+            {
+                "client/config": self.client_config,
+                "create_session": {"session_id": f"s-{uuid.uuid4().hex[:12]}"},
+                "session_heartbeat": {"type": "session_heartbeat"},
+                "get_server_capabilities": {"supported_models": [{"model_name": MODEL}]},
+            }.get(request.url.path.removeprefix("/api/v1/"), {})
+        )
+
+    async def create_model(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+        return self._future(json.dumps({"model_id": model_id}).encode(), model_id=model_id)
+
+    async def get_info(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        data = {"arch": "floor", "model_name": MODEL, "tokenizer_id": MODEL}
+        return _reply({"model_id": body["model_id"], "model_data": data, "is_lora": True})
+
+    async def save_for_sampler(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        session_id = body["model_id"].split(":train:")[0]
+        sampler = f"{session_id}:sample:{body['sampling_session_seq_id']}"
+        return self._future(json.dumps({"sampling_session_id": sampler}).encode())
+
+    async def asample(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        tokens = body["sampling_params"]["max_tokens"]
+        message = pb.SampleResponse()
+        for _ in range(body["num_samples"]):
+            sequence = message.sequences.add()
+            sequence.stop_reason = pb.STOP_REASON_LENGTH
+            sequence.tokens = np.zeros(tokens, np.int32).tobytes()
+            sequence.logprobs = np.zeros(tokens, np.float32).tobytes()
+        request_id = uuid.uuid4().hex
+        self.results[request_id] = (message.SerializeToString(), PROTO_TYPE)
+        ids = [f"{request_id}-{index}" for index in range(body["num_samples"])]
+        return _reply({"request_id": request_id, "sample_sequence_ids": ids})
+
+    async def forward_backward(self, request: Request) -> Response:
+        call = pb.ForwardBackwardRequest()
+        call.ParseFromString(await request.body())
+        lengths = [
+            sum(len(chunk.encoded_text.tokens) // 4 for chunk in datum.model_input)
+            for datum in call.data
+        ]
+        offsets = np.concatenate([[0], np.cumsum(lengths) * 4]).astype(np.int64)
+        record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(lengths))
+        record.fields["logprobs"].CopyFrom(
+            pb.BatchedTensor(
+                data=np.zeros(sum(lengths), np.float32).tobytes(),
+                offsets=offsets.tobytes(),
+                dtype=pb.DTYPE_FLOAT32,
+            )
+        )
+        output = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+        output.loss_fn_outputs.append(record)
+        return self._future(output.SerializeToString(), PROTO_TYPE, model_id=call.model_id)
+
+    async def optim_step(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        return self._future(b'{"metrics": {}}', model_id=body["model_id"])
+
+    async def retrieve_future(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        content, media_type = self.results.pop(body["request_id"])
+        return Response(content, media_type=media_type)
+
+
+def floor_app() -> Starlette:
+    """A Starlette app that answers the routes of a GRPO step at once with canned results.
+
+    It does what any server of this API must (read the body, JSON or protobuf, and answer a
+    future's `retrieve_future` with its result: an `asample` gets `num_samples` sequences of
+    `max_tokens` tokens, a `forward_backward` zero logprobs for each datum's targets) and
+    nothing else: no model, no checks, no middleware. The SDK's step against it is the part
+    of the HTTP overhead that no server can remove.
+    """
+    from shell.serve import CLIENT_CONFIG  # imports JAX: only in the floor's own process
+
+    api = FloorApi(CLIENT_CONFIG)
+    v1, post = "/api/v1", ["POST"]
+    routes = [
+        Route(f"{v1}/create_model", api.create_model, methods=post),
+        Route(f"{v1}/get_info", api.get_info, methods=post),
+        Route(f"{v1}/save_weights_for_sampler", api.save_for_sampler, methods=post),
+        Route(f"{v1}/asample", api.asample, methods=post),
+        Route(f"{v1}/forward_backward", api.forward_backward, methods=post),
+        Route(f"{v1}/optim_step", api.optim_step, methods=post),
+        Route(f"{v1}/retrieve_future", api.retrieve_future, methods=post),
+        Route(f"{v1}/{{rest:path}}", api.fixed, methods=["GET", "POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve_floor(port: int) -> None:
+    """Runs `floor_app` on `port` as `rlpure serve` runs its app (uvicorn, `TCP_NODELAY`)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", port))
+    config = uvicorn.Config(floor_app(), log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 # --- the work -----------------------------------------------------------------------------------
@@ -209,6 +376,7 @@ async def grpo_step(training: Any, sizes: Sizes, step: int) -> StepTimes:
         for prompt, response in zip(prompts_P, responses_P, strict=True)
         for datum in _group_datums(prompt.to_ints(), response)
     ]
+    built = time.perf_counter()
     fb = training.forward_backward(data_D, "importance_sampling")
     optim = training.optim_step(types.AdamParams(learning_rate=1e-4))
     await fb
@@ -216,7 +384,7 @@ async def grpo_step(training: Any, sizes: Sizes, step: int) -> StepTimes:
     digest = hashlib.sha256(
         str([[s.tokens for s in r.sequences] for r in responses_P]).encode()
     ).hexdigest()[:12]
-    return StepTimes(sampled - start, time.perf_counter() - sampled, digest)
+    return StepTimes(sampled - start, time.perf_counter() - sampled, built - sampled, digest)
 
 
 def _requests(sizes: Sizes, first: int, count: int) -> list[list[int]]:
@@ -312,11 +480,21 @@ def _spread(values: Sequence[float], unit: str, *, digits: int = 3, higher: bool
     )
 
 
-async def measure_steps(local: Any, remote: Any, sizes: Sizes, repeats: int) -> None:
-    """Section 1: `WARMUP_STEPS` steps each (compiles), then A and B alternate."""
-    warm = {"in-process": 0.0, "HTTP": 0.0}
+def _total(step: StepTimes) -> float:
+    return step.sample_s + step.train_s
+
+
+async def measure_steps(local: Any, remote: Any, floor: Any, sizes: Sizes, repeats: int) -> None:
+    """Section 1: `WARMUP_STEPS` steps each (compiles), then A, B and the floor alternate.
+
+    The floor is the same step through the SDK against `floor_app` (instant answers): its
+    time less its datum building is the SDK's and HTTP's own cost, which adds to in-process
+    compute however fast the server is.
+    """
+    clients = {"in-process": local, "HTTP": remote, "floor": floor}
+    warm = dict.fromkeys(clients, 0.0)
     for step in range(WARMUP_STEPS):
-        for name, client in (("in-process", local), ("HTTP", remote)):
+        for name, client in clients.items():
             started = time.perf_counter()
             await grpo_step(client, sizes, step)
             warm[name] += time.perf_counter() - started
@@ -324,22 +502,21 @@ async def measure_steps(local: Any, remote: Any, sizes: Sizes, repeats: int) -> 
         f"  {WARMUP_STEPS} warm-up steps (compiles): in-process {warm['in-process']:.1f} s, "
         f"HTTP {warm['HTTP']:.1f} s"
     )
-    local_S, remote_S = [], []
+    steps: dict[str, list[StepTimes]] = {name: [] for name in clients}
     for step in range(WARMUP_STEPS, WARMUP_STEPS + repeats):
-        local_S.append(await grpo_step(local, sizes, step))
-        remote_S.append(await grpo_step(remote, sizes, step))
-    for name, steps in (("in-process", local_S), ("HTTP", remote_S)):
+        for name, client in clients.items():
+            steps[name].append(await grpo_step(client, sizes, step))
+    for name in ("in-process", "HTTP"):
         print(
-            f"  {name:<10} step {_spread([s.sample_s + s.train_s for s in steps], ' s')}; "
-            f"sample {statistics.median(s.sample_s for s in steps):.3f} s, "
-            f"train {statistics.median(s.train_s for s in steps):.3f} s"
+            f"  {name:<10} step {_spread([_total(s) for s in steps[name]], ' s')}; "
+            f"sample {statistics.median(s.sample_s for s in steps[name]):.3f} s, "
+            f"train {statistics.median(s.train_s for s in steps[name]):.3f} s"
         )
-    local_s = statistics.median(a.sample_s + a.train_s for a in local_S)
-    ratio = statistics.median(b.sample_s + b.train_s for b in remote_S) / local_s
-    pairs = [
-        (b.sample_s + b.train_s) / (a.sample_s + a.train_s)
-        for a, b in zip(local_S, remote_S, strict=True)
-    ]
+    local_S, remote_S = steps["in-process"], steps["HTTP"]
+    local_s = statistics.median(_total(a) for a in local_S)
+    remote_s = statistics.median(_total(b) for b in remote_S)
+    ratio = remote_s / local_s
+    pairs = [_total(b) / _total(a) for a, b in zip(local_S, remote_S, strict=True)]
     same = sum(a.digest == b.digest for a, b in zip(local_S, remote_S, strict=True))
     verdict = "OK" if ratio <= TARGET_STEP_RATIO else "over target"
     print(
@@ -347,6 +524,31 @@ async def measure_steps(local: Any, remote: Any, sizes: Sizes, repeats: int) -> 
         f"per pair {_spread(pairs, 'x', digits=2)}"
     )
     print(f"  steps whose sampled tokens match in-process: {same} of {repeats}")
+    sdk_s = statistics.median(_total(f) - f.datums_s for f in steps["floor"])
+    print(
+        f"  floor (the SDK against an instant server on the same stack): step "
+        f"{_spread([_total(f) for f in steps['floor']], ' s')}, {sdk_s:.3f} s without "
+        f"building datums; in-process + that = {(local_s + sdk_s) / local_s:.2f}x; "
+        f"of the {remote_s - local_s:.3f} s the server adds, "
+        f"{remote_s - local_s - sdk_s:.3f} s is rlpure serve's own"
+    )
+    await measure_round_trips(clients)
+
+
+async def measure_round_trips(clients: dict[str, Any], count: int = 20) -> None:
+    """The median `optim_step` (one future: POST, then `retrieve_future`) on each client."""
+    params = types.AdamParams(learning_rate=0.0)
+    times: dict[str, list[float]] = {name: [] for name in clients}
+    for _ in range(count):
+        for name, client in clients.items():
+            started = time.perf_counter()
+            await client.optim_step(params)
+            times[name].append(time.perf_counter() - started)
+    print(
+        "  one optim_step (a future: POST + retrieve_future), median of "
+        f"{count}: "
+        + ", ".join(f"{name} {1000 * statistics.median(t):.1f} ms" for name, t in times.items())
+    )
 
 
 async def measure_sampling(
@@ -378,26 +580,46 @@ async def measure_sampling(
         )
 
 
+def _matmul_rate() -> str:
+    """The machine's speed now: the best of 3 float32 2048³ `jnp.matmul` (JAX, in-process)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (2048, 2048), jnp.float32)
+    jnp.matmul(a, a).block_until_ready()
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        jnp.matmul(a, a).block_until_ready()
+        times.append(time.perf_counter() - started)
+    return f"2048³ jnp.matmul {2 * 2048**3 / min(times) / 1e9:.0f} GFLOP/s"
+
+
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-async def run(url: str, sizes: Sizes, repeats: int, *, full: bool, model: str = MODEL) -> None:
+async def run(
+    url: str, floor_url: str, sizes: Sizes, repeats: int, *, full: bool, model: str = MODEL
+) -> None:
     from shell.local import LocalServiceClient  # imports JAX: not in the spawned children
 
     with (
         LocalServiceClient(seed=0, temporary_checkpoints=True) as local_service,
         tinker.ServiceClient(base_url=url, api_key=API_KEY) as remote_service,
+        tinker.ServiceClient(base_url=floor_url, api_key=API_KEY) as floor_service,
     ):
+        print(f"  {_matmul_rate()}")
         local = await local_service.create_lora_training_client(base_model=model)
         remote = await remote_service.create_lora_training_client(base_model=model)
+        floor = await floor_service.create_lora_training_client(base_model=model)
         print(
             f"1. GRPO step: {sizes.prompts} prompts x {sizes.samples} samples, "
             f"{sizes.step_tokens} new tokens, {sizes.prompts * sizes.samples} datums; "
             f"{repeats} rounds"
         )
-        await measure_steps(local, remote, sizes, repeats)
+        await measure_steps(local, remote, floor, sizes, repeats)
         local_sampler = await local_service.create_sampling_client(base_model=model)
         remote_sampler = await remote_service.create_sampling_client(base_model=model)
         print(
@@ -407,6 +629,7 @@ async def run(url: str, sizes: Sizes, repeats: int, *, full: bool, model: str = 
         spawned = SpawnedClients(remote_sampler, sizes, repeats + 1) if full else None
         try:
             await measure_sampling(local_sampler, remote_sampler, sizes, repeats, spawned)
+            print(f"  {_matmul_rate()}")
         finally:
             if spawned is not None:
                 spawned.close()
@@ -422,7 +645,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--model", default=MODEL, help=f"base model (default {MODEL}; e.g. rlpure/small)"
     )
+    parser.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.floor_server is not None:  # the floor's own process (`floor_server`)
+        serve_floor(args.floor_server)
+        return 0
     sizes = QUICK if args.quick else Sizes()
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     if repeats < 1:
@@ -430,9 +657,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"rlpure serve vs in-process, model {args.model}; {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         started = time.perf_counter()
-        with running_server(Path(tmp)) as url, sdk_environment(url):
+        with (
+            running_server(Path(tmp)) as url,
+            floor_server(Path(tmp)) as floor_url,
+            sdk_environment(url),
+        ):
             print(f"server healthy after {time.perf_counter() - started:.1f} s at {url}")
-            asyncio.run(run(url, sizes, repeats, full=args.full, model=args.model))
+            asyncio.run(run(url, floor_url, sizes, repeats, full=args.full, model=args.model))
     print(f"after: {_load()}")
     return 0
 
