@@ -8,7 +8,8 @@ docstring lists what is and is not enforced). The cookbook's remote backends (`_
 container rlpure does not run) and `ModalSandbox` / `ModalSandboxPool` (Modal is not integrated:
 they raise `ConfigError` when built). And `_run_code`: SandboxFusion's `POST /run_code` served
 on loopback over `LocalSandbox` (`rlpure sandbox-serve`, `running_run_code_server`), so a
-grader written for SandboxFusion runs code here without docker.
+grader written for SandboxFusion runs code here without docker; it refuses what a web page
+could send (an `Origin`, a non-loopback `Host`, a non-JSON `Content-Type`) and caps requests.
 """
 
 from shell.sandboxes._interface import (
@@ -31,6 +32,10 @@ from shell.sandboxes._remote import (
     SandboxFusionClient,
 )
 from shell.sandboxes._run_code import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_FETCH_BYTES,
+    MAX_MEMORY_LIMIT_MB,
+    MAX_RUN_TIMEOUT,
     RUN_CODE_COMMAND,
     CommandRunResult,
     RunCodeRequest,
@@ -42,7 +47,11 @@ from shell.sandboxes._run_code import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_FETCH_BYTES",
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "MAX_MEMORY_LIMIT_MB",
+    "MAX_RUN_TIMEOUT",
     "MODAL_UNAVAILABLE",
     "RUN_CODE_COMMAND",
     "SANDBOXFUSION_START",

@@ -187,7 +187,7 @@ class LocalSandbox:
         timeout: int = 60,
         max_output_bytes: int | None = None,
     ) -> SandboxResult:
-        """Runs `command` with `/bin/sh -c` under the limits; kills its process group at `timeout`.
+        """Runs `command` with `/bin/sh -c` under the limits; nothing it starts outlives it.
 
         Returns:
             The result; `exit_code` 124 and `metrics["timed_out"]` on a timeout; when a
