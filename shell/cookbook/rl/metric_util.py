@@ -6,7 +6,8 @@ A thin facade: `compute_trajectory_metrics(trajectory_groups_P, taglist_P)` is
 is `shell.evaluation.RLTestSetEvaluator` (rollouts over a test dataset at temperature 1.0, as the
 cookbook's), adapted so that `_collect_eval_metrics` writes the rollout summaries to the
 cookbook's `TrainingRunStore` when both a `rollout_summary_export` and a `store` are given, as
-the cookbook's does; `dataset_to_env_group_builders` flattens a dataset's batches.
+the cookbook's does, and so that its metrics are the cookbook's keys (without rlpure's
+`<name>/num_groups`); `dataset_to_env_group_builders` flattens a dataset's batches.
 """
 
 from __future__ import annotations
@@ -68,4 +69,9 @@ class RLTestSetEvaluator(_RLTestSetEvaluator):
             cast(TrainingRunStore, store).write_rollouts(
                 export.iteration, records, base_name=export.base_name
             )
-        return super()._collect_eval_metrics(results, rollout_summary_export, store=store)
+        metrics = super()._collect_eval_metrics(results, rollout_summary_export, store=store)
+        # rlpure's `num_groups` is not the cookbook's: its evaluator reports no such metric
+        metrics.pop(f"{self.name}/num_groups", None)
+        if self.last_result is not None:
+            self.last_result.metrics.pop("num_groups", None)
+        return metrics
