@@ -1,4 +1,5 @@
-"""Tests of the offline demo (`shell.jobs.demo`): envs, datasets, the base-model service, a tiny run.
+"""Tests of the toy demo (`rlpure demo --model toy`, `shell.jobs.demo`): envs, datasets, the
+base-model service, a tiny run. The default demo (SmolLM2) is tested in test_demo_smollm2.py.
 
 The accuracy targets of the real recipe are measured by `benchmarks/bench_demo.py`, not here:
 this file runs a deliberately tiny recipe (a few steps) to check the plumbing end to end.
@@ -250,8 +251,8 @@ def test_a_demo_killed_during_grpo_resumes_losing_at_most_save_every_steps(tmp_p
     import time
 
     log_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "shell.cli", "demo", "--log-dir", str(log_dir), "--quiet",
-            "--pretrain-steps", "20", "--rl-steps", "30", "--save-every", "5",
+    argv = [sys.executable, "-m", "shell.cli", "demo", "--model", "toy", "--log-dir", str(log_dir),
+            "--quiet", "--pretrain-steps", "20", "--rl-steps", "30", "--save-every", "5",
             "--groups-per-batch", "2", "--group-size", "2"]  # fmt: skip
     metrics = log_dir / "metrics.jsonl"
 

@@ -1,6 +1,8 @@
-"""The offline GRPO demo, `rlpure demo`: a "base model" pretraining stage, then GRPO on arithmetic.
+"""`rlpure demo`: the offline GRPO demo. By default LoRA on the real SmolLM2-135M-Instruct
+(`--model smollm2`, `shell.jobs.smollm2`: the worked-addition task, `run_smollm2_demo`); with
+`--model toy`, the toy demo below: a "base model" pretraining stage, then GRPO on arithmetic.
 
-Everything runs on the local JAX backend (`shell.local.LocalServiceClient`), through the
+The toy demo runs on the local JAX backend (`shell.local.LocalServiceClient`), through the
 same code used against Tinker: the envs (`shell.env.ProblemEnv`), rollouts, datums, the
 training loop (`shell.training.train`) and its logs (`metrics.jsonl`, `samples.jsonl`,
 `reward_curve.png`). The recipe:
@@ -36,9 +38,9 @@ training loop (`shell.training.train`) and its logs (`metrics.jsonl`, `samples.j
 greedy accuracy at step 0 and after the last step), `steps`, `wall_s` (the whole command,
 compilation included), the time split, and the recipe.
 
-Layout: this module holds the command (`add_demo_arguments`, `demo_main` and the `COMMAND`
-record, which `shell.jobs` lists for the CLI as `rlpure demo`) and is the facade of the
-demo's private parts: `_config` (`DemoConfig`, `demo_keys`), `_arithmetic` (envs and
+Layout: this module holds the command (`add_demo_arguments`, `demo_main`, which dispatches on
+`--model`, and the `COMMAND` record, which `shell.jobs` lists for the CLI as `rlpure demo`) and
+is the facade of the toy demo's private parts: `_config` (`DemoConfig`, `demo_keys`), `_arithmetic` (envs and
 datasets), `_base_model` (corpus, pretraining, cache, `BaseModelServiceClient`) and `_run`
 (`run_demo`, the summary).
 """
@@ -47,10 +49,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from shell.commands import Command
 from shell.config import MAX_SEED, check_log_dir
 from shell.errors import ConfigError
+from shell.jobs import smollm2
 from shell.jobs.demo._arithmetic import ArithmeticDataset, ArithmeticEnv, batch_problem_indices
 from shell.jobs.demo._base_model import (
     BaseModelServiceClient,
@@ -65,6 +71,7 @@ from shell.training import hold_log_dir
 
 __all__ = [
     "COMMAND",
+    "DEMO_MODELS",
     "PRETRAIN_METRICS_FILE",
     "SUMMARY_FILE",
     "ArithmeticDataset",
@@ -87,43 +94,50 @@ __all__ = [
 # --- the command -------------------------------------------------------------------------------
 
 
-def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds `--seed`, `--log-dir`, `--cache-dir` and the recipe's main knobs to `parser`.
+DEMO_MODELS = ("smollm2", "toy")
+"""`rlpure demo --model`: SmolLM2-135M-Instruct (the default, `shell.jobs.smollm2`) or the
+toy byte model pretrained here."""
 
-    A log dir that already holds a run resumes it (`shell.training.train` semantics): a finished
-    run is not retrained, its summary is rewritten from its `metrics.jsonl`.
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds `--model`, `--seed`, `--log-dir`, `--cache-dir` and the main knobs to `parser`.
+
+    The knobs default to None: the chosen model's recipe fills them (`DemoConfig` for the toy,
+    `shell.jobs.smollm2.DEMO_CONFIG_DEFAULTS` / `DEMO_OPTIONS` for SmolLM2). A log dir that
+    already holds a run resumes it (`shell.training.train` semantics): a finished run is not
+    retrained, its summary is rewritten from its `metrics.jsonl`.
     """
-    defaults = DemoConfig()
+    parser.add_argument(
+        "--model",
+        choices=DEMO_MODELS,
+        default=DEMO_MODELS[0],
+        help="smollm2: GRPO with LoRA on SmolLM2-135M-Instruct (default); toy: pretrain a "
+        "133k-parameter byte model, then GRPO.",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the whole run (default 0).")
     parser.add_argument(
         "--log-dir",
         type=Path,
         default=None,
         help="Where metrics.jsonl, reward_curve.png and summary.json go "
-        "(default runs/demo-seed<N>).",
+        "(default runs/demo-seed<N>, runs/demo-toy-seed<N> with --model toy).",
     )
     parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
-        help="Cache of the pretrained base model (default <log-dir>/base_model).",
+        help="Toy only: cache of the pretrained base model (default <log-dir>/base_model).",
     )
-    parser.add_argument("--rl-steps", type=int, default=defaults.rl_steps, help="GRPO steps.")
-    parser.add_argument(
-        "--rl-lr", type=float, default=defaults.rl_lr, help="Adam learning rate of GRPO."
-    )
+    parser.add_argument("--rl-steps", type=int, default=None, help="GRPO steps.")
+    parser.add_argument("--rl-lr", type=float, default=None, help="Adam learning rate of GRPO.")
     parser.add_argument(
         "--pretrain-steps",
         type=int,
-        default=defaults.pretrain_steps,
-        help="Cross-entropy steps of the base-model stage.",
+        default=None,
+        help="Toy only: cross-entropy steps of the base-model stage.",
     )
-    parser.add_argument(
-        "--groups-per-batch", type=int, default=defaults.groups_per_batch, help="Problems per step."
-    )
-    parser.add_argument(
-        "--group-size", type=int, default=defaults.group_size, help="Samples per problem."
-    )
+    parser.add_argument("--groups-per-batch", type=int, default=None, help="Problems per step.")
+    parser.add_argument("--group-size", type=int, default=None, help="Samples per problem.")
     parser.add_argument(
         "--save-every",
         type=int,
@@ -135,30 +149,48 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """Runs the demo from parsed arguments, prints the summary; exit code 0.
+    """Runs the demo of `args.model` from parsed arguments, prints the summary; exit code 0.
 
     Raises:
-        ConfigError: an option out of range or an unusable `--log-dir` / `--cache-dir`,
-            before anything is compiled.
+        ConfigError: an option out of range, one the model does not take, or an unusable
+            `--log-dir` / `--cache-dir`, before anything is compiled.
     """
-    config = DemoConfig(
-        rl_steps=args.rl_steps,
-        rl_lr=args.rl_lr,
-        pretrain_steps=args.pretrain_steps,
-        groups_per_batch=args.groups_per_batch,
-        group_size=args.group_size,
-    )
-    log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/demo-seed{args.seed}")
-    # Refused up front (exit code 2), before the pretraining stage compiles anything.
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"demo --seed: must lie in [0, 2**63 - 1], got {args.seed}")
     if args.save_every < 0:
         raise ConfigError(f"demo --save-every: must be >= 0, got {args.save_every}")
+    if args.model == "toy":
+        log_dir = (
+            args.log_dir if args.log_dir is not None else Path(f"runs/demo-toy-seed{args.seed}")
+        )
+        summary = _toy_demo(args, log_dir)
+    else:
+        log_dir = args.log_dir if args.log_dir is not None else Path(f"runs/demo-seed{args.seed}")
+        summary = _smollm2_demo(args, log_dir)
+    print(
+        f"rlpure demo --model {args.model} (seed {summary['seed']}): held-out greedy accuracy "
+        f"{summary['accuracy_before']} -> {summary['accuracy_after']} in {summary['steps']} "
+        f"GRPO steps, {summary['wall_s']:.1f} s; files in {log_dir}"
+    )
+    return 0
+
+
+def _toy_demo(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """The toy demo (`run_demo`) with the given knobs over `DemoConfig`'s defaults."""
+    knobs = {
+        "rl_steps": args.rl_steps,
+        "rl_lr": args.rl_lr,
+        "pretrain_steps": args.pretrain_steps,
+        "groups_per_batch": args.groups_per_batch,
+        "group_size": args.group_size,
+    }
+    config = DemoConfig(**{k: v for k, v in knobs.items() if v is not None})
+    # Refused up front (exit code 2), before the pretraining stage compiles anything.
     check_log_dir(log_dir)
     if args.cache_dir is not None:
         check_log_dir(args.cache_dir, option="--cache-dir")
     with hold_log_dir(log_dir):  # before pretraining writes base_model.json into it
-        summary = run_demo(
+        return run_demo(
             seed=args.seed,
             log_dir=log_dir,
             config=config,
@@ -166,17 +198,36 @@ def demo_main(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             save_every=args.save_every,
         )
-    print(
-        f"rlpure demo (seed {summary['seed']}): held-out greedy accuracy "
-        f"{summary['accuracy_before']} -> {summary['accuracy_after']} in {summary['steps']} "
-        f"GRPO steps, {summary['wall_s']:.1f} s; files in {log_dir}"
+
+
+def _smollm2_demo(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """The SmolLM2 demo (`shell.jobs.smollm2.run_smollm2_demo`) with the given knobs."""
+    for flag, value in (("--cache-dir", args.cache_dir), ("--pretrain-steps", args.pretrain_steps)):
+        if value is not None:
+            raise ConfigError(f"demo {flag}: only with --model toy (SmolLM2 is pretrained)")
+    sizes = {"groups_per_batch": args.groups_per_batch, "group_size": args.group_size}
+    for name, value in sizes.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"demo --{name.replace('_', '-')}: must be >= 1, got {value}")
+    check_log_dir(log_dir)
+    config = smollm2.smollm2_demo_config(
+        seed=args.seed,
+        log_dir=log_dir,
+        steps=args.rl_steps,
+        learning_rate=args.rl_lr,
+        save_every=args.save_every,
+        progress=not args.quiet,
     )
-    return 0
+    options = msgspec.structs.replace(
+        smollm2.DEMO_OPTIONS, **{k: v for k, v in sizes.items() if v is not None}
+    )
+    return smollm2.run_smollm2_demo(config, options=options)
 
 
 COMMAND = Command(
     "demo",
-    help="Offline GRPO demo: pretrain a tiny base model, then GRPO on arithmetic (local backend).",
+    help="Offline GRPO demo: LoRA on SmolLM2-135M-Instruct learns to add (local backend); "
+    "--model toy: pretrain a tiny base model, then GRPO on arithmetic.",
     run=demo_main,
     add_arguments=add_demo_arguments,
 )

@@ -97,7 +97,9 @@ class Smollm2Options(msgspec.Struct, frozen=True, kw_only=True):
         num_test: held-out problems drawn before the few-shot problems are removed.
         groups_per_batch: problems per training step.
         group_size: samples per problem.
-        fewshot: show the two worked examples before the question.
+        fewshot: show the three examples before the question.
+        worked: the worked style (`shell.jobs.smollm2._task`): one example answered
+            `2+3=5`, and a reply written that way counts as an answer (`rlpure demo`'s task).
         format_coef: reward penalty of a malformed reply.
     """
 
@@ -106,6 +108,7 @@ class Smollm2Options(msgspec.Struct, frozen=True, kw_only=True):
     groups_per_batch: int = 8
     group_size: int = 8
     fewshot: bool = True
+    worked: bool = False
     format_coef: float = 0.1
 
     def __post_init__(self) -> None:
@@ -219,6 +222,7 @@ def _checked_split(config: TrainConfig, options: Smollm2Options) -> ProblemSplit
             jax.random.key(config.seed),
             max_operand=options.max_operand,
             num_test=options.num_test,
+            worked=options.worked,
         )
     except ValueError as err:
         raise ConfigError(f"smollm2-addition --num-test: {err}") from None
@@ -235,7 +239,7 @@ def _addition_datasets(
 ) -> tuple[AdditionDataset, AdditionDataset]:
     """The training dataset (`max_steps` batches, at least one) and the held-out one (every
     test problem once, in one batch), both with the recipe's conversation prefix."""
-    prefix = addition_prefix(fewshot=options.fewshot)
+    prefix = addition_prefix(fewshot=options.fewshot, worked=options.worked)
     num_batches = config.max_steps if config.max_steps is not None else 1
     dataset = AdditionDataset(
         split.train,
@@ -246,6 +250,7 @@ def _addition_datasets(
         key=jax.random.fold_in(jax.random.key(config.seed), 1),
         convo_prefix=prefix,
         format_coef=options.format_coef,
+        worked=options.worked,
     )
     test_dataset = AdditionDataset(
         split.test,
@@ -256,6 +261,7 @@ def _addition_datasets(
         key=None,
         convo_prefix=prefix,
         format_coef=options.format_coef,
+        worked=options.worked,
     )
     return dataset, test_dataset
 
@@ -288,7 +294,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fewshot",
         action=argparse.BooleanOptionalAction,
         default=defaults.fewshot,
-        help="Show two worked examples before the question (default: on).",
+        help="Show three examples before the question (default: on).",
+    )
+    group.add_argument(
+        "--worked",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.worked,
+        help="One example answered 2+3=5, and such a reply counts (rlpure demo's task; "
+        "default: off).",
     )
 
 

@@ -1,68 +1,95 @@
-"""The SmolLM2 recipe's task: single-digit addition asked in chat, answered with only the number.
+"""The SmolLM2 recipes' task: single-digit addition asked in chat after a few worked examples.
 
-Part of `rlpure train smollm2-addition` (see `shell.jobs.smollm2`). The envs and batches are
-the demo's (`shell.jobs.demo.ArithmeticEnv`, `ArithmeticDataset`) with a conversation
-prefix: a system message (`SYSTEM_PROMPT`) and three worked examples (`FEWSHOT`: `2+3` → `5`,
-`6+7` → `13`, `4+0` → `4`) before the question `"a+b"`
-(`rlpure.tasks.arithmetic.problem_question`), rendered by the `smollm2` chat renderer (ChatML). A response is well formed only if it ends on `<|im_end|>` and
-its text is a bare integer (`rlpure.tasks.arithmetic.check_answer_format`: `"8"` or `"=8"`,
-nothing else, no spaces); it is correct only if that integer is the sum. Reward (`ProblemEnv`):
-`correct - format_coef * (1 - format)`.
+Part of `rlpure train smollm2-addition` and `rlpure demo` (see `shell.jobs.smollm2`). A prompt
+is a system message and three examples as user/assistant turns before the question `"a+b"`
+(`rlpure.tasks.arithmetic.problem_question`), rendered by the `smollm2` chat renderer (ChatML).
+Two prompt and grading styles (`AdditionDataset(worked=...)`):
 
-Problems the few-shot examples show are removed from both halves of the split
-(`addition_split`), so no held-out question is answered in its own prompt.
+- **number** (`rlpure train smollm2-addition`): `SYSTEM_PROMPT`, the examples `FEWSHOT`
+  (`2+3` → `5`, `6+7` → `13`, `4+0` → `4`); a response is well formed only if its text is a
+  bare integer (`rlpure.tasks.arithmetic.check_answer_format`: `"8"` or `"=8"`, nothing else).
+- **worked** (`rlpure demo`): `WORKED_SYSTEM_PROMPT`, the examples `WORKED_FEWSHOT`, the same
+  three questions with one answered worked (`2+3` → `2+3=5`); a response is well formed if it
+  is a bare integer or the question written out with its result (`"3+5=8"`,
+  `rlpure.tasks.worked_addition`).
 
-Why these examples: the base model does not add in this format, it guesses, and what it guesses
-follows the examples' answers. After the earlier pair (`12+7` → `19`, `5+8` → `13`, both answers
-"1x") its greedy reply to all 100 single-digit problems was "12" 44 times and "10" 34 times
-(15% right, nearly all on sums 10-12). Sampled at temperature 0.7 the only groups with a right
-reply, hence the only ones GRPO trains on, were then mostly the sums the favourite guess fits,
-so a step could push "12" onto every problem: the collapse of seed 2 (held-out 0.18 -> 0.05).
-With answers of both one and two digits (5, 13, 4) the guesses spread (no reply over 17 of 100,
-18% right, spread over sums 0-16), and the right replies GRPO sees are spread too.
+Either way a response must also end on `<|im_end|>`, and it is correct only if well formed and
+its integer is the sum. Reward (`ProblemEnv`): `correct - format_coef * (1 - format)`.
+Problems the examples show are removed from both halves of the split (`addition_split`), so no
+held-out question is answered in its own prompt.
+
+Why the number style's examples: the base model does not add in this format, it guesses, and
+what it guesses follows the examples' answers. After the earlier pair (`12+7` → `19`, `5+8` →
+`13`, both answers "1x") its greedy reply to all 100 single-digit problems was "12" 44 times
+and "10" 34 times (15% right). With answers of both one and two digits (5, 13, 4) the guesses
+spread (18% right, spread over sums 0-16), and the right replies GRPO sees are spread too.
+
+Why the worked style: the same model that guesses bare numbers adds well once it writes the
+equation out (three worked examples: 78% of 40 problems right, greedy). With one worked example
+among three it answers mostly bare (and wrongly) under greedy decoding but writes the equation
+out in some samples, which are mostly right: GRPO finds that form and reinforces it, and the
+form carries over to held-out problems (see `shell.jobs.smollm2` for the measurements).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
+import numpy as np
 
 from rlpure.render import Renderer
-from rlpure.tasks import arithmetic
+from rlpure.tasks import arithmetic, worked_addition
 from rlpure.tasks.arithmetic import ArithmeticProblem, ProblemSplit
-from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder
-from shell.jobs.demo import ArithmeticDataset
+from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
 __all__ = [
     "FEWSHOT",
     "SYSTEM_PROMPT",
+    "WORKED_FEWSHOT",
+    "WORKED_SYSTEM_PROMPT",
     "AdditionDataset",
+    "AdditionEnv",
     "addition_prefix",
     "addition_split",
 ]
 
 SYSTEM_PROMPT = "Reply with only the number."
-"""The system message of every prompt (it replaces SmolLM2's default one)."""
+"""The number style's system message (it replaces SmolLM2's default one)."""
 
 FEWSHOT: tuple[tuple[str, str], ...] = (("2+3", "5"), ("6+7", "13"), ("4+0", "4"))
-"""Worked examples `(question, answer)` shown before the question, as user/assistant turns."""
+"""The number style's examples `(question, answer)`, shown as user/assistant turns."""
+
+WORKED_SYSTEM_PROMPT = "Answer the sum."
+"""The worked style's system message."""
+
+WORKED_FEWSHOT: tuple[tuple[str, str], ...] = (
+    ("2+3", "2+3=5"),
+    ("6+7", "13"),
+    ("4+0", "4+0=4"),
+    ("1+8", "9"),
+)
+"""The worked style's examples: worked and bare answers alternating, a bare one last."""
 
 
-def addition_prefix(*, fewshot: bool = True) -> list[dict[str, str]]:
-    """The messages before the question: the system message, then (with `fewshot`) the examples.
+def addition_prefix(*, fewshot: bool = True, worked: bool = False) -> list[dict[str, str]]:
+    """The messages before the question: the system message, then (with `fewshot`) the
+    examples, of the number style or (`worked`) the worked one.
 
     Examples:
         >>> [m["role"] for m in addition_prefix()]
         ['system', 'user', 'assistant', 'user', 'assistant', 'user', 'assistant']
         >>> addition_prefix(fewshot=False)
         [{'role': 'system', 'content': 'Reply with only the number.'}]
+        >>> addition_prefix(worked=True)[2]
+        {'role': 'assistant', 'content': '2+3=5'}
     """
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    system, examples = (
+        (WORKED_SYSTEM_PROMPT, WORKED_FEWSHOT) if worked else (SYSTEM_PROMPT, FEWSHOT)
+    )
+    messages = [{"role": "system", "content": system}]
     if fewshot:
-        for question, answer in FEWSHOT:
+        for question, answer in examples:
             messages += [
                 {"role": "user", "content": question},
                 {"role": "assistant", "content": answer},
@@ -70,14 +97,17 @@ def addition_prefix(*, fewshot: bool = True) -> list[dict[str, str]]:
     return messages
 
 
-def addition_split(key: jax.Array, *, max_operand: int, num_test: int) -> ProblemSplit:
-    """`rlpure.tasks.arithmetic.split_problems`, less the problems `FEWSHOT` answers.
+def addition_split(
+    key: jax.Array, *, max_operand: int, num_test: int, worked: bool = False
+) -> ProblemSplit:
+    """`rlpure.tasks.arithmetic.split_problems`, less the problems the examples of the style
+    (`FEWSHOT`, or `WORKED_FEWSHOT` with `worked`) answer.
 
     Raises:
         ValueError: `num_test` leaves no problem for one of the halves.
     """
     split = arithmetic.split_problems(key, max_operand=max_operand, num_test=num_test)
-    shown = {question for question, _ in FEWSHOT}
+    shown = {question for question, _ in (WORKED_FEWSHOT if worked else FEWSHOT)}
 
     def keep(problems: Sequence[ArithmeticProblem]) -> tuple[ArithmeticProblem, ...]:
         return tuple(p for p in problems if arithmetic.problem_question(p) not in shown)
@@ -85,18 +115,47 @@ def addition_split(key: jax.Array, *, max_operand: int, num_test: int) -> Proble
     return ProblemSplit(train=keep(split.train), test=keep(split.test))
 
 
-def _with_prefix(
-    make_env: Callable[[], ProblemEnv], prefix: Sequence[Mapping[str, str]]
-) -> ProblemEnv:
-    env = make_env()
-    env.convo_prefix = [dict(m) for m in prefix]
-    return env
+class AdditionEnv(ProblemEnv):
+    """One `a + b` question after `convo_prefix`, graded strictly in the number style or, with
+    `worked`, the worked one (see the module docstring)."""
+
+    def __init__(
+        self,
+        problem: ArithmeticProblem,
+        renderer: Renderer,
+        *,
+        convo_prefix: Sequence[Mapping[str, str]],
+        format_coef: float,
+        worked: bool,
+    ) -> None:
+        super().__init__(
+            renderer, convo_prefix=[dict(m) for m in convo_prefix], format_coef=format_coef
+        )
+        self.problem = problem
+        self.worked = worked
+
+    def get_question(self) -> str:
+        return arithmetic.problem_question(self.problem)
+
+    def check_answer(self, sample_str: str) -> bool:
+        if self.worked:
+            return worked_addition.grade_worked_response(sample_str, self.problem)
+        return arithmetic.grade_response(sample_str, self.problem)
+
+    def check_format(self, sample_str: str) -> bool:
+        if self.worked:
+            return worked_addition.check_worked_format(sample_str, self.problem)
+        return arithmetic.check_answer_format(sample_str)
+
+    def get_reference_answer(self) -> str:
+        return str(self.problem.answer)
 
 
-class AdditionDataset(ArithmeticDataset):
-    """The demo's `ArithmeticDataset` (same batches: batch `i` draws `groups_per_batch`
-    distinct problems with `fold_in(key, i)`; `key=None` is one batch of every problem in
-    order), its envs asking the question after `convo_prefix`, under the tag `"addition"`.
+class AdditionDataset(RLDataset):
+    """Batches of addition problems under the tag `"addition"`: batch `i` draws
+    `groups_per_batch` distinct problems with `fold_in(key, i)` (the same batch for the same
+    key and index, whatever was read before); `key=None` is one batch of every problem in order,
+    for evaluation. Each problem is a group of `group_size` `AdditionEnv`s.
 
     Args:
         problems: the problems to draw from.
@@ -107,6 +166,7 @@ class AdditionDataset(ArithmeticDataset):
         key: JAX key of the batches (None: evaluation order).
         convo_prefix: messages before each question (`addition_prefix()`).
         format_coef: reward penalty of a malformed reply.
+        worked: grade in the worked style (a worked answer `"3+5=8"` counts too).
 
     Raises:
         ValueError: no problems, or `groups_per_batch` out of range.
@@ -123,30 +183,57 @@ class AdditionDataset(ArithmeticDataset):
         key: jax.Array | None,
         convo_prefix: Sequence[Mapping[str, str]],
         format_coef: float,
+        worked: bool = False,
     ) -> None:
-        super().__init__(
-            problems,
-            renderer,
-            num_batches=num_batches,
-            groups_per_batch=groups_per_batch,
-            group_size=group_size,
-            key=key,
-            format_coef=format_coef,
-        )
+        if not problems:
+            raise ValueError("AdditionDataset.problems: empty")
+        if not 1 <= groups_per_batch <= len(problems):
+            raise ValueError(
+                f"AdditionDataset.groups_per_batch: expected in [1, {len(problems)}], got "
+                f"{groups_per_batch}"
+            )
+        self.problems = tuple(problems)
+        self.renderer = renderer
+        self.num_batches = num_batches
+        self.groups_per_batch = groups_per_batch
+        self.group_size = group_size
+        self.key = key
         self.convo_prefix = [dict(m) for m in convo_prefix]
+        self.format_coef = format_coef
+        self.worked = worked
+
+    def __len__(self) -> int:
+        return self.num_batches
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        return [
-            dataclasses.replace(
-                builder,
-                env_thunk=functools.partial(_with_prefix, builder.env_thunk, self.convo_prefix),
-                dataset_name="addition",
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"AdditionDataset.get_batch: index {index} not in [0, {len(self)})")
+        return [self._group(self.problems[i]) for i in self._problem_indices(index)]
+
+    def _problem_indices(self, index: int) -> list[int]:
+        """The first `groups_per_batch` without a key, else a draw without replacement from
+        `fold_in(key, index)` (the toy demo's `batch_problem_indices`, so the recipe's batches
+        are those it was measured with)."""
+        if self.key is None:
+            return list(range(self.groups_per_batch))
+        draw = jax.random.choice(
+            jax.random.fold_in(self.key, index),
+            len(self.problems),
+            (self.groups_per_batch,),
+            replace=False,
+        )
+        return [int(i) for i in np.asarray(draw)]
+
+    def _group(self, problem: ArithmeticProblem) -> ProblemGroupBuilder:
+        def make_env() -> ProblemEnv:
+            return AdditionEnv(
+                problem,
+                self.renderer,
+                convo_prefix=self.convo_prefix,
+                format_coef=self.format_coef,
+                worked=self.worked,
             )
-            for builder in map(_problem_group, super().get_batch(index))
-        ]
 
-
-def _problem_group(builder: EnvGroupBuilder) -> ProblemGroupBuilder:
-    if not isinstance(builder, ProblemGroupBuilder):  # the demo's dataset builds only these
-        raise TypeError(f"AdditionDataset: expected a ProblemGroupBuilder, got {builder!r}")
-    return builder
+        return ProblemGroupBuilder(
+            env_thunk=make_env, num_envs=self.group_size, dataset_name="addition"
+        )
