@@ -1,12 +1,11 @@
-"""Addition answered bare or worked: `"8"`, or the question written out with its result, `"3+5=8"`.
+"""Addition answered worked: the question written out with its result, `"3+5=8"`.
 
 The grammar of `rlpure demo`'s SmolLM2 task (`shell.jobs.smollm2`), on the problems of
-`rlpure.tasks.arithmetic` (`a + b`, question text `"{a}+{b}"`). A well-formed response is one
-of, nothing else:
-- a bare answer as `rlpure.tasks.arithmetic.parse_answer` reads it (`"8"`, or `"=8"`);
-- the *worked* answer: the question's own text, then `=` and the integer (`"3+5=8"` for the
-  question `"3+5"`). The operands must be the question's, in its order, with no spaces; a
-  worked answer to another question (`"5+3=8"`) or with spaces (`"3 + 5 = 8"`) is malformed.
+`rlpure.tasks.arithmetic` (`a + b`, question text `"{a}+{b}"`). The only well-formed response
+is the *worked* answer: the question's own text, then `=` and the integer as
+`rlpure.tasks.arithmetic.parse_answer` reads it (`"3+5=8"` for the question `"3+5"`). The
+operands must be the question's, in its order, with no spaces; a bare answer (`"8"`), a worked
+answer to another question (`"5+3=8"`) or one with spaces (`"3 + 5 = 8"`) is malformed.
 
 A response is correct only if it is well formed and its integer is the sum. The grammar is
 strict on purpose: a reward that accepted "any text whose last number is the sum" would be
@@ -26,24 +25,24 @@ __all__ = [
 
 
 def parse_worked_answer(response: str, problem: ArithmeticProblem) -> int | None:
-    """The integer `response` states as an answer to `problem`, or None if it is malformed.
+    """The integer `response` states as a worked answer to `problem`, or None if it is malformed.
 
     Examples:
         >>> p = ArithmeticProblem(a=3, b=5)
-        >>> parse_worked_answer("8", p), parse_worked_answer("3+5=8", p)
-        (8, 8)
-        >>> parse_worked_answer("3+5=9", p), parse_worked_answer("=8", p)
-        (9, 8)
+        >>> parse_worked_answer("3+5=8", p), parse_worked_answer("3+5=9", p)
+        (8, 9)
+        >>> parse_worked_answer("8", p), parse_worked_answer("=8", p)
+        (None, None)
         >>> parse_worked_answer("5+3=8", p), parse_worked_answer("3 + 5 = 8", p)
         (None, None)
-        >>> parse_worked_answer("3+5=8.", p), parse_worked_answer("3+5", p)
+        >>> parse_worked_answer("3+5=8.", p), parse_worked_answer("3+5==8", p)
         (None, None)
     """
-    question = problem_question(problem)
-    if response.startswith(question):
-        result = response[len(question) :]
-        return parse_answer(result) if result.startswith("=") else None
-    return parse_answer(response)
+    prefix = problem_question(problem) + "="
+    result = response[len(prefix) :]
+    if not response.startswith(prefix) or result.startswith("="):
+        return None
+    return parse_answer(result)
 
 
 def check_worked_format(response: str, problem: ArithmeticProblem) -> bool:
@@ -57,7 +56,7 @@ def grade_worked_response(response: str, problem: ArithmeticProblem) -> bool:
     Examples:
         >>> p = ArithmeticProblem(a=3, b=5)
         >>> grade_worked_response("3+5=8", p), grade_worked_response("8", p)
-        (True, True)
+        (True, False)
         >>> grade_worked_response("3+5=9", p), grade_worked_response("3+5=8\\n", p)
         (False, False)
     """

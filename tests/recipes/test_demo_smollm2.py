@@ -36,11 +36,11 @@ def _require_smollm2() -> None:
 
 @pytest.mark.parametrize(
     ("response", "answer"),
-    [("8", 8), ("=8", 8), ("3+5=8", 8), ("3+5=9", 9), ("5+3=8", None), ("3 + 5 = 8", None),
-     ("3+5=8.", None), ("3+5=08", None), ("3+5=", None), ("3+5", None), ("3+5==8", None),
-     ("8\n", None), ("", None)],
+    [("3+5=8", 8), ("3+5=9", 9), ("3+5=-1", -1), ("8", None), ("=8", None), ("5+3=8", None),
+     ("3 + 5 = 8", None), ("3+5=8.", None), ("3+5=08", None), ("3+5=", None), ("3+5", None),
+     ("3+5==8", None), ("3+5=8\n", None), ("", None)],
 )  # fmt: skip
-def test_the_worked_grammar_takes_a_bare_number_or_the_question_written_out(
+def test_the_worked_grammar_takes_only_the_question_written_out_with_its_result(
     response: str, answer: int | None
 ) -> None:
     problem = ArithmeticProblem(a=3, b=5)
@@ -153,7 +153,8 @@ def test_the_worked_prompt_and_its_rewards() -> None:
         return result.reward, dict(result.metrics)
 
     assert step("3+5=8<|im_end|>") == (1.0, {"format": 1.0, "correct": 1.0})
-    assert step("8<|im_end|>") == (1.0, {"format": 1.0, "correct": 1.0})
+    reward, metrics = step("8<|im_end|>")  # right, but bare: malformed
+    assert metrics == {"format": 0.0, "correct": 0.0} and reward == pytest.approx(-0.1)
     assert step("3+5=9<|im_end|>") == (0.0, {"format": 1.0, "correct": 0.0})
     reward, metrics = step("5+3=8<|im_end|>")  # another question's equation: malformed
     assert metrics == {"format": 0.0, "correct": 0.0} and reward == pytest.approx(-0.1)

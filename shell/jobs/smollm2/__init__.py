@@ -6,16 +6,17 @@ and `rlpure demo`'s default run.
   style or the worked one (`rlpure.tasks.worked_addition`: `"3+5=8"` counts too).
 - `_recipe`: the recipe's options and `TrainConfig` defaults, `run_smollm2` (the run and its
   `summary.json`) and `RECIPE`, which `shell.jobs` lists for the CLI.
-- `_demo`: `rlpure demo`'s sizes (`DEMO_CONFIG_DEFAULTS`, `DEMO_OPTIONS`: the worked style, 4
+- `_demo`: `rlpure demo`'s sizes (`DEMO_CONFIG_DEFAULTS`, `DEMO_OPTIONS`: the worked style, 3
   steps of 8 problems x 8 samples at temperature 1, lr 1e-3) and `run_smollm2_demo`.
 
-Worked style, measured on a loaded machine (greedy, base model, 40 problems, strict grade): with
-three worked examples 78% right (the model adds once it writes the equation out); with one
-worked example among three, 60% (worked last), 72% (worked second) or 28% (worked first, 2.5%
-of replies worked); with two of four, alternating and a bare one last (`WORKED_FEWSHOT`), 28%,
-17.5% of greedy replies and 13% of samples at temperature 1 worked. GRPO did not yet move the
-held-out accuracy with it: seed 1 at lr 1e-3, 0.265 -> 0.224 after 2 steps (bare replies
-became well formed first), and likewise 0.224 -> 0.204 with the worked-first examples.
+Worked style, how it was chosen (greedy, base model, 40 problems, on a loaded machine): with
+three worked examples 78% right (the model adds once it writes the equation out), so it knows
+the content; with one worked example among three it writes most replies worked (60-72% right)
+unless the worked one comes first (2.5% worked, then 2% of samples at temperature 1: too few
+for GRPO, and accepting bare answers too left held-out accuracy flat, 0.22 -> 0.20 in 2 steps
+on seed 1, as did two of four alternating examples, 0.27 -> 0.22). With those alternating
+examples (`WORKED_FEWSHOT`) and only the worked form counting, 17.5% of greedy replies and 13%
+of samples are worked; seed 1 at lr 1e-3: held-out 0.14 -> 0.88 after 2 steps, 0.90 after 4.
 
 Measured (`rlpure train smollm2-addition --seed N`, defaults: LoRA rank 8, lr 5e-4, 10 steps of
 8 problems x 8 samples at temperature 0.7, about 48 held-out problems, greedy): seed 0 0.188 ->

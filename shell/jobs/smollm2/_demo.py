@@ -30,12 +30,12 @@ __all__ = [
 
 DEMO_CONFIG_DEFAULTS: Mapping[str, Any] = {
     **SMOLLM2_CONFIG_DEFAULTS,
-    "max_steps": 4,
+    "max_steps": 3,
     "learning_rate": 1e-3,
     # A worked reply to a single-digit sum is at most 7 tokens with <|im_end|> ("9+9=18").
     "max_tokens": 8,
     "temperature": 1.0,
-    "eval_every": 4,  # before the first step and after the last
+    "eval_every": 3,  # before the first step and after the last
 }
 """The demo's `TrainConfig` values (the recipe's, with fewer, larger steps)."""
 

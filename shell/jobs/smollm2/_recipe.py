@@ -98,8 +98,8 @@ class Smollm2Options(msgspec.Struct, frozen=True, kw_only=True):
         groups_per_batch: problems per training step.
         group_size: samples per problem.
         fewshot: show the three examples before the question.
-        worked: the worked style (`shell.jobs.smollm2._task`): one example answered
-            `2+3=5`, and a reply written that way counts as an answer (`rlpure demo`'s task).
+        worked: the worked style (`shell.jobs.smollm2._task`): examples answered bare and
+            worked (`2+3=5`), and only a worked reply counts (`rlpure demo`'s task).
         format_coef: reward penalty of a malformed reply.
     """
 
@@ -300,8 +300,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--worked",
         action=argparse.BooleanOptionalAction,
         default=defaults.worked,
-        help="One example answered 2+3=5, and such a reply counts (rlpure demo's task; "
-        "default: off).",
+        help="Examples answered bare and worked (2+3=5), only a worked reply counts (rlpure "
+        "demo's task; default: off).",
     )
 
 

@@ -8,10 +8,10 @@ Two prompt and grading styles (`AdditionDataset(worked=...)`):
 - **number** (`rlpure train smollm2-addition`): `SYSTEM_PROMPT`, the examples `FEWSHOT`
   (`2+3` → `5`, `6+7` → `13`, `4+0` → `4`); a response is well formed only if its text is a
   bare integer (`rlpure.tasks.arithmetic.check_answer_format`: `"8"` or `"=8"`, nothing else).
-- **worked** (`rlpure demo`): `WORKED_SYSTEM_PROMPT`, the examples `WORKED_FEWSHOT`, the same
-  three questions with one answered worked (`2+3` → `2+3=5`); a response is well formed if it
-  is a bare integer or the question written out with its result (`"3+5=8"`,
-  `rlpure.tasks.worked_addition`).
+- **worked** (`rlpure demo`): `WORKED_SYSTEM_PROMPT`, the examples `WORKED_FEWSHOT`, worked and
+  bare answers alternating (`2+3` → `2+3=5`, `6+7` → `13`, `4+0` → `4+0=4`, `1+8` → `9`); a
+  response is well formed only if it is the question written out with its result (`"3+5=8"`,
+  `rlpure.tasks.worked_addition`): the examples leave the form open, the reward fixes it.
 
 Either way a response must also end on `<|im_end|>`, and it is correct only if well formed and
 its integer is the sum. Reward (`ProblemEnv`): `correct - format_coef * (1 - format)`.
@@ -25,10 +25,11 @@ and "10" 34 times (15% right). With answers of both one and two digits (5, 13, 4
 spread (18% right, spread over sums 0-16), and the right replies GRPO sees are spread too.
 
 Why the worked style: the same model that guesses bare numbers adds well once it writes the
-equation out (three worked examples: 78% of 40 problems right, greedy). With one worked example
-among three it answers mostly bare (and wrongly) under greedy decoding but writes the equation
-out in some samples, which are mostly right: GRPO finds that form and reinforces it, and the
-form carries over to held-out problems (see `shell.jobs.smollm2` for the measurements).
+equation out (three worked examples: 78% of 40 problems right, greedy). After the alternating
+examples it answers mostly bare under greedy decoding (17.5% of replies worked, so 14% of the
+held-out problems right under the strict grade) but writes the equation out in 13% of its
+samples at temperature 1, which are mostly right: GRPO finds that form and reinforces it, and
+the form carries over to held-out problems (see `shell.jobs.smollm2` for the measurements).
 """
 
 from __future__ import annotations
