@@ -10,21 +10,26 @@ the facade's `main`). As `runpy` does, the module is `sys.modules["__main__"]` w
 `serve_ported_recipes()`, ported the same way.
 
 The recipes open `tinker.ServiceClient()` themselves; `offline_sdk_env(server)` is what points
-them, offline, at an `rlpure serve` started by `tests.serve.server.running_server`.
+them, offline, at an `rlpure serve` started by `tests.serve.server.running_server`. A recipe
+that loads a hub dataset by name (`load_dataset("openai/gsm8k", name="main", split=...)`) reads
+a local folder of that name instead when run from the folder above it, as a user without the
+hub would do it: `write_local_dataset` writes one (JSON-lines files and a README whose
+`configs` name them).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.parity.porting import ported_source, require_cookbook, serve_ported_recipes
+from tests.parity.porting import _checked_port, require_cookbook, serve_ported_recipes
 from tests.serve.server import Server, sdk_env
 
 OFFLINE_HUB = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -53,9 +58,7 @@ def run_ported_main(
         AssertionError: an import of `tinker_cookbook` survived the port rule.
     """
     path = require_cookbook() / relative_path
-    source = ported_source(path.read_text())
-    if "import tinker_cookbook" in source or "from tinker_cookbook" in source:
-        raise AssertionError(f"{relative_path}: an import of tinker_cookbook survived the port")
+    source = _checked_port(path.read_text(), relative_path)  # the rule, and no import left
     module = types.ModuleType("__main__")
     module.__file__ = str(path)
     monkeypatch.setattr(sys, "argv", [str(path), *argv])
@@ -68,3 +71,29 @@ def run_ported_main(
 def jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON object on each line of `path`."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_local_dataset(
+    root: Path, repo: str, configs: Mapping[str, Mapping[str, Path | Sequence[Mapping[str, Any]]]]
+) -> Path:
+    """A local folder `root / repo` that `datasets.load_dataset(repo, name=..., split=...)` reads
+    when the working directory is `root` (the hub offline): for each config name, each split's
+    rows, as a JSON-lines file to copy or as rows to write, listed in the README's `configs`.
+
+    Returns:
+        The folder.
+    """
+    folder = root / repo
+    lines = ["---", "configs:"]
+    for name, splits in configs.items():
+        lines += [f"- config_name: {name}", "  data_files:"]
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for split, rows in splits.items():
+            target = folder / name / f"{split}.jsonl"
+            if isinstance(rows, Path):
+                shutil.copyfile(rows, target)
+            else:
+                target.write_text("".join(json.dumps(dict(row)) + "\n" for row in rows))
+            lines += [f"  - split: {split}", f"    path: {name}/{split}.jsonl"]
+    (folder / "README.md").write_text("\n".join([*lines, "---", ""]))
+    return folder

@@ -1,17 +1,23 @@
 """The cookbook's multi-player and sandboxed recipes, ported, train offline through their own entry.
 
-Each recipe's `train.py` is imported by the port rule (`tinker_cookbook` → `shell.cookbook` in its
-imports, nothing else; sibling recipe files served by `serve_ported_recipes`), its `CLIConfig` is
-parsed by `chz.entrypoint(CLIConfig, argv=[...])` as its `__main__` does, overridden only by
-model, sizes and paths, and the `Config` its own code builds trains through the facade's
-`main` on the local backend:
+Each recipe's `train.py` runs as `python -m` would (`recipe_runs.run_ported_main`): the file
+after the port rule alone (`tinker_cookbook` → `shell.cookbook` in its imports), executed as
+`__main__` with `key=value` arguments, so its own `chz.entrypoint(CLIConfig)` builds its
+`Config` and its own code calls the facade's `train.main(config)`. The recipes open
+`tinker.ServiceClient()` themselves; what points them at the local backend is what a user sets
+(`recipe_runs.offline_sdk_env`): `TINKER_BASE_URL` at an `rlpure serve` on a loopback port, a
+`tml-` key, telemetry and the Hugging Face hub off. The player is a local checkpoint folder the
+server and the client both read offline: the tiny random Llama with the byte tokenizer
+(`tiny_hf_model.py`) and the renderer `role_colon`.
 
-- `multiplayer_rl/twenty_questions`: the player trains in process (`LocalServiceClient`); the
-  answerer is the dataset builder's own `tinker.ServiceClient(base_url=...)` talking to
-  `rlpure serve` on a loopback port (the builder's `base_url` and `answerer_base_model` fields
-  are the only things set after `build_config`: the recipe's CLI has neither).
+- `multiplayer_rl/twenty_questions`: the player trains on `rlpure serve`; the answerer is the
+  dataset builder's own `tinker.ServiceClient(base_url=None)` (so `TINKER_BASE_URL`) sampling
+  `rlpure/tiny`. The one override: the builder's `answerer_base_model` (the recipe's CLI has no
+  such field; its default, Qwen3.5-9B, is neither on this server nor offline), set by wrapping
+  the facade's `train.main` to `chz.replace` it in the `Config` the recipe built.
 - `multiplayer_rl/text_arena`: tic-tac-toe from `textarena` (0.7.4), self-play in training and
-  the cookbook's own random opponent (`test_opponent=random`) in the evaluation.
+  the recipe's default test opponent (`base_model`: the player's base model, sampled on the
+  server) in the evaluation.
 - `code_rl`: the recipe's own async `cli_main` (its CLI has `base_url`: the policy trains on
   `rlpure serve`), its grader's SandboxFusion client talking to `rlpure sandbox-serve`
   (`SANDBOX_URL`), which runs each test in a `LocalSandbox`; the DeepCoder data is a local
@@ -20,10 +26,7 @@ model, sizes and paths, and the `Config` its own code builds trains through the 
   a tool-calling renderer (`qwen3`). It never writes code, so the recipe's grader is also run
   on known answers (right, wrong, none, call-based, endless) in the same event loop.
 
-Speed (2 shared CPU cores at load average 9-11 from other jobs, JAX's compilation cache warm):
-twenty questions 38-102 s, text arena 11-28 s, code_rl 31-60 s, most of it compiling. The
-in-process player is a micro model (one layer, width 16, the byte tokenizer's 2048-token
-context); the answerer runs `rlpure/tiny`.
+Speed: see the README ("Recipes that train offline"), measured with `--durations`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import time
 import types
@@ -43,22 +47,17 @@ import datasets
 import httpx
 import pytest
 
-from rlpure.model import VOCAB_SIZE, ModelConfig
 from shell.cookbook.rl import train
-from shell.local import LocalServiceClient
 from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
+from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env, run_ported_main
 from tests.parity.tiny_chat_model import write_tiny_chat_llama
-from tests.serve.server import RLPURE, Server, free_port, running_server, sdk_env
+from tests.parity.tiny_hf_model import write_tiny_llama
+from tests.serve.server import RLPURE, Server, running_server
 
 require_cookbook()
 
-PLAYER = "test/recipe-micro"
-PLAYER_CONFIG = ModelConfig(
-    vocab_size=VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_seq_len=2048
-)
 ANSWERER = "rlpure/tiny"
 """A model `rlpure serve` knows by name; its recommended renderer is `role_colon`."""
-RENDERER = "role_colon"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,107 +66,102 @@ def _ported_recipes() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The player's arguments: the tiny byte-tokenizer Llama's folder and `role_colon`."""
+    path = write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+    return [f"model_name={path}", "renderer_name=role_colon"]
+
+
 def _recipe(path: str) -> types.ModuleType:
     """The cookbook's `recipes/<path>` imported by the port rule."""
     return import_ported(f"recipes/{path}")
 
 
-def _service(log_path: Path) -> LocalServiceClient:
-    return LocalServiceClient(
-        seed=0,
-        checkpoint_dir=log_path / "local_states",
-        model_configs={PLAYER: PLAYER_CONFIG},
-    )
-
-
-def _cli(module: types.ModuleType, log_path: Path, **overrides: Any) -> Any:
-    """`chz.entrypoint(CLIConfig, argv=...)`, as the recipe's `__main__` parses its arguments."""
-    argv = [
-        f"model_name={PLAYER}",
-        f"renderer_name={RENDERER}",
-        f"log_path={log_path}",
-        *(f"{name}={value}" for name, value in overrides.items()),
-    ]
-    return chz.entrypoint(module.CLIConfig, argv=argv)
-
-
-def _rows(log_path: Path) -> list[dict[str, Any]]:
-    lines = (log_path / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+def _point_at(monkeypatch: pytest.MonkeyPatch, server: Server) -> None:
+    """The SDK's environment for `server`, the Hugging Face hub offline (`offline_sdk_env`)."""
+    for name, value in offline_sdk_env(server).items():
+        monkeypatch.setenv(name, value)
 
 
 def _step_rows(log_path: Path) -> list[dict[str, Any]]:
     """The training steps' rows (not the final totals row)."""
-    return [row for row in _rows(log_path) if "final_totals" not in row]
-
-
-def _checkpoints(log_path: Path) -> list[dict[str, Any]]:
-    lines = (log_path / "checkpoints.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-def _point_at(monkeypatch: pytest.MonkeyPatch, server: Server) -> None:
-    """The SDK's environment for `server` (URL, a `tml-` key, no telemetry), Hugging Face offline."""
-    for name, value in sdk_env(server).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return [row for row in jsonl_rows(log_path / "metrics.jsonl") if "final_totals" not in row]
 
 
 def test_twenty_questions_trains_with_the_answerer_on_rlpure_serve(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, byte_model: list[str]
 ) -> None:
     """One step of 2 twenty-turn episodes: every player turn gets the answerer's reply, sampled
     by the recipe's own answerer client through `rlpure serve`."""
-    module = _recipe("multiplayer_rl/twenty_questions/train.py")
+    real_main = train.main
+    answerers: list[str] = []
+
+    async def main_with_a_local_answerer(config: train.Config, *args: Any, **kwargs: Any) -> Any:
+        builder: Any = chz.replace(config.dataset_builder, answerer_base_model=ANSWERER)
+        answerers.append(builder.answerer_base_model)  # a TwentyQuestionsDatasetBuilder
+        return await real_main(chz.replace(config, dataset_builder=builder), *args, **kwargs)
+
     log_path = tmp_path / "run"
-    cli = _cli(
-        module, log_path, batch_size=1, group_size=2, max_tokens=8, eval_every=0, max_steps=1
-    )
-    config = module.build_config(cli)
-    assert isinstance(config, train.Config) and config.log_path == str(log_path)
     with running_server(tmp_path / "state", "-v") as server:
         _point_at(monkeypatch, server)
-        builder = chz.replace(
-            config.dataset_builder, base_url=server.url, answerer_base_model=ANSWERER
+        monkeypatch.setattr(train, "main", main_with_a_local_answerer)
+        run_ported_main(
+            "recipes/multiplayer_rl/twenty_questions/train.py",
+            [
+                *byte_model,
+                "batch_size=1",
+                "group_size=2",
+                "max_tokens=8",
+                "eval_every=0",
+                "max_steps=1",
+                f"log_path={log_path}",
+            ],
+            monkeypatch=monkeypatch,
         )
-        config = chz.replace(config, dataset_builder=builder)
-        result = asyncio.run(train.main(config, service_client=_service(log_path)))
         log = server.log_text()
 
-    assert (result.start_step, result.end_step) == (0, 1)
+    assert answerers == [ANSWERER]  # the recipe's own __main__ called the facade's main once
     (row,) = _step_rows(log_path)
     assert row["step"] == 0
     assert row["env/all/total_episodes"] == 2 and row["env/all/total_turns"] == 40, row
     assert 0.0 <= row["env/all/reward/total"] <= 1.0, row
-    # the answerer's sampler: one session on its base model, sampled once per player turn
+    # one sampling session, the answerer's on its base model (the player samples from the
+    # weights it saves for sampling); the player and the answerer are each sampled once per
+    # player turn (2 episodes x 20 turns)
     assert log.count('"POST /api/v1/create_sampling_session HTTP/1.1" 200') == 1, log[-3000:]
-    assert log.count('"POST /api/v1/asample HTTP/1.1" 200') >= 40, log[-3000:]
-    (final,) = _checkpoints(log_path)
+    assert log.count('"POST /api/v1/save_weights_for_sampler HTTP/1.1" 200') >= 1, log[-3000:]
+    assert log.count('"POST /api/v1/asample HTTP/1.1" 200') >= 2 * 40, log[-3000:]
+    (final,) = jsonl_rows(log_path / "checkpoints.jsonl")
     assert final["name"] == "final" and final["batch"] == 1
+    assert final["state_path"].startswith("tinker://")
 
 
-def test_text_arena_tictactoe_trains_by_self_play(tmp_path: Path) -> None:
-    """Two steps of self-play tic-tac-toe and the evaluation against the random opponent."""
-    module = _recipe("multiplayer_rl/text_arena/train.py")
+def test_text_arena_tictactoe_trains_by_self_play(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, byte_model: list[str]
+) -> None:
+    """Two steps of self-play tic-tac-toe and the evaluation against the recipe's default test
+    opponent (the base model, sampled on the server)."""
     log_path = tmp_path / "run"
-    cli = _cli(
-        module,
-        log_path,
-        batch_size=2,
-        num_train_datapoints=4,
-        num_test_datapoints=2,
-        test_opponent="random",
-        max_tokens=8,
-        eval_every=1,
-        save_every=1,
-        max_steps=2,
-    )
-    config = module.build_config(cli)
-    assert config.dataset_builder.game_name == "TicTacToe-v0"
-    result = asyncio.run(train.main(config, service_client=_service(log_path)))
+    with running_server(tmp_path / "state") as server:
+        _point_at(monkeypatch, server)
+        module = run_ported_main(
+            "recipes/multiplayer_rl/text_arena/train.py",
+            [
+                *byte_model,
+                "batch_size=2",
+                "num_train_datapoints=4",
+                "num_test_datapoints=2",
+                "max_tokens=8",
+                "eval_every=1",
+                "save_every=1",
+                "max_steps=2",
+                f"log_path={log_path}",
+            ],
+            monkeypatch=monkeypatch,
+        )
 
-    assert (result.start_step, result.end_step) == (0, 2)
+    assert module.CLIConfig().test_opponent == "base_model"  # the default, not overridden
     *rows, final_eval = _step_rows(log_path)
     assert [row["step"] for row in rows] == [0, 1]
     for row in rows:
@@ -177,11 +171,11 @@ def test_text_arena_tictactoe_trains_by_self_play(tmp_path: Path) -> None:
         assert row["test/env/all/total_episodes"] == 2, row  # each side against the opponent
         assert -2.0 <= row["test/env/all/reward/total"] <= 1.0, row
     assert final_eval["final_eval"] == 1 and final_eval["step"] == 2, final_eval
-    saved = _checkpoints(log_path)
+    saved = jsonl_rows(log_path / "checkpoints.jsonl")
     # no periodic save on the last batch, the final one holds its weights (a documented
     # difference: the cookbook also writes 000002 there)
     assert [(c["name"], c["batch"]) for c in saved] == [("000001", 1), ("final", 2)]
-    assert all(Path(c["state_path"]).is_dir() for c in saved), saved  # the local backend's
+    assert all(c["state_path"].startswith("tinker://") for c in saved), saved
 
 
 # --- code_rl -------------------------------------------------------------------------------------
@@ -259,30 +253,38 @@ def _deepcoder_texts() -> list[str]:
     return [*prompts, '<tool_call>\n{"name": "check_solution", "arguments": {}}\n</tool_call>']
 
 
+_SERVING = re.compile(r"SANDBOX_URL=(\S+)")
+
+
 @contextlib.contextmanager
 def running_sandbox_serve(log: Path) -> Iterator[str]:
-    """`rlpure sandbox-serve` on a free loopback port (its own process: `LocalSandbox` forks,
-    which a process running JAX's threads should not); yields its `run_code` URL."""
-    url = f"http://127.0.0.1:{free_port()}/run_code"
+    """`rlpure sandbox-serve --port 0` (its own process: `LocalSandbox` forks, which a process
+    running JAX's threads should not); yields the `run_code` URL it prints once serving."""
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [RLPURE, "sandbox-serve", "--port", url.rsplit(":", 1)[1].split("/")[0]],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
+            [RLPURE, "sandbox-serve", "--port", "0"], stdout=sink, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + 60
-        while True:
+        while not (printed := _SERVING.search(log.read_text(errors="replace"))):
             assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url = printed.group(1)
+        while True:  # the socket is bound before the line is printed; uvicorn may still start
             with contextlib.suppress(httpx.TransportError):
                 if httpx.post(url, json={"code": "pass"}, timeout=10).status_code == 200:
                     break
-            assert time.monotonic() < deadline, log.read_text()
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         yield url
     finally:
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
 
 
 SUM_SOLUTION = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -366,7 +368,7 @@ def test_code_rl_trains_with_a_local_run_code_server(
     # (-0.1) and no grading, as in the cookbook; a graded one gets 0.1 * (has code - 1) + passed
     assert -0.1 - 1e-6 <= row["env/all/reward/total"] <= 1.0, row
     assert row.get("env/all/max_tokens_reached") == 1.0 or "env/all/format" in row, row
-    (final,) = _checkpoints(log_path)
+    (final,) = jsonl_rows(log_path / "checkpoints.jsonl")
     assert final["name"] == "final" and final["state_path"].startswith("tinker://")
     assert graded["right"] == (1.0, {"format": 1.0, "correct": 1.0}), graded
     assert graded["wrong"] == (0.0, {"format": 1.0, "correct": 0.0}), graded
@@ -374,4 +376,9 @@ def test_code_rl_trains_with_a_local_run_code_server(
     passed, details = graded["functional"]
     assert passed and details["run_result"]["status"] == "Finished", details
     passed, details = graded["endless"]
+    # stopped by the recipe's test harness at its 1 s per-test timeout (not a crash): its
+    # "Time Limit Exceeded" (error_code -3), after at least that second
     assert not passed and details["status"] == "Failed", details
+    run = details["run_result"]
+    assert "'error_code': -3" in run["stdout"] and "Time Limit Exceeded" in run["stdout"], run
+    assert run["execution_time"] >= 1.0, details

@@ -19,16 +19,19 @@ recipe's default cannot run on the local backend, one more argument says so:
 - `eval_every=0` for math_rl on GSM8K and for guess_number, whose evaluations (at step 0 and at
   the end) would play the whole test split (1,319 problems; 103 numbers x 4 players x 10 turns).
 
-Data: math_rl's GSM8K builder calls `datasets.load_dataset("openai/gsm8k", name="main",
-split=...)`; a fixture redirects exactly that call to `load_dataset("json", data_files=...)` of
-`../shared/data/gsm8k` (the same rows, see its README). rl_numerics_check reads WikiText-103
-from the hub, which has no local copy here: the same kind of redirect serves it natural English
-text from the GSM8K questions (its `text` column), so the recipe's own page cutting, word
-counting and grading run on real prose. guess_number and preference/shorter need no data;
+Data, with no patch of `datasets`: math_rl's GSM8K builder calls
+`datasets.load_dataset("openai/gsm8k", name="main", split=...)`; run from a working directory
+holding a folder `openai/gsm8k` (the files of `../shared/data/gsm8k`, the hub's rows, and a
+README whose `configs` name them: `recipe_runs.write_local_dataset`), `datasets` reads that
+folder, as a user without the hub would arrange it. rl_numerics_check reads WikiText-103
+(`Salesforce/wikitext`, `wikitext-103-raw-v1`), which has no local copy here: **a data
+substitution** — its folder holds the GSM8K questions as the `text` column (natural English
+prose, not WikiText), so the recipe's own page cutting, word counting and grading run on real
+prose; its numbers are not WikiText's. guess_number and preference/shorter need no data;
 shorter's judge is the recipe's own `PreferenceModelShorter`, which the recipe wires in itself: a
 real judge of the comparison protocol (1.0 when completion B is preferred, -1.0 for A, 0.0 a
 tie) that prefers the shorter reply; the test checks each group's tournament against the
-sampled replies' lengths.
+sampled replies' lengths, and the judge itself on replies of known lengths.
 
 Each case asserts what the run left: a `metrics.jsonl` row for each step with the loop's and
 the env's keys and rewards in the env's range, the final token totals, a final checkpoint in
@@ -38,16 +41,22 @@ the env's keys and rewards in the env's range, the final token totals, a final c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.parity.porting import require_cookbook
-from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env, run_ported_main
+from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
+from tests.parity.recipe_runs import (
+    jsonl_rows,
+    offline_sdk_env,
+    run_ported_main,
+    write_local_dataset,
+)
 
 require_cookbook()
 
@@ -94,33 +103,13 @@ def gsm8k_json() -> dict[str, str]:
     return {split: str(path) for split, path in files.items()}
 
 
-LoadCall = tuple[str, str | None, str | None]
-
-
-def _redirect_load_dataset(
-    monkeypatch: pytest.MonkeyPatch,
-    cache_dir: Path,
-    served: dict[tuple[str, str | None], Callable[[Any, str | None], Any]],
-) -> list[LoadCall]:
-    """Routes `datasets.load_dataset(path, name, split=...)` for the `(path, name)` keys of
-    `served` to their loaders (given the real function and the split); any other call goes to
-    the real function (offline, so a hub name fails). Returns the calls it served."""
-    real = datasets.load_dataset
-    calls: list[LoadCall] = []
-
-    def load_dataset(path: str, name: str | None = None, *args: Any, **kwargs: Any) -> Any:
-        loader = served.get((path, name))
-        if loader is None or args:
-            return real(path, name, *args, **kwargs)
-        calls.append((path, name, kwargs.get("split")))
-
-        def local(*a: Any, **k: Any) -> Any:
-            return real(*a, cache_dir=str(cache_dir), **k)
-
-        return loader(local, kwargs.get("split"))
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    return calls
+@pytest.fixture
+def hub_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The working directory for local dataset folders named like the hub's (`tmp_path`), with
+    `datasets`' cache inside it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    return tmp_path
 
 
 # --- what every run leaves --------------------------------------------------------------------
@@ -211,22 +200,18 @@ def test_math_rl_gsm8k_trains_on_the_local_files(
     on_server: Server,
     byte_model: list[str],
     gsm8k_json: dict[str, str],
+    hub_folders: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def local_gsm8k(load: Any, split: str | None) -> Any:
-        return load("json", data_files=gsm8k_json, split=split)
-
-    calls = _redirect_load_dataset(
-        monkeypatch, tmp_path / "hf-cache", {("openai/gsm8k", "main"): local_gsm8k}
-    )
+    splits = {split: Path(path) for split, path in gsm8k_json.items()}
+    write_local_dataset(hub_folders, "openai/gsm8k", {"main": splits})
     log_path = tmp_path / "run"
     run_ported_main(
         "recipes/math_rl/train.py",
         [*_math_rl_args(byte_model, log_path, "gsm8k"), "eval_every=0"],
         monkeypatch=monkeypatch,
     )
-    assert sorted(calls) == [("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "train")]
     _check_run(
         log_path, on_server, recipe_name="recipe_math_rl", reward=MATH_REWARD, env_keys=MATH_KEYS
     )
@@ -238,6 +223,7 @@ def test_math_rl_gsm8k_trains_on_the_local_files(
 def test_rl_numerics_check_trains_on_local_prose(
     on_server: Server,
     gsm8k_json: dict[str, str],
+    hub_folders: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -247,12 +233,10 @@ def test_rl_numerics_check_trains_on_local_prose(
     tool_call = '<tool_call>\n{"name": "read_page", "arguments": {"page": 1}}\n</tool_call>'
     model = write_tiny_chat_llama(tmp_path / "tiny-chat-llama", [*questions[:2000], tool_call])
 
-    def prose(load: Any, split: str | None) -> Any:
-        rows = load("json", data_files=gsm8k_json, split=split)
-        return rows.select_columns(["question"]).rename_column("question", "text")
-
-    calls = _redirect_load_dataset(
-        monkeypatch, tmp_path / "hf-cache", {("Salesforce/wikitext", "wikitext-103-raw-v1"): prose}
+    # a data substitution (module docstring): GSM8K's questions as WikiText's `text` column
+    prose = [{"text": question} for question in questions]
+    write_local_dataset(
+        hub_folders, "Salesforce/wikitext", {"wikitext-103-raw-v1": {"train": prose}}
     )
     log_path = tmp_path / "run"
     run_ported_main(
@@ -273,7 +257,6 @@ def test_rl_numerics_check_trains_on_local_prose(
         ],
         monkeypatch=monkeypatch,
     )
-    assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "train")]
     _check_run(
         log_path,
         on_server,
@@ -284,6 +267,11 @@ def test_rl_numerics_check_trains_on_local_prose(
     )
     for prompt in _prompts(log_path):
         assert "read_page" in prompt and "<|im_start|>" in prompt, prompt
+    # the word to count is drawn from the corpus: it is a word of the local prose
+    prose_words = set(re.findall(r"[a-z]+", " ".join(questions).lower()))
+    for prompt in _prompts(log_path):
+        (word,) = re.findall(r'count how many times the word "([^"]+)"', prompt)
+        assert word.lower() in prose_words, word
 
 
 def test_guess_number_trains(
@@ -333,7 +321,7 @@ def test_preference_shorter_trains_with_its_length_judge(
             *byte_model,
             "batch_size=2",
             "group_size=2",
-            "max_tokens=8",
+            "max_tokens=32",  # longer replies: their decoded lengths differ more often
             f"max_steps={STEPS}",
             f"log_path={log_path}",
         ],
@@ -356,14 +344,28 @@ def test_preference_shorter_trains_with_its_length_judge(
         for step in range(STEPS)
         for row in jsonl_rows(log_path / f"iteration_{step:06d}" / "train_rollout_summaries.jsonl")
     }
-    decided = 0
     for (step, group), (first, second) in sorted(groups.items()):
         lengths = [len(_content(row["turns"][0]["ac"])) for row in (first, second)]
         wins = [summaries[step, group, row["traj"]]["win_minus_loss"] for row in (first, second)]
         expected = (lengths[1] > lengths[0]) - (lengths[1] < lengths[0])
         assert wins == [expected, -expected], (lengths, wins)
-        decided += expected != 0
         for row, win in zip((first, second), wins, strict=True):
             valid = summaries[step, group, row["traj"]]["format"]
             assert row["total_reward"] == pytest.approx(win + valid - 1.0)
-    assert decided > 0, "every comparison tied: the judge decided nothing"
+    # sampled replies may all tie (a random model often stops only at max_tokens): the judge
+    # the recipe wired in also decides replies of known, different lengths
+    assert _judged("a longer reply", "short") == 1.0  # B (shorter) preferred
+    assert _judged("short", "a longer reply") == -1.0
+    assert _judged("same", "size") == 0.0
+
+
+def _judged(reply_a: str, reply_b: str) -> float:
+    """The recipe's `PreferenceModelShorter` on one prompt and the replies `reply_a`, `reply_b`."""
+    with serve_ported_recipes():
+        env = import_ported("recipes/preference/shorter/env.py")
+    comparison = env.Comparison(
+        prompt_conversation=env.CONVO_PREFIX,
+        completion_A=[{"role": "assistant", "content": reply_a}],
+        completion_B=[{"role": "assistant", "content": reply_b}],
+    )
+    return float(asyncio.run(env.PreferenceModelShorter()(comparison)))
