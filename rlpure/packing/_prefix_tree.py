@@ -24,7 +24,7 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -152,40 +152,86 @@ def _subtree_ends(position_N: np.ndarray) -> np.ndarray:
     return end_N
 
 
+def _split_range(
+    length_K: np.ndarray,
+    lcp_K: list[int],
+    size: Callable[[int, int], int],
+    span: tuple[int, int],
+    cap: int,
+) -> list[tuple[int, int]]:
+    """Cuts the sorted run `[lo, hi)` (lengths `length_K`, common prefixes with the previous
+    `lcp_K`) into runs of at most `cap` trie nodes: a run too large splits where its adjacent
+    common prefix is shortest (its root's children; a sequence that ends there, a prefix of
+    the others, joins the next child), and neighbouring parts join while they fit."""
+    lo, hi = span
+    if hi - lo == 1 or size(lo, hi) <= cap:
+        return [span]
+    shortest = min(lcp_K[lo + 1 : hi])
+    cuts = [k for k in range(lo + 1, hi) if lcp_K[k] == shortest]
+    bounds = list(zip([lo, *cuts], [*cuts, hi], strict=True))
+    while len(bounds) > 2 and bounds[0][1] - bounds[0][0] == 1 and length_K[lo] == shortest:
+        bounds = [(bounds[0][0], bounds[1][1]), *bounds[2:]]
+    out: list[tuple[int, int]] = []
+    for sub in bounds:
+        for piece in _split_range(length_K, lcp_K, size, sub, cap):
+            if out and size(out[-1][0], piece[1]) <= cap:
+                out[-1] = (out[-1][0], piece[1])  # neighbours that fit together stay together
+            else:
+                out.append(piece)
+    return out
+
+
 def group_prefix_rows(tokens_D: Sequence[np.ndarray], *, max_width: int) -> list[tuple[int, ...]]:
     """Cuts sequences into packed rows of at most `max_width` trie nodes each.
 
-    Sequences are taken in lexicographic order (so shared prefixes are neighbours) and added to
-    the current row while its trie stays within `max_width` nodes; a sequence longer than
-    `max_width` gets a row of its own. A prefix shared across a cut is packed in both rows.
+    The trie is cut into subtrees of at most `max_width` nodes (a subtree too large splits
+    into its root's children, each keeping the shared prefix), which fill the rows
+    first-fit-decreasing, so a group sharing a prompt is cut only when it does not fit a row
+    alone and the rows stay full. A sequence longer than `max_width` gets a row of its own;
+    a prefix shared across rows is packed in each.
 
     Args:
         tokens_D: `D` int 1-D arrays.
         max_width: the most nodes a row may hold (≥ 1); a longer sequence still gets a row.
 
     Returns:
-        The rows, each a tuple of indices into `tokens_D` in lexicographic order.
+        The rows, largest first, each a tuple of indices into `tokens_D` in lexicographic
+        order.
 
     Examples:
         >>> seqs = [np.array([1, 2, 3]), np.array([4, 5]), np.array([1, 2, 4])]
         >>> group_prefix_rows(seqs, max_width=4)
         [(0, 2), (1,)]
+        >>> group_prefix_rows(seqs, max_width=6)
+        [(0, 2, 1)]
     """
     if max_width < 1:
         raise ValueError(f"group_prefix_rows: max_width must be at least 1, got {max_width}")
-    rows: list[tuple[int, ...]] = []
-    current: list[int] = []
-    size = 0
-    previous = np.zeros(0, np.int64)
-    for d in _lexicographic_order(tokens_D):
-        tokens = tokens_D[d]
-        added = tokens.size - common_prefix_length(tokens, previous)
-        if current and size + added > max_width:
-            rows.append(tuple(current))
-            current, size, added = [], 0, tokens.size
-        current.append(d)
-        size += added
-        previous = tokens
-    if current:
-        rows.append(tuple(current))
-    return rows
+    if not tokens_D:
+        return []
+    order = _lexicographic_order(tokens_D)
+    lcp_K = [0] + [
+        common_prefix_length(tokens_D[order[k - 1]], tokens_D[order[k]])
+        for k in range(1, len(order))
+    ]
+    length_K = np.array([tokens_D[d].size for d in order])
+    new_K = length_K - np.array(lcp_K)
+    new_cum = np.concatenate([[0], np.cumsum(new_K)])
+
+    def size(lo: int, hi: int) -> int:
+        return int(tokens_D[order[lo]].size + new_cum[hi] - new_cum[lo + 1])
+
+    pieces = _split_range(length_K, lcp_K, size, (0, len(order)), max_width)
+    pieces.sort(key=lambda span: (-size(*span), span[0]))
+    rows: list[list[tuple[int, int]]] = []
+    free: list[int] = []
+    for span in pieces:
+        need = size(*span)
+        slot = next((r for r, room in enumerate(free) if room >= need), None)
+        if slot is None:
+            rows.append([span])
+            free.append(max_width - need)
+        else:
+            rows[slot].append(span)
+            free[slot] -= need
+    return [tuple(order[k] for lo, hi in sorted(row) for k in range(lo, hi)) for row in rows]

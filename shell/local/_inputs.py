@@ -329,10 +329,11 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
 # The prefix-shared route runs when the datums' tries hold at most this fraction of their
 # tokens (below, the longer rows' attention and the gather buy too little).
 PREFIX_SHARING_FRACTION = 0.8
-# Most trie nodes a packed row takes (or the longest datum's length, if longer): a GRPO group of
-# a 128-token prompt and 8 completions of 32 tokens fits one row; attention costs each query
-# the whole row, so rows stay short.
-PREFIX_ROW_WIDTH = 512
+# Most trie nodes a packed row takes (or the longest datum's length, if longer): two GRPO groups
+# of a 128-token prompt and 8 completions of 1–32 tokens (~270 nodes each) fill one row, where
+# 512 left a third of most rows padding; attention costs each query the whole row, so rows
+# stay short.
+PREFIX_ROW_WIDTH = 768
 
 
 class PrefixChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -352,15 +353,30 @@ class PrefixPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     chunks: tuple[PrefixChunk, ...]
     rows: int
-    """Packed rows per chunk (a power of two)."""
+    """Packed rows per chunk (two sizes per doubling: 1, 2, 3, 4, 6, 8, 12, …)."""
     width: int
-    """Padded row width (`length_bucket` of the largest row's node count)."""
+    """Row width (a `length_bucket` size, at least the longest datum's)."""
     datums: int
     """Datum rows per chunk (a power of two, at least 8)."""
     length: int
     """Padded datum length (`length_bucket` of the longest datum)."""
     nodes: int
     """Trie nodes over all rows: the positions the model computes."""
+
+
+def _row_width_bucket(n: int) -> int:
+    """A trie row width for `n` nodes: 16, then four sizes per doubling (…, 128, 160, 192, 224,
+    256, 320, …), as rows fill to their width (datums pad to `length_bucket`'s coarser sizes)."""
+    return bucket_size(n, minimum=16, steps_per_octave=4)
+
+
+def _prefix_layout(rows: int, per_chunk: int, width: int) -> tuple[int, int, int]:
+    """(chunks, padded rows per chunk, computed positions) for `rows` trie rows of `width` at
+    most `per_chunk` rows a chunk: the rows spread evenly over the chunks, their count rounded
+    up two steps per doubling (1, 2, 3, 4, 6, 8, 12, …)."""
+    chunks = -(-rows // per_chunk)
+    per = min(per_chunk, bucket_size(-(-rows // chunks), steps_per_octave=2))
+    return chunks, per, chunks * per * width
 
 
 def plan_prefix_chunks(
@@ -372,10 +388,13 @@ def plan_prefix_chunks(
 ) -> PrefixPlan | None:
     """Plans the prefix-shared route for datums `tokens_D`, or None when it saves too little.
 
-    The datums are cut into trie rows of at most `max(row_width, longest datum)` nodes
-    (`rlpure.packing.group_prefix_rows`, shared prefixes as neighbours); consecutive rows form
-    chunks of `rows_for_width(width)` rows (the memory budget at that width). None when the
-    rows hold more than `max_fraction` of the datums' tokens.
+    Each row width `width` from `length_bucket` of the longest datum up to that of
+    `max(row_width, longest datum)` is tried: the datums' trie is cut into rows of at most
+    `min(width, max(row_width, longest))` nodes (`rlpure.packing.group_prefix_rows`: subtrees,
+    first-fit-decreasing), the rows spread over chunks of at most `rows_for_width(width)` rows
+    (the memory budget), their count rounded two steps per doubling. The width computing the
+    fewest padded positions (each pays the unembedding) wins, the narrower on a tie. None when
+    the rows hold more than `max_fraction` of the datums' tokens.
 
     Examples:
         >>> prompt = np.arange(100)
@@ -390,19 +409,28 @@ def plan_prefix_chunks(
     longest = max(t.size for t in tokens_D)
     if prefix_tree_size(tokens_D) > max_fraction * total:
         return None
-    rows = group_prefix_rows(tokens_D, max_width=max(row_width, longest))
+    cap = max(row_width, longest)
+    best: tuple[int, int, list[tuple[int, ...]], int, int] | None = None
+    width = _row_width_bucket(longest)
+    while True:
+        rows = group_prefix_rows(tokens_D, max_width=min(width, cap))
+        per_chunk = max(1, rows_for_width(width))
+        _, per, positions = _prefix_layout(len(rows), per_chunk, width)
+        if best is None or positions < best[0]:
+            best = (positions, width, rows, per, per_chunk)
+        if width >= _row_width_bucket(cap):
+            break
+        width = _row_width_bucket(width + 1)
+    _, width, rows, per, per_chunk = best
     sizes = [prefix_tree_size([tokens_D[d] for d in row]) for row in rows]
     if sum(sizes) > max_fraction * total:
         return None
-    width = length_bucket(max(sizes))
-    per_chunk = max(1, rows_for_width(width))
     chunks = tuple(
-        PrefixChunk(rows_R=tuple(rows[start : start + per_chunk]))
-        for start in range(0, len(rows), per_chunk)
+        PrefixChunk(rows_R=tuple(rows[start : start + per])) for start in range(0, len(rows), per)
     )
     return PrefixPlan(
         chunks=chunks,
-        rows=min(per_chunk, row_bucket(len(rows), minimum=1)),
+        rows=per,
         width=width,
         datums=row_bucket(max(len(c.index_D) for c in chunks)),
         length=length_bucket(longest),
