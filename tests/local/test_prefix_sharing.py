@@ -27,7 +27,7 @@ from tinker import types
 from rlpure import model as model_lib
 from rlpure.model import _prefix_forward
 from rlpure.packing import prefix_tree_size
-from shell.local import LocalServiceClient, LocalTrainingClient
+from shell.local import LocalServiceClient, LocalTrainingClient, _training
 from shell.local._inputs import (
     CheckedData,
     TrainChunk,
@@ -387,6 +387,36 @@ def lora_trainer(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClien
 def test_lora_client_routes_agree(lora_trainer: LocalTrainingClient, backward: bool) -> None:
     data = _grpo_data(np.random.default_rng(3), groups=2, samples=4, prompt=20)
     _assert_client_routes_equal(_run_both(lora_trainer, data, backward=backward), backward=backward)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_several_chunks_agree_with_the_unshared_route(
+    tmp_path: Path,
+    lora_trainer: LocalTrainingClient,
+    monkeypatch: pytest.MonkeyPatch,
+    lora: bool,
+) -> None:
+    """Rows of at most 24 nodes and one row per chunk: the groups are cut over several chunks
+    (stacked into one `lora_loss_and_grad` call with LoRA, one call each for full fine-tuning),
+    duplicated datums included, and each datum's logprobs land at its own index."""
+    if lora:
+        trainer = lora_trainer
+    else:
+        service = micro_service(tmp_path)
+        trainer = service.create_lora_training_client(base_model=MICRO_NAME).result()
+    monkeypatch.setattr(
+        _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
+    )
+    monkeypatch.setattr(trainer._runtime, "training_rows", lambda config, width: 1)
+    data = _grpo_data(np.random.default_rng(5), groups=3, samples=4, prompt=14)
+    data += [data[0], data[5]]
+    trainer.prefix_sharing_fraction = 1.0
+    groups = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))
+    assert all(pack.prefix is not None for group in groups for pack in group)
+    assert sum(map(len, groups)) >= 4
+    assert max(map(len, groups)) > 1 if lora else len(groups) > 1
+    for backward in (True, False):
+        _assert_client_routes_equal(_run_both(trainer, data, backward=backward), backward=backward)
 
 
 def _two_patterns(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
