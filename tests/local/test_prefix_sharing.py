@@ -36,7 +36,13 @@ from shell.local._inputs import (
     pack_rows,
     plan_prefix_chunks,
 )
-from shell.local._train_steps import lora_loss_and_grad, model_forward_vjp
+from shell.local._train_steps import (
+    lora_logprobs,
+    lora_loss_and_grad,
+    loss_and_logprob_grad,
+    model_backward,
+    model_forward_vjp,
+)
 from tests.compile_count import count_compiles
 from tests.local.hf_fixtures import (
     hf_config,
@@ -443,12 +449,20 @@ def test_a_new_sharing_pattern_of_the_same_shapes_does_not_recompile(
     tmp_path: Path, lora_trainer: LocalTrainingClient
 ) -> None:
     toy = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
-    for trainer, jitted in ((lora_trainer, lora_loss_and_grad), (toy, model_forward_vjp)):
+    steps = (
+        (lora_trainer, (lora_loss_and_grad, lora_logprobs, loss_and_logprob_grad)),
+        (toy, (model_forward_vjp, model_backward, loss_and_logprob_grad)),
+    )
+    for trainer, jitted in steps:
         trainer.prefix_sharing_fraction = 0.8
         flat, nested = _two_patterns(np.random.default_rng(4))
         assert _shapes(trainer, flat) == _shapes(trainer, nested)
         trainer.forward_backward(flat, "importance_sampling").result()
+        trainer.forward(flat, "importance_sampling").result()
         with count_compiles() as compiled:
             trainer.forward_backward(nested, "importance_sampling").result()
-        assert compiled.traces_of(jitted) == 0
+            trainer.forward(nested, "importance_sampling").result()
+        assert {fn.__name__: compiled.traces_of(fn) for fn in jitted} == dict.fromkeys(
+            (fn.__name__ for fn in jitted), 0
+        )
         trainer._grads = None
