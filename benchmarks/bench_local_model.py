@@ -31,11 +31,13 @@ Sections (`--sections`, default all):
   torch's thread count (`torch.set_num_threads(cores)`) and the peak RSS of each phase.
   `--prompts 2 --samples 2 --prompt-len 16 --new-tokens 16 --rounds 1` is a quick run.
 - `grpo`: one GRPO step's LoRA `forward_backward` on `--prompts` prompts × `--samples`
-  completions (`--grpo-prompt-len` + `--grpo-new-tokens` tokens, default 16 × 8 of 128 + 32)
-  of `--model`: the prefix-shared route (each prompt computed once) against the unshared route
-  (`prefix_sharing_fraction = 0`) and PyTorch (as in `model`), alternating; it prints unique
-  tokens/s (each prompt and completion counted once), the ratios, and the FLOP rate against
-  the matmul measured in the same run.
+  completions (`--grpo-prompt-len` + `--grpo-new-tokens` tokens, default 16 × 8 of 128 + 32;
+  `--grpo-completions 1..32` draws each completion's length uniformly instead) of `--model`:
+  the prefix-shared route (each prompt computed once) against the unshared route
+  (`prefix_sharing_fraction = 0`) and PyTorch (as in `model`, on the datums right-padded with
+  advantage 0), alternating; it prints the positions the shared route computes against the
+  unique tokens, unique tokens/s (each prompt and completion counted once), the ratios, and
+  the FLOP rate against the matmul measured in the same run.
 
 Run: `.venv/bin/python benchmarks/bench_local_model.py --sections toy-train toy-sample`
 or, with torch, `.cbvenv/bin/python benchmarks/bench_local_model.py --sections model`.
@@ -595,27 +597,44 @@ def _grpo_batch(
     args: argparse.Namespace, vocab: int, old_lp: float
 ) -> tuple[list[types.Datum], np.ndarray, np.ndarray]:
     """The `grpo` section's batch: `--prompts` prompts of `--grpo-prompt-len` tokens, each with
-    `--samples` completions of `--grpo-new-tokens`; advantages per completion, 0 on the prompt.
-    Returns the datums and, for PyTorch, their tokens `[D, W + 1]` and advantages `[D, W]`."""
+    `--samples` completions of `--grpo-new-tokens` (or of lengths drawn uniformly from
+    `--grpo-completions LO..HI`); advantages per completion, 0 on the prompt. Returns the datums
+    and, for PyTorch, their tokens `[D, W + 1]` and advantages `[D, W]`, right-padded (token
+    0, advantage 0) to the longest."""
     rng = np.random.default_rng(0)
     p, g, t, m = args.prompts, args.samples, args.grpo_prompt_len, args.grpo_new_tokens
+    low, high = _completion_range(args.grpo_completions, m)
+    lengths_D = rng.integers(low, high + 1, p * g)
     prompts_P_T = rng.integers(0, vocab, (p, t))
-    completions_D_M = rng.integers(0, vocab, (p * g, m))
+    completions_D_M = rng.integers(0, vocab, (p * g, high))
     tokens_D_W = np.concatenate([np.repeat(prompts_P_T, g, axis=0), completions_D_M], axis=1)
-    advantages_D_W = np.zeros((p * g, t + m - 1), np.float32)
+    advantages_D_W = np.zeros((p * g, t + high - 1), np.float32)
     advantages_D_W[:, t - 1 :] = rng.normal(size=(p * g, 1))
+    for d, n in enumerate(lengths_D):
+        tokens_D_W[d, t + n :] = 0
+        advantages_D_W[d, t + n - 1 :] = 0.0
     data = [
         types.Datum(
-            model_input=types.ModelInput.from_ints(row[:-1].tolist()),
+            model_input=types.ModelInput.from_ints(row[: t + n - 1].tolist()),
             loss_fn_inputs={
-                "target_tokens": types.TensorData.from_numpy(row[1:].astype(np.int64)),
-                "logprobs": types.TensorData.from_numpy(np.full(row.size - 1, old_lp, np.float32)),
-                "advantages": types.TensorData.from_numpy(adv),
+                "target_tokens": types.TensorData.from_numpy(row[1 : t + n].astype(np.int64)),
+                "logprobs": types.TensorData.from_numpy(np.full(t + n - 1, old_lp, np.float32)),
+                "advantages": types.TensorData.from_numpy(adv[: t + n - 1]),
             },
         )
-        for row, adv in zip(tokens_D_W, advantages_D_W, strict=True)
+        for row, adv, n in zip(tokens_D_W, advantages_D_W, lengths_D, strict=True)
     ]
     return data, tokens_D_W, advantages_D_W
+
+
+def _completion_range(spec: str | None, fixed: int) -> tuple[int, int]:
+    """`--grpo-completions`: `LO..HI` as `(LO, HI)`, or `(fixed, fixed)` when not given."""
+    if spec is None:
+        return fixed, fixed
+    low, sep, high = spec.partition("..")
+    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
+        raise SystemExit(f"--grpo-completions: expected LO..HI with 1 <= LO <= HI, got {spec!r}")
+    return int(low), int(high)
 
 
 def bench_grpo(args: argparse.Namespace) -> None:
@@ -683,14 +702,20 @@ def bench_grpo(args: argparse.Namespace) -> None:
     executed = _model_flops(config, args.rank, plan.rows * len(plan.chunks), plan.width)["train"]
     print(
         f"grpo: {args.model}, LoRA rank {args.rank}, {args.prompts} prompts × {args.samples} "
-        f"samples, {args.grpo_prompt_len}-token prompts, {args.grpo_new_tokens}-token "
+        f"samples, {args.grpo_prompt_len}-token prompts, "
+        f"{args.grpo_completions or args.grpo_new_tokens}-token "
         f"completions: {len(data)} datums of {width} tokens = {total:,} tokens, {unique:,} unique "
         f"({total / unique:.2f}×); JAX {jax.default_backend()}, {cores} cores; {torch_note}"
     )
+    computed = len(plan.chunks) * plan.rows * plan.width
     print(
         f"  shared route: {len(plan.chunks)} chunks of {plan.rows} rows × {plan.width} "
         f"({plan.nodes:,} nodes), {plan.datums} datum rows × {plan.length}; best of "
         f"{args.rounds} alternating rounds (round 0 = warm-up)"
+    )
+    print(
+        f"  computed positions: {computed:,} = {computed / unique:.2f}× the {unique:,} unique "
+        f"tokens (completions {args.grpo_completions or args.grpo_new_tokens})"
     )
     print(f"  jnp.matmul 2048³: {peak:.1f} GFLOP/s (best of the rounds)")
     print(
@@ -716,7 +741,9 @@ def bench_grpo(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sections", nargs="+", default=["toy-train", "toy-sample", "model"])
+    parser.add_argument(
+        "--sections", nargs="+", default=["toy-train", "toy-sample", "model", "grpo"]
+    )
     parser.add_argument("--datums", type=int, default=80)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1000)
@@ -732,6 +759,11 @@ def main() -> None:
     parser.add_argument("--torch-train-rows", type=int, default=16)
     parser.add_argument("--grpo-prompt-len", type=int, default=128)
     parser.add_argument("--grpo-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--grpo-completions",
+        metavar="LO..HI",
+        help="grpo: completion lengths drawn uniformly from LO..HI (default all --grpo-new-tokens)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     args = parser.parse_args()
     print(f"JAX {jax.__version__}, device {jax.devices()[0]}")
