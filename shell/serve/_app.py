@@ -444,24 +444,87 @@ def _zstd_decompressed(raw: bytes) -> bytes:
         raise BadRequest(f"body: not valid zstd ({err})") from err
 
 
-class Guard:
-    """ASGI middleware: the API key (when set) and the request-body size limit."""
+LOOPBACK_HOSTS = frozenset({b"127.0.0.1", b"localhost", b"[::1]"})
+"""`Host` header names (less the port) a loopback server answers when it has no API key."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+BROWSER_SIMPLE_TYPES = frozenset(
+    {b"", b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"}
+)
+"""Body types a web page may send cross-site without a CORS preflight (none: a `Blob` body)."""
+
+
+def _host_name(host: bytes) -> bytes:
+    """`Host` less its port: `b"127.0.0.1:8000"` → `b"127.0.0.1"`, `b"[::1]:80"` → `b"[::1]"`."""
+    if host.startswith(b"["):
+        return host[: host.find(b"]") + 1]
+    return host.partition(b":")[0].lower()
+
+
+def browser_refusal(headers: dict[bytes, bytes], *, check_host: bool) -> str | None:
+    """Why a request a web page on this machine could have sent is refused, or None.
+
+    Binding loopback does not stop a browser on the same machine: any page may send requests
+    to 127.0.0.1, and DNS rebinding lets it read the replies. The SDK sends no `Origin` and
+    names the server in `Host`, so refusing the rest costs it nothing.
+
+    Args:
+        headers: the request's headers (lower-case names).
+        check_host: whether `Host` must be a loopback name (a server without an API key).
+
+    Returns:
+        The one-line reason, naming the header, or None.
+    """
+    if b"origin" in headers:
+        return "Origin: cross-site requests are refused (a web page cannot drive this server)"
+    if check_host and _host_name(headers.get(b"host", b"")) not in LOOPBACK_HOSTS:
+        return "Host: a loopback server answers only 127.0.0.1, localhost or [::1]"
+    return None
+
+
+def body_type_refusal(headers: dict[bytes, bytes], *, method: str) -> str | None:
+    """Why a POST whose body type a page may send without a CORS preflight is refused, or None.
+
+    The SDK posts `application/json` or `application/x-protobuf`; other methods with a body
+    (DELETE, PUT) need a preflight, which this server never grants.
+    """
+    if method != "POST":
+        return None
+    content_type = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+    if content_type in BROWSER_SIMPLE_TYPES:
+        shown = content_type.decode(errors="replace") or "none"
+        return f"Content-Type: expected application/json or application/x-protobuf, got {shown!r}"
+    return None
+
+
+class Guard:
+    """ASGI middleware: browser-sent requests refused, the API key (when set), the body limit."""
+
+    def __init__(
+        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, check_host: bool = True
+    ) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key is not None else None
         self.max_body_bytes = max_body_bytes
+        self.check_host = check_host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        refusal = browser_refusal(headers, check_host=self.check_host)
+        if refusal is not None:
+            await _plain(send, 403, refusal)
+            return
         if self.api_key is not None and not scope["path"].endswith("/healthz"):
             given = headers.get(b"x-api-key", b"")
             if not hmac.compare_digest(given, self.api_key):
                 await _plain(send, 401, "X-API-Key: missing or wrong API key for this server")
                 return
+        refusal = body_type_refusal(headers, method=scope["method"])
+        if refusal is not None:
+            await _plain(send, 415, refusal)
+            return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await _plain(
@@ -594,4 +657,6 @@ def build_app(
         Route(f"{v1}/checkpoints", api.user_checkpoints, methods=get),
     ]
     app = Starlette(routes=routes, exception_handlers=_error_handlers())
-    return Guard(app, api_key=api_key, max_body_bytes=max_body_bytes)
+    # With an API key a page cannot forge requests (it lacks the key); without one the server
+    # is loopback-only and `Host` must say so (DNS rebinding).
+    return Guard(app, api_key=api_key, max_body_bytes=max_body_bytes, check_host=api_key is None)

@@ -88,6 +88,13 @@ def _raw(
         connection.close()
 
 
+def _raw_json(server: Server, method: str, path: str) -> Any:
+    """The JSON reply of a request that must succeed."""
+    status, body = _raw(server, method, path, b"", {"Host": f"127.0.0.1:{server.port}"})
+    assert status == 200, body
+    return json.loads(body)
+
+
 def _detail(status: int, body: bytes) -> str:
     """The `detail` of a 4xx JSON error body (asserting that shape)."""
     assert 400 <= status < 500, (status, body)
@@ -258,7 +265,7 @@ def test_a_filesystem_path_is_refused(service: tinker.ServiceClient, server: Ser
     assert "'/etc/passwd' is not a tinker:// path" in message
     body = {"session_id": "s-raw", "sampling_session_seq_id": 0, "model_path": "/etc/passwd"}
     status, reply = _raw(
-        server, "POST", "/api/v1/create_sampling_session", json.dumps(body).encode()
+        server, "POST", "/api/v1/create_sampling_session", json.dumps(body).encode(), JSON_HEADERS
     )
     assert status == 400
     assert "model_path" in _detail(status, reply) and "/etc/passwd" in _detail(status, reply)
@@ -399,6 +406,45 @@ def test_random_bytes_to_forward_backward_are_a_400(server: Server, seed: int):
     )
     assert status == 400
     assert "ForwardBackwardRequest" in _detail(status, reply) or "body" in _detail(status, reply)
+
+
+# -- 1b. what a web page on this machine could send --
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "word"),
+    [
+        # a "simple" cross-site POST: no preflight, so the browser sends it as is
+        ({"Content-Type": "text/plain"}, 415, "Content-Type"),
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, 415, "Content-Type"),
+        ({}, 415, "Content-Type"),  # a Blob body without a type
+        # any request a page makes carries its Origin
+        ({"Content-Type": "application/json", "Origin": "https://evil.example"}, 403, "Origin"),
+        ({"Content-Type": "application/json", "Origin": "null"}, 403, "Origin"),
+        # DNS rebinding: the page's own name in Host
+        ({"Content-Type": "application/json", "Host": "evil.example"}, 403, "Host"),
+        ({"Content-Type": "application/json", "Host": "evil.example:8000"}, 403, "Host"),
+    ],
+)
+def test_requests_a_web_page_could_send_are_refused_before_anything_runs(
+    server: Server, headers: dict[str, str], status: int, word: str
+):
+    before = len(_raw_json(server, "GET", "/api/v1/training_runs")["training_runs"])
+    got, reply = _raw(server, "POST", "/api/v1/create_session", b"{}", headers)
+    assert got == status, reply
+    assert word in _detail(got, reply)
+    # nothing ran: a model-creating request sent the same way creates no run
+    body = json.dumps({"session_id": "s", "model_seq_id": 0, "base_model": MODEL}).encode()
+    assert _raw(server, "POST", "/api/v1/create_model", body, headers)[0] == status
+    assert len(_raw_json(server, "GET", "/api/v1/training_runs")["training_runs"]) == before
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "LOCALHOST"])
+def test_loopback_host_names_are_answered(server: Server, host: str):
+    headers = {"Content-Type": "application/json", "Host": f"{host}:{server.port}"}
+    status, _reply = _raw(server, "POST", "/api/v1/create_session", b"{}", headers)
+    assert status != 403
 
 
 def test_a_200_mb_body_is_refused_from_its_header(server: Server):
