@@ -221,7 +221,8 @@ def _smollm2_demo(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     options = msgspec.structs.replace(
         smollm2.DEMO_OPTIONS, **{k: v for k, v in sizes.items() if v is not None}
     )
-    return smollm2.run_smollm2_demo(config, options=options)
+    with hold_log_dir(log_dir):  # before the backend writes local_states/ into it
+        return smollm2.run_smollm2_demo(config, options=options)
 
 
 COMMAND = Command(
