@@ -84,15 +84,23 @@ def discounted_future_sum(values_D_T: ArrayLike, discount: ArrayLike) -> jax.Arr
     return jnp.moveaxis(out_T_D, 0, -1)
 
 
-def _check_number(field: str, value: Any) -> float:
+def _check_number(name: str, field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
-            f"kl_penalty_advantages: {field} must be a Python real number (static), "
-            f"got {type(value).__name__}"
+            f"{name}: {field} must be a Python real number (static), got {type(value).__name__}"
         )
     if not math.isfinite(value):
-        raise ValueError(f"kl_penalty_advantages: {field} must be finite, got {value}")
+        raise ValueError(f"{name}: {field} must be finite, got {value}")
     return float(value)
+
+
+def _checked_options(name: str, coef: Any, discount: Any) -> tuple[float, float]:
+    """`coef` and `discount` as floats, checked for the shaping functions (errors name `name`)."""
+    coef = _check_number(name, "coef", coef)
+    discount = _check_number(name, "discount", discount)
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"{name}: discount must lie in [0, 1], got {discount}")
+    return coef, discount
 
 
 def kl_penalty_advantages(
@@ -138,11 +146,8 @@ def kl_penalty_advantages(
         >>> float(metrics["kl_policy_base"]), shaped.advantages_D_T.tolist()
         (0.5, [[0.0, -0.5, 0.5]])
     """
-    coef = _check_number("coef", coef)
-    discount = _check_number("discount", discount)
-    if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"kl_penalty_advantages: discount must lie in [0, 1], got {discount}")
     name = "kl_penalty_advantages"
+    coef, discount = _checked_options(name, coef, discount)
     check_rank(name, "batch.logprobs_D_T", batch.logprobs_D_T, "DT")
     check_shapes_equal(
         name,
@@ -268,11 +273,8 @@ def kl_penalty_advantages_from_estimate(
         >>> float(metrics["kl_policy_base"]), shaped.advantages_D_T.tolist()
         (0.5, [[0.0, -0.5, 0.5]])
     """
-    coef = _check_number("coef", coef)
-    discount = _check_number("discount", discount)
     name = "kl_penalty_advantages_from_estimate"
-    if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"{name}: discount must lie in [0, 1], got {discount}")
+    coef, discount = _checked_options(name, coef, discount)
     check_rank(name, "batch.mask_D_T", batch.mask_D_T, "DT")
     check_shapes_equal(
         name,
