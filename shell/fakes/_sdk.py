@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import tinker
@@ -298,8 +298,12 @@ class FakeTrainingClient:
     `("optim_step", adam_params)`, `("await", label)`, `("save_state", name)`,
     `("load_state_with_optimizer", path)`, `("save_weights_and_get_sampling_client", version)`.
     Methods return futures at once, as SDK 0.38 does (`forward_backward(...)` submits; the
-    result is awaited later).
+    result is awaited later). A subclass changes what its samplers do by setting
+    `sampling_client_type`.
     """
+
+    sampling_client_type: ClassVar[type[FakeSamplingClient]] = FakeSamplingClient
+    """The class of the samplers `save_weights_and_get_sampling_client` returns."""
 
     def __init__(
         self,
@@ -410,7 +414,7 @@ class FakeTrainingClient:
     ) -> FakeFuture[FakeSamplingClient]:
         """A sampler on the current weights (the SDK's options are accepted and ignored)."""
         self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
-        client = FakeSamplingClient(
+        client = self.sampling_client_type(
             version=self.optim_steps,
             vocab_size=self.vocab_size,
             seed=self.seed + self.optim_steps,
@@ -462,7 +466,12 @@ class FakeServiceClient:
     Attributes:
         events: one ordered log shared by every client this service created.
         training_clients: the training clients created, in order.
+
+    A subclass changes its training clients by setting `training_client_type`.
     """
+
+    training_client_type: ClassVar[type[FakeTrainingClient]] = FakeTrainingClient
+    """The class of the training clients this service creates."""
 
     backend_kind = "fake"
     """`shell.clients.NamesItsBackend`: this client is `TrainConfig.backend` `"fake"`."""
@@ -481,7 +490,7 @@ class FakeServiceClient:
         self.training_clients: list[FakeTrainingClient] = []
 
     def _training_client(self, base_model: str, rank: int) -> FakeTrainingClient:
-        client = FakeTrainingClient(
+        client = self.training_client_type(
             base_model=base_model,
             rank=rank,
             store=self.store,

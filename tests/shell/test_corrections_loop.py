@@ -12,13 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 import tinker
-from tinker.lib.retry_handler import RetryConfig
 
 from shell.config import TrainConfig, build_config
 from shell.env import RLDataset
 from shell.errors import ConfigError
 from shell.fakes import (
-    FakeFuture,
     FakeSamplingClient,
     FakeServiceClient,
     FakeTrainingClient,
@@ -55,35 +53,11 @@ class _ShiftedSampler(FakeSamplingClient):
 
 
 class _ShiftedTrainer(FakeTrainingClient):
-    def save_weights_and_get_sampling_client(
-        self,
-        name: str | None = None,
-        retry_config: RetryConfig | None = None,
-        record_stability_info: bool = False,
-        kind: tinker.types.SamplingClientKind = "snapshot",
-    ) -> FakeFuture[FakeSamplingClient]:
-        self.events.append(("save_weights_and_get_sampling_client", self.optim_steps))
-        sampler = _ShiftedSampler(
-            version=self.optim_steps,
-            vocab_size=self.vocab_size,
-            seed=self.seed + self.optim_steps,
-            events=self.events,
-        )
-        return FakeFuture(sampler, events=self.events, label="sampling_client")
+    sampling_client_type = _ShiftedSampler
 
 
 class _ShiftedService(FakeServiceClient):
-    def _training_client(self, base_model: str, rank: int) -> FakeTrainingClient:
-        client = _ShiftedTrainer(
-            base_model=base_model,
-            rank=rank,
-            store=self.store,
-            events=self.events,
-            vocab_size=self.vocab_size,
-            seed=self.seed,
-        )
-        self.training_clients.append(client)
-        return client
+    training_client_type = _ShiftedTrainer
 
 
 def _odd_count_builder(batch: int, problem: int) -> ScriptedGroupBuilder:
