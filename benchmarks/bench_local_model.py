@@ -81,6 +81,7 @@ from shell.local._train_steps import (
     model_forward_vjp,
     zeros_like_tree,
 )
+from shell.timing import matmul_seconds
 
 _ATTENTION_ELEMENTS = 1 << 25  # the runtime's budget (shell.local._runtime)
 
@@ -210,19 +211,6 @@ def bench_toy_sample(args: argparse.Namespace) -> None:
     print(f"  old layout: first {old_first:.1f}s; then {old_wall:.3f}s wall, {old_cpu:.3f}s CPU")
     print(f"  new layout: first {new_first:.1f}s; then {new_wall:.3f}s wall, {new_cpu:.3f}s CPU")
     print(f"  speed-up: {old_cpu / new_cpu:.2f}x CPU, {old_wall / new_wall:.2f}x wall")
-
-
-def _jax_matmul_seconds(n: int = 2048) -> float:
-    """Seconds of one `n³` float32 `jnp.matmul` (best of 3 after a warm-up)."""
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 class _RssWatch:
@@ -523,7 +511,7 @@ def bench_model(args: argparse.Namespace) -> None:
                 else:
                     times[who].setdefault(stage, []).append(seconds)
         watch.set("matmul")
-        matmul_s.append(_jax_matmul_seconds())
+        matmul_s.append(matmul_seconds())
     peaks = watch.stop()
 
     peak = 2 * 2048**3 / min(matmul_s) / 1e9
@@ -696,7 +684,7 @@ def bench_grpo(args: argparse.Namespace) -> None:
             print(
                 f"  [{time.strftime('%H:%M:%S')}] round {round_} {name}: {seconds:.1f}s", flush=True
             )
-        matmul_s.append(_jax_matmul_seconds())
+        matmul_s.append(matmul_seconds())
     peak = 2 * 2048**3 / min(matmul_s) / 1e9
     work = _model_flops(config, args.rank, len(data), width)["train"]
     executed = _model_flops(config, args.rank, plan.rows * len(plan.chunks), plan.width)["train"]

@@ -69,6 +69,8 @@ from starlette.routing import Route
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
+from shell.timing import matmul_gflops
+
 MODEL = "rlpure/tiny"
 API_KEY = "tml-local"
 BOS = 256  # the byte tokenizer's BOS (`rlpure.model.ByteTokenizer`); tokens 0-255 are bytes
@@ -581,18 +583,8 @@ async def measure_sampling(
 
 
 def _matmul_rate() -> str:
-    """The machine's speed now: the best of 3 float32 2048³ `jnp.matmul` (JAX, in-process)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (2048, 2048), jnp.float32)
-    jnp.matmul(a, a).block_until_ready()
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        jnp.matmul(a, a).block_until_ready()
-        times.append(time.perf_counter() - started)
-    return f"2048³ jnp.matmul {2 * 2048**3 / min(times) / 1e9:.0f} GFLOP/s"
+    """The machine's speed now (`shell.timing.matmul_gflops`)."""
+    return f"2048³ jnp.matmul {matmul_gflops():.0f} GFLOP/s"
 
 
 def _load() -> str:

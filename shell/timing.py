@@ -33,9 +33,12 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "MATMUL_N",
     "TIMING_SPANS_FILE",
     "SpanRecord",
     "StepTimer",
+    "matmul_gflops",
+    "matmul_seconds",
     "recording",
     "span",
     "span_dicts",
@@ -202,3 +205,32 @@ def span_dicts(spans: Sequence[SpanRecord]) -> list[dict[str, Any]]:
         }
         for record in spans
     ]
+
+
+MATMUL_N = 2048
+"""The side of the square float32 `jnp.matmul` that `matmul_seconds` times."""
+
+
+def matmul_seconds(n: int = MATMUL_N) -> float:
+    """Seconds of one jitted `n³` float32 `jnp.matmul` here (best of 3 after a warm-up).
+
+    The machine's speed right now, which benchmarks print beside their figures: these VMs
+    differ by tens of percent, and load moves them more.
+    """
+    import jax  # here, not at import: the training loop imports this module
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(f(a))  # type: ignore[no-untyped-call]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_gflops(n: int = MATMUL_N) -> float:
+    """The float32 matmul rate here in GFLOP/s (`2 n³` over `matmul_seconds(n)`)."""
+    return 2 * n**3 / matmul_seconds(n) / 1e9
