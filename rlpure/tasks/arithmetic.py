@@ -37,6 +37,7 @@ __all__ = [
     "ArithmeticProblem",
     "ProblemSplit",
     "all_problems",
+    "batch_problem_indices",
     "careful_response",
     "check_answer_format",
     "corpus_responses",
@@ -100,6 +101,28 @@ def all_problems(*, max_operand: int) -> tuple[ArithmeticProblem, ...]:
     _check_max_operand(max_operand)
     n = max_operand + 1
     return tuple(ArithmeticProblem(a=a, b=b) for a in range(n) for b in range(n))
+
+
+def batch_problem_indices(
+    key: jax.Array | None, index: int, num_problems: int, groups_per_batch: int
+) -> list[int]:
+    """The problems of batch `index`: the first `groups_per_batch` without a key, else a draw
+    without replacement from `fold_in(key, index)` (the same batch for the same key and index,
+    whatever was drawn before).
+
+    Examples:
+        >>> batch_problem_indices(None, 3, 10, 4)
+        [0, 1, 2, 3]
+        >>> key = jax.random.key(0)
+        >>> batch_problem_indices(key, 1, 10, 4) == batch_problem_indices(key, 1, 10, 4)
+        True
+    """
+    if key is None:
+        return list(range(groups_per_batch))
+    draw = jax.random.choice(
+        jax.random.fold_in(key, index), num_problems, (groups_per_batch,), replace=False
+    )
+    return [int(i) for i in np.asarray(draw)]
 
 
 def split_problems(key: jax.Array, *, max_operand: int, num_test: int) -> ProblemSplit:

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import numpy as np
 
 from rlpure.render import Renderer
 from rlpure.tasks import arithmetic
-from rlpure.tasks.arithmetic import ArithmeticProblem
+from rlpure.tasks.arithmetic import ArithmeticProblem, batch_problem_indices
 from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
 __all__ = ["ArithmeticDataset", "ArithmeticEnv", "batch_problem_indices"]
@@ -52,19 +51,6 @@ def _group_builder(
         return ArithmeticEnv(problem, renderer, format_coef=format_coef)
 
     return ProblemGroupBuilder(env_thunk=make_env, num_envs=group_size, dataset_name="arithmetic")
-
-
-def batch_problem_indices(
-    key: jax.Array | None, index: int, num_problems: int, groups_per_batch: int
-) -> list[int]:
-    """The problems of batch `index`: the first `groups_per_batch` without a key, else a draw
-    without replacement from `fold_in(key, index)` (the same batch for the same key and index)."""
-    if key is None:
-        return list(range(groups_per_batch))
-    draw = jax.random.choice(
-        jax.random.fold_in(key, index), num_problems, (groups_per_batch,), replace=False
-    )
-    return [int(i) for i in np.asarray(draw)]
 
 
 class ArithmeticDataset(RLDataset):

@@ -37,11 +37,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import jax
-import numpy as np
 
 from rlpure.render import Renderer
 from rlpure.tasks import arithmetic, worked_addition
-from rlpure.tasks.arithmetic import ArithmeticProblem, ProblemSplit
+from rlpure.tasks.arithmetic import ArithmeticProblem, ProblemSplit, batch_problem_indices
 from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
 __all__ = [
@@ -209,21 +208,8 @@ class AdditionDataset(RLDataset):
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         if not 0 <= index < self.num_batches:
             raise IndexError(f"AdditionDataset.get_batch: index {index} not in [0, {len(self)})")
-        return [self._group(self.problems[i]) for i in self._problem_indices(index)]
-
-    def _problem_indices(self, index: int) -> list[int]:
-        """The first `groups_per_batch` without a key, else a draw without replacement from
-        `fold_in(key, index)` (the toy demo's `batch_problem_indices`, so the recipe's batches
-        are those it was measured with)."""
-        if self.key is None:
-            return list(range(self.groups_per_batch))
-        draw = jax.random.choice(
-            jax.random.fold_in(self.key, index),
-            len(self.problems),
-            (self.groups_per_batch,),
-            replace=False,
-        )
-        return [int(i) for i in np.asarray(draw)]
+        chosen = batch_problem_indices(self.key, index, len(self.problems), self.groups_per_batch)
+        return [self._group(self.problems[i]) for i in chosen]
 
     def _group(self, problem: ArithmeticProblem) -> ProblemGroupBuilder:
         def make_env() -> ProblemEnv:
