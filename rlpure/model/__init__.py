@@ -12,6 +12,9 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
   embedding and unembedding.
 - `_prefix_forward`: `prefix_target_logprobs_fn`, training logprobs of datums packed as
   prefix tries (`PrefixRows`, `prefix_attention_mask`): each shared prefix computed once.
+- `_grouped_forward`: `grouped_target_logprobs_fn`, the same for datums grouped by a shared
+  prefix (`GroupedRows`, `suffix_attention_mask`): a prefix row per group, a suffix row per
+  datum reading it (attention over exactly the keys a datum's token may see).
 - `_lora_kernels`: the LoRA terms' hand-written VJPs (unmerged `(x A) B`, the merged
   unembedding).
 - `_lora`: `LoraConfig` (Tinker's `rank`, `train_attn`, `train_mlp`, `train_unembed`; scale
@@ -40,6 +43,11 @@ from rlpure.model._config import (
     RopeScaling,
     get_model_config,
     llama3_rope_scaling_from_factors,
+)
+from rlpure.model._grouped_forward import (
+    GroupedRows,
+    grouped_target_logprobs_fn,
+    suffix_attention_mask,
 )
 from rlpure.model._hf_names import config_from_hf, params_from_hf
 from rlpure.model._layers import rope_inv_freq
@@ -85,6 +93,7 @@ __all__ = [
     "ByteTokenizer",
     "DecodeOutput",
     "ForwardOutput",
+    "GroupedRows",
     "KVCache",
     "LoraConfig",
     "ModelConfig",
@@ -101,6 +110,7 @@ __all__ = [
     "decode_step",
     "forward",
     "get_model_config",
+    "grouped_target_logprobs_fn",
     "init_lora",
     "init_optimizer_state",
     "init_params",
@@ -114,6 +124,7 @@ __all__ = [
     "rope_inv_freq",
     "sample_tokens",
     "stop_string_end",
+    "suffix_attention_mask",
     "target_logprobs",
     "target_logprobs_fn",
 ]

@@ -13,7 +13,10 @@ Conventions:
   `pack_prefix_chunk` are the prefix-shared route: when the datums' token tries
   (`rlpure.packing.pack_prefix_tree`) hold at most `PREFIX_SHARING_FRACTION` of their tokens,
   each chunk is a few packed trie rows (`rlpure.model.PrefixRows`) plus the datums' usual
-  `[D, T]` loss inputs. Tinker's shifted alignment is
+  `[D, T]` loss inputs; `plan_grouped_chunks` (`rlpure.packing`) and `pack_grouped_chunk`
+  are its two-level form (`rlpure.model.GroupedRows`: a prefix row per group of datums, a
+  suffix row per datum), which `prefix_route_cost` weighs against the tries. Tinker's
+  shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
   `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
   to `[D, T]`: `D` a power of two, `T` a `length_bucket` (16, then two sizes per doubling), so
@@ -35,7 +38,13 @@ from tinker import types
 from rlpure import model as model_lib
 from rlpure.buckets import bucket_size
 from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES
-from rlpure.packing import group_prefix_rows, pack_prefix_tree, prefix_tree_size
+from rlpure.packing import (
+    GroupedChunk,
+    GroupedPlan,
+    group_prefix_rows,
+    pack_prefix_tree,
+    prefix_tree_size,
+)
 
 __all__ = [
     "PREFIX_ROW_WIDTH",
@@ -51,10 +60,12 @@ __all__ = [
     "length_bucket",
     "loss_config_key",
     "model_input_tokens",
+    "pack_grouped_chunk",
     "pack_prefix_chunk",
     "pack_rows",
     "plan_chunks",
     "plan_prefix_chunks",
+    "prefix_key_weight",
     "row_bucket",
     "to_float",
 ]
@@ -126,7 +137,7 @@ class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
 
     Row `r < len(length_D)` holds datum `index_D[r]` of the call; the rows after are padding
     (`valid_D_T` 0). `prefix` is set on the prefix-shared route: the datums' tokens packed as
-    trie rows, the model input in place of `input_D_T`.
+    trie rows, or grouped by shared prefixes, the model input in place of `input_D_T`.
     """
 
     input_D_T: np.ndarray
@@ -134,10 +145,10 @@ class PackedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     valid_D_T: np.ndarray
     length_D: np.ndarray
     index_D: np.ndarray
-    prefix: model_lib.PrefixRows | None = None
+    prefix: model_lib.PrefixRows | model_lib.GroupedRows | None = None
 
     @property
-    def model_input(self) -> np.ndarray | model_lib.PrefixRows:
+    def model_input(self) -> np.ndarray | model_lib.PrefixRows | model_lib.GroupedRows:
         """What the model reads: `prefix` when set, else `input_D_T`."""
         return self.input_D_T if self.prefix is None else self.prefix
 
@@ -466,6 +477,60 @@ def pack_prefix_chunk(checked: CheckedData, plan: PrefixPlan, chunk: PrefixChunk
             row_d += 1
     prefix = model_lib.PrefixRows(
         tokens_R_W=tokens_R_W, positions_R_W=positions_R_W, end_R_W=end_R_W, gather_D_T=gather_D_T
+    )
+    return msgspec.structs.replace(packed, prefix=prefix)
+
+
+def prefix_key_weight(config: model_lib.ModelConfig) -> float:
+    """The cost of one attention query-key pair relative to one computed position's (its
+    layers' matmuls and the unembedding), in multiply-adds, the pair counted twice for the
+    masked softmax's elementwise work: what `plan_grouped_chunks` and the route choice weigh
+    `key_reads` by."""
+    e, c, f = config.d_model, config.head_dim, config.d_ff
+    h, n = config.n_heads, config.kv_heads
+    mlp = (2 if config.family == "rlpure" else 3) * e * f
+    per_layer = e * (h + 2 * n) * c + h * c * e + mlp
+    position = config.n_layers * per_layer + e * config.vocab_size
+    return 2 * config.n_layers * 2 * h * c / position
+
+
+def pack_grouped_chunk(
+    checked: CheckedData, plan: GroupedPlan, chunk: GroupedChunk, *, length: int
+) -> PackedData:
+    """Packs `chunk`'s groups as prefix rows `[plan.prefix_rows, plan.prefix_width]` and
+    suffix rows `[plan.datums, plan.suffix_width]` (`PackedData.prefix`, a
+    `rlpure.model.GroupedRows`), and their loss inputs right-padded to `[plan.datums,
+    length]` as `pack_rows` does. Padded prefix rows hold token 0; padded suffix rows read
+    prefix row 0 with prefix length 0."""
+    n_p, n_s, n_d, n_u = plan.prefix_rows, plan.prefix_width, plan.datums, plan.suffix_width
+    prefix_tokens_P_S = np.zeros((n_p, n_s), np.int32)
+    suffix_tokens_D_U = np.zeros((n_d, n_u), np.int32)
+    suffix_positions_D_U = np.zeros((n_d, n_u), np.int32)
+    group_D = np.zeros(n_d, np.int32)
+    prefix_length_D = np.zeros(n_d, np.int32)
+    gather_D_T = np.zeros((n_d, length), np.int32)
+    packed = pack_rows(checked, TrainChunk(index_D=chunk.index_D, rows=n_d, width=length))
+    row_d = 0
+    for g, group in enumerate(chunk.groups):
+        shared = group.prefix_length
+        first = checked.tokens_D[group.datums[0]]
+        prefix_tokens_P_S[g, :shared] = first[:shared]
+        for d in group.datums:
+            tokens = checked.tokens_D[d]
+            rest = tokens.size - shared
+            suffix_tokens_D_U[row_d, :rest] = tokens[shared:]
+            suffix_positions_D_U[row_d] = shared + np.arange(n_u)
+            group_D[row_d], prefix_length_D[row_d] = g, shared
+            gather_D_T[row_d, :shared] = g * n_s + np.arange(shared)
+            gather_D_T[row_d, shared : tokens.size] = n_p * n_s + row_d * n_u + np.arange(rest)
+            row_d += 1
+    prefix = model_lib.GroupedRows(
+        prefix_tokens_P_S=prefix_tokens_P_S,
+        suffix_tokens_D_U=suffix_tokens_D_U,
+        suffix_positions_D_U=suffix_positions_D_U,
+        group_D=group_D,
+        prefix_length_D=prefix_length_D,
+        gather_D_T=gather_D_T,
     )
     return msgspec.structs.replace(packed, prefix=prefix)
 

@@ -307,6 +307,19 @@ class LocalRuntime:
             )
         )
 
+    def training_positions(self, config: model_lib.ModelConfig, keys: int) -> int:
+        """Most positions per training call when each query reads at most `keys` keys (the
+        grouped prefix route, whose rows have two widths): `training_rows`' three budgets
+        counted per position, not rounded to a power of two of rows (at least 1)."""
+        return max(
+            1,
+            min(
+                self.max_train_tokens,
+                _ATTENTION_ELEMENTS // (config.n_heads * keys),
+                _ACTIVATION_FLOATS // activation_floats_per_token(config, keys),
+            ),
+        )
+
     @property
     def checkpoint_root(self) -> Path | None:
         """The checkpoint directory (`None` while a temporary one has not been created)."""

@@ -28,8 +28,9 @@ returns when its one stage, backward included, is done.
 
 Conventions: arrays are padded `[D, T]` batches from `shell.local._inputs.pack_rows`
 (position `i` predicts target `i`; `valid_D_T` masks padding). The model input is either those
-datums' tokens `input_D_T` or, on the prefix-shared route (`pack_prefix_chunk`), their trie rows
-`rlpure.model.PrefixRows`, whose logprobs come back `[D, T]` the same: the losses never see
+datums' tokens `input_D_T` or, on the prefix-shared route (`pack_prefix_chunk`,
+`pack_grouped_chunk`), their trie rows `rlpure.model.PrefixRows` or prefix and suffix rows
+`rlpure.model.GroupedRows`, whose logprobs come back `[D, T]` the same: the losses never see
 which (`target_logprobs_of`). A batch too large for memory is
 split into row chunks whose gradients add up and whose metrics `merge_metrics` combines by
 their `name:reduction` suffix. The LoRA stages take chunks of one shape stacked `[X, D, T]`
@@ -60,8 +61,9 @@ __all__ = [
     "zeros_like_tree",
 ]
 
-# A chunk's model input: right-padded tokens `[D, T]`, or the datums' packed prefix tries.
-ModelInput = jax.Array | model_lib.PrefixRows
+# A chunk's model input: right-padded tokens `[D, T]`, the datums' packed prefix tries, or
+# the datums grouped by shared prefixes.
+ModelInput = jax.Array | model_lib.PrefixRows | model_lib.GroupedRows
 
 
 def target_logprobs_of(
@@ -73,7 +75,12 @@ def target_logprobs_of(
     lora: model_lib.LoraConfig | None = None,
 ) -> jax.Array:
     """float32 `lp_D_T` of `target_D_T` after each datum position, whichever the model input
-    (`rlpure.model.target_logprobs_fn` or `prefix_target_logprobs_fn`; un-jitted)."""
+    (`rlpure.model.target_logprobs_fn`, `prefix_target_logprobs_fn` or
+    `grouped_target_logprobs_fn`; un-jitted)."""
+    if isinstance(model_input, model_lib.GroupedRows):
+        return model_lib.grouped_target_logprobs_fn(
+            params, model_input, target_D_T, config, adapters, lora
+        )
     if isinstance(model_input, model_lib.PrefixRows):
         return model_lib.prefix_target_logprobs_fn(
             params, model_input, target_D_T, config, adapters, lora

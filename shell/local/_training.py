@@ -36,7 +36,8 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 import optax
@@ -44,6 +45,7 @@ import tinker
 from tinker import types
 
 from rlpure import model as model_lib
+from rlpure.packing import plan_grouped_chunks, prefix_tree_size
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
 from shell.local._futures import ClientFuture, ReadyFuture
@@ -53,11 +55,14 @@ from shell.local._inputs import (
     PackedData,
     check_data,
     group_chunks,
+    length_bucket,
     loss_config_key,
+    pack_grouped_chunk,
     pack_prefix_chunk,
     pack_rows,
     plan_chunks,
     plan_prefix_chunks,
+    prefix_key_weight,
     to_float,
 )
 from shell.local._runtime import LoadedModel, LocalRuntime
@@ -87,13 +92,16 @@ def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
     return out_X
 
 
-def _stacked_model_inputs(packs: list[PackedData]) -> np.ndarray | model_lib.PrefixRows:
-    """The chunks' model inputs (tokens or prefix rows) stacked as `_stacked` does."""
+def _stacked_model_inputs(
+    packs: list[PackedData],
+) -> np.ndarray | model_lib.PrefixRows | model_lib.GroupedRows:
+    """The chunks' model inputs (tokens, prefix rows or grouped rows) stacked as `_stacked`
+    does."""
     first = packs[0].prefix
     if first is None:
         return _stacked([packed.input_D_T for packed in packs])
     fields = [[getattr(packed.prefix, name) for packed in packs] for name in first._fields]
-    return model_lib.PrefixRows(*(_stacked(arrays) for arrays in fields))
+    return type(first)(*(_stacked(arrays) for arrays in fields))
 
 
 class LocalTrainingClient:
@@ -141,6 +149,10 @@ class LocalTrainingClient:
         self.prefix_sharing_fraction = PREFIX_SHARING_FRACTION
         """`forward`/`forward_backward` take the prefix-shared route when the datums' tries hold
         at most this fraction of their tokens (same results either way): 0 never, 1 always."""
+        self.prefix_route: Literal["auto", "trie", "grouped"] = "auto"
+        """Which layout the prefix-shared route takes: `"trie"` (`plan_prefix_chunks`),
+        `"grouped"` (`plan_grouped_chunks`) or, with `"auto"`, the one of the lower
+        estimated cost (`_prefix_packs`)."""
 
     @property
     def params(self) -> model_lib.Params:
@@ -287,19 +299,57 @@ class LocalTrainingClient:
         def rows_for_width(width: int) -> int:
             return self._runtime.training_rows(self._config, width)
 
-        plan = plan_prefix_chunks(
-            checked.tokens_D,
-            rows_for_width=rows_for_width,
-            max_fraction=self.prefix_sharing_fraction,
-        )
-        if plan is not None:
-            packs = [pack_prefix_chunk(checked, plan, chunk) for chunk in plan.chunks]
+        packs = self._prefix_packs(checked, rows_for_width)
+        if packs is not None:
             return [packs[start : start + per_call] for start in range(0, len(packs), per_call)]
         chunks = plan_chunks(checked.length_D, rows_for_width=rows_for_width)
         return [
             [pack_rows(checked, chunk) for chunk in group]
             for group in group_chunks(chunks, limit=per_call)
         ]
+
+    def _prefix_packs(
+        self, checked: CheckedData, rows_for_width: Callable[[int], int]
+    ) -> list[PackedData] | None:
+        """The prefix-shared route's packed chunks, or None when sharing saves too little
+        (`prefix_sharing_fraction`). With `prefix_route` `"auto"`, the tries
+        (`plan_prefix_chunks`) or the groups (`plan_grouped_chunks`), whichever costs less:
+        computed positions plus `prefix_key_weight` times the query-key pairs attention
+        computes (a trie row's queries each read the whole row)."""
+        trie = None
+        if self.prefix_route != "grouped":
+            trie = plan_prefix_chunks(
+                checked.tokens_D,
+                rows_for_width=rows_for_width,
+                max_fraction=self.prefix_sharing_fraction,
+            )
+            if trie is None:
+                return None
+        weight = prefix_key_weight(self._config)
+        grouped = None
+        if self.prefix_route != "trie":
+            total = int(checked.length_D.sum())
+            if prefix_tree_size(checked.tokens_D) > self.prefix_sharing_fraction * total:
+                return None
+            grouped = plan_grouped_chunks(
+                checked.tokens_D,
+                positions_for_keys=partial(self._runtime.training_positions, self._config),
+                key_weight=weight,
+            )
+        if trie is not None and grouped is not None:
+            computed = len(trie.chunks) * trie.rows * trie.width
+            if computed * (1 + weight * trie.width) < (
+                grouped.positions + weight * grouped.key_reads
+            ):
+                grouped = None
+        if grouped is not None:
+            length = length_bucket(int(checked.length_D.max()))
+            return [
+                pack_grouped_chunk(checked, grouped, chunk, length=length)
+                for chunk in grouped.chunks
+            ]
+        assert trie is not None
+        return [pack_prefix_chunk(checked, trie, chunk) for chunk in trie.chunks]
 
     def _lora_backward_call(
         self,

@@ -1,14 +1,17 @@
 """Prefix-shared `forward` and `forward_backward` equal the unshared computation.
 
 The datums of a call that share token prefixes are packed as tries (`plan_prefix_chunks`,
-`pack_prefix_chunk`) and run through `rlpure.model.prefix_target_logprobs_fn`. Here, on prefix
+`pack_prefix_chunk`) and run through `rlpure.model.prefix_target_logprobs_fn`, or grouped by a
+shared prefix (`plan_grouped_chunks`, `pack_grouped_chunk`: a prefix row per group, a suffix row
+per datum) and run through `rlpure.model.grouped_target_logprobs_fn`. Here, for both, on prefix
 trees with no sharing, full sharing, nested sharing and a datum that is a prefix of another (and
 random trees), the logprobs, losses and gradients of that route are compared with the unshared
 route's, at the model level (a llama-family toy with grouped-query attention, full weights and
 LoRA adapters) and through the training client (full fine-tuning of a toy model, LoRA on a
 tiny pretrained Llama). Tolerances are float32 reassociation: masked keys get weight exactly 0,
-only the order of the sums changes. A mask that drops a branch's attention to its prompt fails
-the comparison, and a new sharing pattern of the same padded shapes does not recompile.
+only the order of the sums changes. A mask that drops a branch's attention to its prompt (a
+suffix's to its prefix row) fails the comparison, and a new sharing pattern of the same padded
+shapes does not recompile.
 """
 
 from __future__ import annotations
@@ -25,13 +28,20 @@ import pytest
 from tinker import types
 
 from rlpure import model as model_lib
-from rlpure.model import _prefix_forward
-from rlpure.packing import prefix_tree_size
+from rlpure.model import _grouped_forward, _prefix_forward
+from rlpure.packing import (
+    GroupedChunk,
+    group_shared_prefixes,
+    plan_grouped_chunks,
+    prefix_tree_size,
+    sort_sequences,
+)
 from shell.local import LocalServiceClient, LocalTrainingClient, _training
 from shell.local._inputs import (
     CheckedData,
     TrainChunk,
     check_data,
+    pack_grouped_chunk,
     pack_prefix_chunk,
     pack_rows,
     plan_prefix_chunks,
@@ -271,6 +281,128 @@ def test_a_branch_that_cannot_see_its_prompt_fails_the_comparison(
         _assert_routes_equal(_both_routes(seqs, 0, 512, lora=False, routes=fresh))
 
 
+# -- the grouped route (a prefix row per group, a suffix row per datum) --
+
+# Every grouped case is padded to these shapes (prefix rows, prefix width, datum rows, suffix
+# width), the datums to SHAPES' length.
+GROUPED_SHAPES = (8, 32, 8, 32)
+
+
+def _grouped_pack(seqs: list[np.ndarray], rng: np.random.Generator, widths: Any) -> Any:
+    """(the grouped pack, the unshared pack of the same datums in the same order): grouped by
+    the planner, or at the given (prefix width, suffix width)."""
+    checked = _checked(seqs, rng)
+    plan = plan_grouped_chunks(
+        checked.tokens_D, positions_for_keys=lambda keys: 4096, key_weight=0.0
+    )
+    assert plan is not None and len(plan.chunks) == 1
+    if widths is not None:
+        s, u = widths
+        groups = group_shared_prefixes(
+            sort_sequences(checked.tokens_D), prefix_width=s, suffix_width=u, max_datums=8
+        )
+        assert groups is not None
+        plan = msgspec.structs.replace(
+            plan, chunks=(GroupedChunk(groups=tuple(groups)),), prefix_width=s, suffix_width=u
+        )
+    p, s, d, u = GROUPED_SHAPES
+    assert plan.prefix_rows <= p and len(plan.chunks[0].groups) <= p
+    assert plan.prefix_width <= s and plan.datums <= d and plan.suffix_width <= u
+    plan = msgspec.structs.replace(plan, prefix_rows=p, prefix_width=s, datums=d, suffix_width=u)
+    chunk = plan.chunks[0]
+    grouped = pack_grouped_chunk(checked, plan, chunk, length=SHAPES[3])
+    plain = pack_rows(checked, TrainChunk(index_D=chunk.index_D, rows=d, width=SHAPES[3]))
+    return grouped, plain
+
+
+def _grouped_routes(
+    params: Any,
+    adapters: Any,
+    rows: model_lib.GroupedRows,
+    input_D_T: jax.Array,
+    target_D_T: jax.Array,
+    weight_D_T: jax.Array,
+    valid_D_T: jax.Array,
+    *,
+    lora: bool,
+) -> dict[str, tuple[Any, Any]]:
+    """`_routes` with the grouped route as "shared"."""
+    lora_config = LORA if lora else None
+
+    def shared_lp(p: Any, a: Any) -> jax.Array:
+        return model_lib.grouped_target_logprobs_fn(p, rows, target_D_T, CONFIG, a, lora_config)
+
+    def plain_lp(p: Any, a: Any) -> jax.Array:
+        return model_lib.target_logprobs_fn(p, input_D_T, target_D_T, CONFIG, a, lora_config)
+
+    out = {}
+    for name, fn in (("shared", shared_lp), ("plain", plain_lp)):
+        if lora:
+            lp_D_T, vjp = jax.vjp(lambda a, fn=fn: fn(params, a), adapters)
+        else:
+            lp_D_T, vjp = jax.vjp(lambda p, fn=fn: fn(p, adapters), params)
+        (grads,) = vjp(weight_D_T)
+        out[name] = (lp_D_T * valid_D_T, grads)
+    return out
+
+
+_grouped_routes_jit = jax.jit(_grouped_routes, static_argnames="lora")
+
+
+def _grouped_both(
+    seqs: list[np.ndarray], seed: int, widths: Any, *, lora: bool, routes: Any = _grouped_routes_jit
+) -> dict[str, tuple[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    grouped, plain = _grouped_pack(seqs, rng, widths)
+    params, adapters = _weights()
+    weight_D_T = grouped.inputs["advantages"] * grouped.valid_D_T
+    out: dict[str, tuple[Any, Any]] = routes(
+        params,
+        adapters if lora else None,
+        grouped.prefix,
+        plain.input_D_T,
+        plain.inputs["target_tokens"],
+        weight_D_T,
+        plain.valid_D_T,
+        lora=lora,
+    )
+    return out
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_grouped_logprobs_and_gradients_equal_the_unshared_pass(name: str, lora: bool) -> None:
+    seed = sum(map(ord, name))
+    seqs = CASES[name](np.random.default_rng(seed))
+    # As planned, then with prefixes capped at 4 tokens (suffixes of up to 16 carry the rest)
+    # and with 1-token suffixes where they fit (a sequence longer than 32 fits no group).
+    _assert_routes_equal(_grouped_both(seqs, seed, None, lora=lora))
+    _assert_routes_equal(_grouped_both(seqs, seed, (4, 16), lora=lora))
+    _assert_routes_equal(_grouped_both(seqs, seed, (32, 1), lora=lora))
+
+
+def _suffix_mask_without_the_prompt(prefix_length_D: jax.Array, s: int, u: int) -> jax.Array:
+    """A plausible bug: suffix queries read only their own keys (each datum's prompt lost)."""
+    mask = _original_suffix_mask(prefix_length_D, s, u)
+    return mask.at[:, :, :s].set(False)
+
+
+_original_suffix_mask = _grouped_forward.suffix_attention_mask
+
+
+def test_a_suffix_that_cannot_see_its_prefix_fails_the_comparison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seqs = CASES["nested"](np.random.default_rng(0))
+    _assert_routes_equal(_grouped_both(seqs, 0, None, lora=False))
+    monkeypatch.setattr(_grouped_forward, "suffix_attention_mask", _suffix_mask_without_the_prompt)
+    fresh = jax.jit(
+        lambda *args, **kwargs: _grouped_routes(*args, **kwargs), static_argnames="lora"
+    )
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
+        _assert_routes_equal(_grouped_both(seqs, 0, None, lora=False, routes=fresh))
+
+
 # -- the planner --
 
 
@@ -350,14 +482,22 @@ def _grpo_data(rng: np.random.Generator, groups: int, samples: int, prompt: int)
     return data
 
 
+ROUTES = {"trie": model_lib.PrefixRows, "grouped": model_lib.GroupedRows}
+
+
 def _run_both(
-    trainer: LocalTrainingClient, data: list[Any], *, backward: bool
+    trainer: LocalTrainingClient, data: list[Any], *, backward: bool, route: str
 ) -> dict[str, tuple[Any, Any]]:
+    """The call on the prefix-shared route `route` (`prefix_route`) and on the unshared one."""
+    trainer.prefix_route = route  # type: ignore[assignment]
     out = {}
     for name, fraction in (("shared", 1.0), ("plain", 0.0)):
         trainer.prefix_sharing_fraction = fraction
         groups = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))
-        assert (groups[0][0].prefix is not None) == (name == "shared")
+        if name == "shared":
+            assert all(isinstance(p.prefix, ROUTES[route]) for group in groups for p in group)
+        else:
+            assert groups[0][0].prefix is None
         call = trainer.forward_backward if backward else trainer.forward
         result = call(data, "importance_sampling").result()
         out[name] = (result, trainer._grads)
@@ -376,11 +516,13 @@ def _assert_client_routes_equal(out: dict[str, tuple[Any, Any]], *, backward: bo
         _assert_trees_close(g_shared, g_plain)
 
 
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("backward", [True, False], ids=["forward_backward", "forward"])
-def test_full_fine_tuning_client_routes_agree(tmp_path: Path, backward: bool) -> None:
+def test_full_fine_tuning_client_routes_agree(tmp_path: Path, backward: bool, route: str) -> None:
     trainer = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
     data = _grpo_data(np.random.default_rng(1), groups=3, samples=4, prompt=12)
-    _assert_client_routes_equal(_run_both(trainer, data, backward=backward), backward=backward)
+    out = _run_both(trainer, data, backward=backward, route=route)
+    _assert_client_routes_equal(out, backward=backward)
 
 
 @pytest.fixture(scope="module")
@@ -397,10 +539,14 @@ def lora_trainer(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClien
     return trainer
 
 
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("backward", [True, False], ids=["forward_backward", "forward"])
-def test_lora_client_routes_agree(lora_trainer: LocalTrainingClient, backward: bool) -> None:
+def test_lora_client_routes_agree(
+    lora_trainer: LocalTrainingClient, backward: bool, route: str
+) -> None:
     data = _grpo_data(np.random.default_rng(3), groups=2, samples=4, prompt=20)
-    _assert_client_routes_equal(_run_both(lora_trainer, data, backward=backward), backward=backward)
+    out = _run_both(lora_trainer, data, backward=backward, route=route)
+    _assert_client_routes_equal(out, backward=backward)
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
@@ -418,6 +564,7 @@ def test_several_chunks_agree_with_the_unshared_route(
     else:
         service = micro_service(tmp_path)
         trainer = service.create_lora_training_client(base_model=MICRO_NAME).result()
+    trainer.prefix_route = "trie"
     monkeypatch.setattr(
         _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
     )
@@ -430,7 +577,36 @@ def test_several_chunks_agree_with_the_unshared_route(
     assert sum(map(len, groups)) >= 4
     assert max(map(len, groups)) > 1 if lora else len(groups) > 1
     for backward in (True, False):
-        _assert_client_routes_equal(_run_both(trainer, data, backward=backward), backward=backward)
+        out = _run_both(trainer, data, backward=backward, route="trie")
+        _assert_client_routes_equal(out, backward=backward)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_several_grouped_chunks_agree_with_the_unshared_route(
+    tmp_path: Path,
+    lora_trainer: LocalTrainingClient,
+    monkeypatch: pytest.MonkeyPatch,
+    lora: bool,
+) -> None:
+    """At most 40 positions a chunk: groups of at most 3 datums (a prompt cut over several
+    groups, computed in each), one group a chunk, over several chunks (stacked into one call
+    with LoRA), duplicated datums included; each datum's logprobs land at its own index."""
+    if lora:
+        trainer = lora_trainer
+    else:
+        service = micro_service(tmp_path)
+        trainer = service.create_lora_training_client(base_model=MICRO_NAME).result()
+    monkeypatch.setattr(trainer._runtime, "training_positions", lambda config, keys: 40)
+    data = _grpo_data(np.random.default_rng(5), groups=3, samples=4, prompt=14)
+    data += [data[0], data[5]]
+    trainer.prefix_route = "grouped"
+    trainer.prefix_sharing_fraction = 1.0
+    groups = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))
+    assert sum(map(len, groups)) >= 4
+    assert max(map(len, groups)) > 1 if lora else len(groups) > 1
+    for backward in (True, False):
+        out = _run_both(trainer, data, backward=backward, route="grouped")
+        _assert_client_routes_equal(out, backward=backward)
 
 
 def _two_patterns(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
@@ -449,7 +625,7 @@ def _two_patterns(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
 
 def _shapes(trainer: LocalTrainingClient, data: list[Any]) -> tuple[Any, ...]:
     pack = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))[0][0]
-    assert pack.prefix is not None
+    assert isinstance(pack.prefix, model_lib.PrefixRows)
     return pack.prefix.tokens_R_W.shape, pack.prefix.gather_D_T.shape
 
 
@@ -463,6 +639,7 @@ def test_a_new_sharing_pattern_of_the_same_shapes_does_not_recompile(
     )
     for trainer, jitted in steps:
         trainer.prefix_sharing_fraction = 0.8
+        trainer.prefix_route = "trie"
         flat, nested = _two_patterns(np.random.default_rng(4))
         assert _shapes(trainer, flat) == _shapes(trainer, nested)
         trainer.forward_backward(flat, "importance_sampling").result()
@@ -470,6 +647,53 @@ def test_a_new_sharing_pattern_of_the_same_shapes_does_not_recompile(
         with count_compiles() as compiled:
             trainer.forward_backward(nested, "importance_sampling").result()
             trainer.forward(nested, "importance_sampling").result()
+        traces = [compiled.traces_of(fn) for fn in jitted]
+        assert traces == [0, 0, 0], (traces, dict(compiled.traces))
+        trainer._grads = None
+
+
+def _two_groupings(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
+    """Two groupings with the same padded shapes (2 prefix rows, 8 datums): 2 prompts of 20
+    tokens with 4 answers each, and 2 prompts sharing a 6-token system prefix with 3 and 5
+    answers of ragged lengths (the longest as long as the first pattern's)."""
+    even = []
+    for _ in range(2):
+        head = _tokens(rng, 20)
+        even += [_datum(np.concatenate([head, _tokens(rng, 9)]), rng) for _ in range(4)]
+    system = _tokens(rng, 6)
+    ragged = []
+    for samples in (3, 5):
+        head = np.concatenate([system, _tokens(rng, 14)])
+        ragged += [
+            _datum(np.concatenate([head, _tokens(rng, 9 - k % 4)]), rng) for k in range(samples)
+        ]
+    return even, ragged
+
+
+def _grouped_shapes(trainer: LocalTrainingClient, data: list[Any]) -> tuple[Any, ...]:
+    pack = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))[0][0]
+    assert isinstance(pack.prefix, model_lib.GroupedRows)
+    return tuple(np.shape(array) for array in pack.prefix)
+
+
+def test_a_new_grouping_of_the_same_shapes_does_not_recompile(
+    tmp_path: Path, lora_trainer: LocalTrainingClient
+) -> None:
+    toy = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
+    steps = (
+        (lora_trainer, (lora_loss_and_grad, lora_logprobs, loss_and_logprob_grad)),
+        (toy, (model_forward_vjp, model_backward, loss_and_logprob_grad)),
+    )
+    for trainer, jitted in steps:
+        trainer.prefix_sharing_fraction = 0.8
+        trainer.prefix_route = "grouped"
+        even, ragged = _two_groupings(np.random.default_rng(4))
+        assert _grouped_shapes(trainer, even) == _grouped_shapes(trainer, ragged)
+        trainer.forward_backward(even, "importance_sampling").result()
+        trainer.forward(even, "importance_sampling").result()
+        with count_compiles() as compiled:
+            trainer.forward_backward(ragged, "importance_sampling").result()
+            trainer.forward(ragged, "importance_sampling").result()
         traces = [compiled.traces_of(fn) for fn in jitted]
         assert traces == [0, 0, 0], (traces, dict(compiled.traces))
         trainer._grads = None
