@@ -33,7 +33,8 @@ Sections (`--sections`, default all):
 - `grpo`: one GRPO step's LoRA `forward_backward` on `--prompts` prompts × `--samples`
   completions (`--grpo-prompt-len` + `--grpo-new-tokens` tokens, default 16 × 8 of 128 + 32;
   `--grpo-completions 1..32` draws each completion's length uniformly instead) of `--model`:
-  the prefix-shared route (each prompt computed once) against the unshared route
+  the prefix-shared route (each prompt computed once; the layout the client picks, tries or
+  prefix and suffix rows, printed) against the unshared route
   (`prefix_sharing_fraction = 0`) and PyTorch (as in `model`, on the datums right-padded with
   advantage 0), alternating; it prints the positions the shared route computes against the
   unique tokens, unique tokens/s (each prompt and completion counted once), the ratios, and
@@ -64,13 +65,14 @@ import numpy as np
 from tinker import types
 
 from rlpure import model as model_lib
-from rlpure.packing import prefix_tree_size
+from rlpure.packing import GroupedPlan, plan_grouped_chunks, prefix_tree_size
 from shell.local import LocalServiceClient
 from shell.local._inputs import (
     check_data,
     length_bucket,
     loss_config_key,
     plan_prefix_chunks,
+    prefix_key_weight,
     row_bucket,
 )
 from shell.local._models import resolve_base_model
@@ -285,6 +287,17 @@ def _model_flops(
         "forward": forward,
         "train": 2 * base * positions + 3 * attn + 3 * lora_fwd,
     }
+
+
+def _grouped_flops(config: model_lib.ModelConfig, rank: int, plan: GroupedPlan) -> float:
+    """`_model_flops`' LoRA forward+backward FLOPs of the grouped route's executed rows: the
+    prefix rows (causal over `S`), then the suffix rows (causal over their own `U` keys) plus
+    their reads of all `S` prefix keys."""
+    n = len(plan.chunks)
+    prefix = _model_flops(config, rank, n * plan.prefix_rows, plan.prefix_width)["train"]
+    suffix = _model_flops(config, rank, n * plan.datums, plan.suffix_width)["train"]
+    per_key = config.n_layers * 4 * config.n_heads * config.head_dim
+    return prefix + suffix + 3 * per_key * n * plan.datums * plan.suffix_width * plan.prefix_width
 
 
 def _sampling_flops(
@@ -645,6 +658,13 @@ def bench_grpo(args: argparse.Namespace) -> None:
     rows_for_width = partial(trainer._runtime.training_rows, config)
     plan = plan_prefix_chunks(checked.tokens_D, rows_for_width=rows_for_width)
     assert plan is not None, "the grpo batch shares too little for the prefix-shared route"
+    grouped = plan_grouped_chunks(
+        checked.tokens_D,
+        positions_for_keys=partial(trainer._runtime.training_positions, config),
+        key_weight=prefix_key_weight(config),
+    )
+    assert grouped is not None
+    route = type(trainer._packed_groups(checked)[0][0].prefix).__name__
     unique, total = prefix_tree_size(checked.tokens_D), int(checked.length_D.sum())
 
     def ours(fraction: float) -> Callable[[], Any]:
@@ -687,7 +707,22 @@ def bench_grpo(args: argparse.Namespace) -> None:
         matmul_s.append(matmul_seconds())
     peak = 2 * 2048**3 / min(matmul_s) / 1e9
     work = _model_flops(config, args.rank, len(data), width)["train"]
-    executed = _model_flops(config, args.rank, plan.rows * len(plan.chunks), plan.width)["train"]
+    if route == "GroupedRows":
+        executed = _grouped_flops(config, args.rank, grouped)
+        computed = grouped.positions
+        layout = (
+            f"grouped, {len(grouped.chunks)} chunks of {grouped.prefix_rows} prefix rows × "
+            f"{grouped.prefix_width} + {grouped.datums} suffix rows × {grouped.suffix_width}"
+        )
+    else:
+        executed = _model_flops(config, args.rank, plan.rows * len(plan.chunks), plan.width)[
+            "train"
+        ]
+        computed = len(plan.chunks) * plan.rows * plan.width
+        layout = (
+            f"tries, {len(plan.chunks)} chunks of {plan.rows} rows × {plan.width} "
+            f"({plan.nodes:,} nodes), {plan.datums} datum rows × {plan.length}"
+        )
     print(
         f"grpo: {args.model}, LoRA rank {args.rank}, {args.prompts} prompts × {args.samples} "
         f"samples, {args.grpo_prompt_len}-token prompts, "
@@ -695,11 +730,8 @@ def bench_grpo(args: argparse.Namespace) -> None:
         f"completions: {len(data)} datums of {width} tokens = {total:,} tokens, {unique:,} unique "
         f"({total / unique:.2f}×); JAX {jax.default_backend()}, {cores} cores; {torch_note}"
     )
-    computed = len(plan.chunks) * plan.rows * plan.width
     print(
-        f"  shared route: {len(plan.chunks)} chunks of {plan.rows} rows × {plan.width} "
-        f"({plan.nodes:,} nodes), {plan.datums} datum rows × {plan.length}; best of "
-        f"{args.rounds} alternating rounds (round 0 = warm-up)"
+        f"  shared route ({layout}); best of {args.rounds} alternating rounds (round 0 = warm-up)"
     )
     print(
         f"  computed positions: {computed:,} = {computed / unique:.2f}× the {unique:,} unique "

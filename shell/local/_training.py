@@ -104,6 +104,12 @@ def _stacked_model_inputs(
     return type(first)(*(_stacked(arrays) for arrays in fields))
 
 
+# `"auto"` takes the grouped prefix route only when its estimated cost is at most this
+# fraction of the tries': on close calls (a small GRPO batch, where both compute about the same
+# positions) the tries stay, so a run's steps do not flip between two compiled routes.
+GROUPED_COST_MARGIN = 0.95
+
+
 class LocalTrainingClient:
     """Trains a local model (the SDK's `TrainingClient`; full fine-tuning, see module doc)."""
 
@@ -315,7 +321,8 @@ class LocalTrainingClient:
         (`prefix_sharing_fraction`). With `prefix_route` `"auto"`, the tries
         (`plan_prefix_chunks`) or the groups (`plan_grouped_chunks`), whichever costs less:
         computed positions plus `prefix_key_weight` times the query-key pairs attention
-        computes (a trie row's queries each read the whole row)."""
+        computes (a trie row's queries each read the whole row), the groups only when they
+        cost at most `GROUPED_COST_MARGIN` of the tries'."""
         trie = None
         if self.prefix_route != "grouped":
             trie = plan_prefix_chunks(
@@ -338,9 +345,8 @@ class LocalTrainingClient:
             )
         if trie is not None and grouped is not None:
             computed = len(trie.chunks) * trie.rows * trie.width
-            if computed * (1 + weight * trie.width) < (
-                grouped.positions + weight * grouped.key_reads
-            ):
+            trie_cost = computed * (1 + weight * trie.width)
+            if grouped.positions + weight * grouped.key_reads > GROUPED_COST_MARGIN * trie_cost:
                 grouped = None
         if grouped is not None:
             length = length_bucket(int(checked.length_D.max()))
