@@ -1,10 +1,12 @@
 """The transformer's layers in pure JAX: norms, RoPE, linear maps with LoRA, attention, MLPs,
 the embedding and the unembedding.
 
-Axes (STYLE's table; `J` and `G` are new here): B rows, T token positions, S key/value positions
-(`T` in a full pass, the cache length when decoding), H query heads, N key/value heads, G query
-heads per key/value head (`H / N`), C head width, E model width, F feed-forward width,
-V vocabulary, R LoRA rank, J rotary frequencies (`C / 2` channel pairs).
+Axes (STYLE's table; `J`, `G`, `M` and `Y` are new here): B rows, T token positions, S key/value
+positions (`T` in a full pass, the cache length when decoding), H query heads, N key/value heads,
+G query heads per key/value head (`H / N`), C head width, E model width, F feed-forward width,
+V vocabulary, R LoRA rank, J rotary frequencies (`C / 2` channel pairs); when decoding from a
+cache kept in two parts, P distinct prompts, Y rows per prompt (the samples sharing its cache)
+and M generated positions.
 
 Conventions:
 - A block function reads one layer's params (`layer`: the slice of `params["layers"]` the layer
@@ -234,6 +236,75 @@ def _attend_cached(
         preferred_element_type=jnp.float32,
     )
     return out_B_N_G_T_C.transpose(0, 3, 1, 2, 4).reshape(b, t, h, c)
+
+
+def _attend_prompt_and_new(
+    q_B_1_H_C: jax.Array,
+    prompt: tuple[jax.Array, jax.Array, jax.Array],
+    new: tuple[jax.Array, jax.Array, jax.Array],
+    dtype: Any,
+) -> jax.Array:
+    """One decode step's attention over a cache kept in two parts: `P` prompts' keys and
+    values, each read once for the `Y = B / P` rows that continue it, and every row's own
+    generated tokens'.
+
+    `prompt` is `(k_P_N_C_S, v_P_N_S_C, allowed_P_S)` with row `b` continuing prompt
+    `b // Y`; `new` is `(k_B_N_C_M, v_B_N_M_C, allowed_B_M)`. The softmax runs over both
+    parts' scores together: the same attention as `_attend_cached` over their concatenation
+    (one maximum, one normaliser; only the normaliser's summation order differs). Reading each
+    prompt's cache once per prompt, not once per row, is the point: a GRPO batch decodes `Y`
+    samples of each prompt. Returns float32 `[B, 1, H, C]`.
+    """
+    k_P_N_C_S, v_P_N_S_C, allowed_P_S = prompt
+    k_B_N_C_M, v_B_N_M_C, allowed_B_M = new
+    b, _, h, c = q_B_1_H_C.shape
+    p, n = k_P_N_C_S.shape[:2]
+    y, g = b // p, h // n
+    scale = 1.0 / math.sqrt(c)
+    q_P_Y_N_G_C = q_B_1_H_C.reshape(p, y, n, g, c).astype(dtype)
+    prompt_P_Y_N_G_S = (
+        jnp.einsum(
+            "pyngc,pncs->pyngs",
+            q_P_Y_N_G_C,
+            k_P_N_C_S.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        * scale
+    )
+    prompt_P_Y_N_G_S = jnp.where(allowed_P_S[:, None, None, None, :], prompt_P_Y_N_G_S, NEG_INF)
+    new_B_N_G_M = (
+        jnp.einsum(
+            "bngc,bncm->bngm",
+            q_P_Y_N_G_C.reshape(b, n, g, c),
+            k_B_N_C_M.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        * scale
+    )
+    new_B_N_G_M = jnp.where(allowed_B_M[:, None, None, :], new_B_N_G_M, NEG_INF)
+    prompt_B_N_G_S = prompt_P_Y_N_G_S.reshape(b, n, g, -1)
+    top_B_N_G_1 = jnp.maximum(
+        jnp.max(prompt_B_N_G_S, axis=-1, keepdims=True),
+        jnp.max(new_B_N_G_M, axis=-1, keepdims=True),
+    )
+    exp_prompt_B_N_G_S = jnp.exp(prompt_B_N_G_S - top_B_N_G_1)
+    exp_new_B_N_G_M = jnp.exp(new_B_N_G_M - top_B_N_G_1)
+    total_B_N_G_1 = jnp.sum(exp_prompt_B_N_G_S, axis=-1, keepdims=True) + jnp.sum(
+        exp_new_B_N_G_M, axis=-1, keepdims=True
+    )
+    out_P_Y_N_G_C = jnp.einsum(
+        "pyngs,pnsc->pyngc",
+        (exp_prompt_B_N_G_S / total_B_N_G_1).reshape(p, y, n, g, -1).astype(dtype),
+        v_P_N_S_C.astype(dtype),
+        preferred_element_type=jnp.float32,
+    )
+    out_B_N_G_C = jnp.einsum(
+        "bngm,bnmc->bngc",
+        (exp_new_B_N_G_M / total_B_N_G_1).astype(dtype),
+        v_B_N_M_C.astype(dtype),
+        preferred_element_type=jnp.float32,
+    )
+    return (out_P_Y_N_G_C.reshape(b, n, g, c) + out_B_N_G_C).reshape(b, 1, h, c)
 
 
 # `_attend` for the full causal pass: differentiated, its backward recomputes the scores and

@@ -57,6 +57,7 @@ import numpy as np
 from rlpure.model._config import ModelConfig
 from rlpure.model._layers import (
     _attend_cached,
+    _attend_prompt_and_new,
     _attend_recomputed,
     _dtype,
     _embed,
@@ -74,6 +75,7 @@ __all__ = [
     "PrefillOutput",
     "count_params",
     "decode_layers",
+    "decode_layers_shared_prompts",
     "decode_step",
     "forward",
     "init_params",
@@ -376,6 +378,61 @@ def decode_layers(
         k_L[index] = k_L[index].at[rows_B, :, :, position_B].set(k_B_1_N_C[:, 0].astype(dtype))
         v_L[index] = v_L[index].at[rows_B, :, position_B].set(v_B_1_N_C[:, 0].astype(dtype))
         attn_B_1_H_C = _attend_cached(q_B_1_H_C, k_L[index], v_L[index], allowed_B_1_S, dtype)
+        x_B_1_E = _finish_block(layer, x_B_1_E, attn_B_1_H_C, config, ad, scale)
+    return DecodeOutput(
+        logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
+        cache=KVCache(k_L_B_N_C_S=tuple(k_L), v_L_B_N_S_C=tuple(v_L)),
+    )
+
+
+def decode_layers_shared_prompts(
+    params: Params,
+    layers_L: tuple[Params, ...],
+    prompt_cache: KVCache,
+    prompt_length_P: jax.Array,
+    new_cache: KVCache,
+    token_B: jax.Array,
+    position_B: jax.Array,
+    step: jax.Array,
+    *,
+    config: ModelConfig,
+    layer_adapters_L: tuple[Params, ...] | None = None,
+    adapters: Params | None = None,
+    lora: LoraConfig | None = None,
+) -> DecodeOutput:
+    """`decode_layers` on a cache kept in two parts (not jitted; the sampler's loop body):
+    `prompt_cache` holds `P` prompts (keys `[P, N, C, S]`, values `[P, N, S, C]`, real on
+    `[0, prompt_length_P[p])`), each continued by `Y = B / P` consecutive rows (row `b`
+    continues prompt `b // Y`) and never written; `new_cache` holds each row's generated
+    tokens (keys `[B, N, C, M]`, values `[B, N, M, C]`, filled on `[0, step)`).
+
+    Feeds `token_B` at `position_B` (its position in the row's sequence, for RoPE), writes its
+    keys and values at column `step` of `new_cache` (one column for every row: an in-place
+    slice update, where the one-buffer cache scattered each row at its own position) and
+    attends to the row's prompt and to columns `≤ step`; each prompt's cache is read once for
+    its `Y` rows (`rlpure.model._layers._attend_prompt_and_new`). Returns the logits float32
+    `[B, V]` and the updated `new_cache`.
+    """
+    _, top_adapters, scale = _lora_parts(adapters, lora)
+    dtype = _dtype(config)
+    token_B = jnp.asarray(token_B, jnp.int32)
+    positions_B_1 = jnp.asarray(position_B, jnp.int32)[:, None]
+    prompt_len = prompt_cache.v_L_B_N_S_C[0].shape[2]
+    new_len = new_cache.v_L_B_N_S_C[0].shape[2]
+    allowed_P_S = jnp.arange(prompt_len)[None, :] < jnp.asarray(prompt_length_P)[:, None]
+    allowed_B_M = jnp.broadcast_to(jnp.arange(new_len) <= step, (token_B.shape[0], new_len))
+    rows_B = jnp.arange(token_B.shape[0])
+    step_B = jnp.full_like(rows_B, step)
+    k_L, v_L = list(new_cache.k_L_B_N_C_S), list(new_cache.v_L_B_N_S_C)
+    x_B_1_E = _embed(params, token_B[:, None])
+    for index, layer in enumerate(layers_L):
+        ad = layer_adapters_L[index] if layer_adapters_L else {}
+        q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = _qkv(layer, x_B_1_E, positions_B_1, config, ad, scale)
+        k_L[index] = k_L[index].at[rows_B, :, :, step_B].set(k_B_1_N_C[:, 0].astype(dtype))
+        v_L[index] = v_L[index].at[rows_B, :, step_B].set(v_B_1_N_C[:, 0].astype(dtype))
+        prompt = (prompt_cache.k_L_B_N_C_S[index], prompt_cache.v_L_B_N_S_C[index], allowed_P_S)
+        new = (k_L[index], v_L[index], allowed_B_M)
+        attn_B_1_H_C = _attend_prompt_and_new(q_B_1_H_C, prompt, new, dtype)
         x_B_1_E = _finish_block(layer, x_B_1_E, attn_B_1_H_C, config, ad, scale)
     return DecodeOutput(
         logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],

@@ -7,8 +7,10 @@ Conventions:
   tick inside one. Rows (one per sample) are padded to power-of-two buckets (rows, prompt
   length, new tokens, stop sequences and their window) and served in order, in chunks of at
   most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks. Within a
-  chunk the samples of one request share one prefill of its prompt (`SampleBatch.
-  prompt_index_B`: `P` prompts, padded to a power of two, for `B` rows), as on Tinker.
+  chunk the samples of one request share one prefill of its prompt (`P` prompts, padded to
+  a power of two), as on Tinker: laid out as a grid of `P` prompts × `Y` samples
+  (`SampleBatch.rows_per_prompt`, each prompt's cache then read once per decode step for its
+  samples) when that takes no more rows than the flat bucket, else flat (`prompt_index_B`).
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
@@ -429,21 +431,25 @@ class LocalSamplingClient:
 
     def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:
         """One jitted `sample_tokens` call for `rows` (request, sample index), padded to buckets."""
-        batch = _sample_batch(rows, vocab_size=self._config.vocab_size)
+        batch, slot_of_row = _sample_batch(rows, vocab_size=self._config.vocab_size)
         m = row_bucket(max(r.max_new_tokens for r, _ in rows), minimum=16)
         out = model_lib.sample_tokens(self._params, batch, config=self._config, max_new_tokens=m)
-        return self._sampled_sequences(rows, out)
+        return self._sampled_sequences(rows, slot_of_row, out)
 
     def _sampled_sequences(
-        self, rows: list[tuple[_SampleRequest, int]], out: model_lib.SampleOutput
+        self,
+        rows: list[tuple[_SampleRequest, int]],
+        slot_of_row: list[int],
+        out: model_lib.SampleOutput,
     ) -> list[types.SampledSequence]:
-        """The SDK's sequences of `rows` from `sample_tokens`' output, cut at stop strings."""
+        """The SDK's sequences of `rows` (row `k` at batch row `slot_of_row[k]`) from
+        `sample_tokens`' output, cut at stop strings."""
         tokens_B_M = np.asarray(out.tokens_B_M)
         logprobs_B_M = np.asarray(out.logprobs_B_M)
         num_B = np.asarray(out.num_tokens_B)
         stopped_B = np.asarray(out.stopped_B)
         sequences = []
-        for row, (r, i) in enumerate(rows):
+        for row, (r, i) in zip(slot_of_row, rows, strict=True):
             n, stopped = int(num_B[row]), bool(stopped_B[row])
             if r.stop_strings:  # cut at the first stop string of the decoded text
                 end = model_lib.stop_string_end(
@@ -464,31 +470,66 @@ class LocalSamplingClient:
 
 def _sample_batch(
     rows: list[tuple[_SampleRequest, int]], *, vocab_size: int
-) -> model_lib.SampleBatch:
-    """The padded `SampleBatch` of `rows` (request, sample index); `B`, `T`, `Q`, `W` bucketed.
+) -> tuple[model_lib.SampleBatch, list[int]]:
+    """The padded `SampleBatch` of `rows` (request, sample index), `B`, `P`, `T`, `Q`, `W`
+    bucketed, and the batch row of each of `rows`.
 
-    One prompt per request: its samples share the prefill (`prompt_index_B`).
+    One prompt per request: its samples share the prefill. When every request's samples fit a
+    grid of `P` prompts × `Y` rows (`Y` the most samples of one request in `rows`, `Y > 1`) of
+    no more rows than the flat layout's bucket, rows go there (`rows_per_prompt = Y`: each
+    prompt's cache is read once per decode step for its rows); otherwise they are laid out flat
+    in order, each copying its prompt's cache (`prompt_index_B`).
     """
     requests = [r for r, _ in rows]
-    b = row_bucket(len(rows))
-    t = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
-    n_seqs = row_bucket(max(len(r.stop_sequences) for r in requests), minimum=4)
-    window = row_bucket(max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8)
     prompt_of_row: list[int] = []
     prompts: list[np.ndarray] = []
+    sample_of_row: list[int] = []
     for row, (r, _) in enumerate(rows):
         if row == 0 or r is not rows[row - 1][0]:
             prompts.append(r.prompt_T)
+            sample_of_row.append(0)
+        else:
+            sample_of_row.append(sample_of_row[-1] + 1)
         prompt_of_row.append(len(prompts) - 1)
+    b = row_bucket(len(rows))
     # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
     p = min(b, row_bucket(len(prompts), minimum=1))
+    y = max(sample_of_row) + 1
+    grid = y > 1 and p * y <= b
+    if grid:
+        b = p * y
+        slot_of_row = [q * y + k for q, k in zip(prompt_of_row, sample_of_row, strict=True)]
+    else:
+        slot_of_row = list(range(len(rows)))
+    t = row_bucket(max(r.prompt_T.size for r in requests), minimum=16)
     prompt_P_T = np.zeros((p, t), np.int32)
     length_P = np.ones(p, np.int32)
     for index, prompt in enumerate(prompts):
         prompt_P_T[index, : prompt.size] = prompt
         length_P[index] = prompt.size
+    fields = _row_fields(rows, slot_of_row, b=b, vocab_size=vocab_size)
+    if grid:
+        return model_lib.SampleBatch(
+            prompt_tokens_B_T=prompt_P_T, prompt_length_B=length_P, rows_per_prompt=y, **fields
+        ), slot_of_row
     prompt_index_B = np.zeros(b, np.int32)
     prompt_index_B[: len(rows)] = prompt_of_row
+    return model_lib.SampleBatch(
+        prompt_tokens_B_T=prompt_P_T,
+        prompt_length_B=length_P,
+        prompt_index_B=prompt_index_B,
+        **fields,
+    ), slot_of_row
+
+
+def _row_fields(
+    rows: list[tuple[_SampleRequest, int]], slot_of_row: list[int], *, b: int, vocab_size: int
+) -> dict[str, Any]:
+    """The per-row `SampleBatch` fields of `rows` at their batch rows `slot_of_row` (`b` rows;
+    the others pad: no new tokens, greedy, no stops)."""
+    requests = [r for r, _ in rows]
+    n_seqs = row_bucket(max(len(r.stop_sequences) for r in requests), minimum=4)
+    window = row_bucket(max([1, *(len(s) for r in requests for s in r.stop_sequences)]), minimum=8)
     max_new_B = np.zeros(b, np.int32)
     temperature_B = np.zeros(b, np.float32)
     top_k_B = np.zeros(b, np.int32)
@@ -497,7 +538,7 @@ def _sample_batch(
     stop_mask_B_V = np.zeros((b, vocab_size), bool)
     stop_seqs_B_Q_W = np.full((b, n_seqs, window), -1, np.int32)
     stop_valid_B_Q = np.zeros((b, n_seqs), bool)
-    for row, (r, i) in enumerate(rows):
+    for row, (r, i) in zip(slot_of_row, rows, strict=True):
         max_new_B[row] = r.max_new_tokens
         temperature_B[row] = r.temperature
         top_k_B[row] = r.top_k
@@ -507,16 +548,13 @@ def _sample_batch(
         for s, seq in enumerate(r.stop_sequences):
             stop_seqs_B_Q_W[row, s, window - len(seq) :] = seq
             stop_valid_B_Q[row, s] = True
-    return model_lib.SampleBatch(
-        prompt_tokens_B_T=prompt_P_T,
-        prompt_length_B=length_P,
-        max_new_tokens_B=max_new_B,
-        temperature_B=temperature_B,
-        top_k_B=top_k_B,
-        top_p_B=top_p_B,
-        key_material_B_K=key_material_B_K,
-        stop_token_mask_B_V=stop_mask_B_V,
-        stop_seqs_B_Q_W=stop_seqs_B_Q_W,
-        stop_seq_valid_B_Q=stop_valid_B_Q,
-        prompt_index_B=prompt_index_B,
-    )
+    return {
+        "max_new_tokens_B": max_new_B,
+        "temperature_B": temperature_B,
+        "top_k_B": top_k_B,
+        "top_p_B": top_p_B,
+        "key_material_B_K": key_material_B_K,
+        "stop_token_mask_B_V": stop_mask_B_V,
+        "stop_seqs_B_Q_W": stop_seqs_B_Q_W,
+        "stop_seq_valid_B_Q": stop_valid_B_Q,
+    }

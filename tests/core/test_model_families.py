@@ -153,10 +153,15 @@ def test_decode_steps_reproduce_the_forward_logits_and_padding_is_causal() -> No
 
 
 @pytest.mark.slow
-def test_shared_prefill_sampling_with_adapters_reports_the_merged_models_logprobs() -> None:
+@pytest.mark.parametrize("layout", ["prompt_index", "rows_per_prompt"])
+def test_shared_prefill_sampling_with_adapters_reports_the_merged_models_logprobs(
+    layout: str,
+) -> None:
     # Rows sharing their prompt's prefill and decoding through unmerged adapters report, at
     # temperature 1, the teacher-forced logprobs of their own prompt + completion under the
-    # `merge_lora`'d weights.
+    # `merge_lora`'d weights: with each row's own copy of its prompt's cache
+    # (`prompt_index_B`, rows interleaved) and with one cache per prompt read by its rows
+    # (`rows_per_prompt`, rows in prompt order).
     config = CONFIGS["qwen3"]
     params = _params(config)
     lora = M.LoraConfig(rank=2)
@@ -166,7 +171,8 @@ def test_shared_prefill_sampling_with_adapters_reports_the_merged_models_logprob
     b, m = 4, 4
     prompts = _tokens(3, (2, T))
     lengths = np.array([5, 2], np.int32)
-    index = np.array([0, 1, 0, 1], np.int32)
+    grouped = layout == "rows_per_prompt"
+    index = np.array([0, 0, 1, 1] if grouped else [0, 1, 0, 1], np.int32)
     batch = M.SampleBatch(
         prompt_tokens_B_T=prompts,
         prompt_length_B=lengths,
@@ -178,14 +184,16 @@ def test_shared_prefill_sampling_with_adapters_reports_the_merged_models_logprob
         stop_token_mask_B_V=np.zeros((b, V), bool),
         stop_seqs_B_Q_W=np.full((b, 1, 1), -1, np.int32),
         stop_seq_valid_B_Q=np.zeros((b, 1), bool),
-        prompt_index_B=index,
+        prompt_index_B=None if grouped else index,
+        rows_per_prompt=2 if grouped else 1,
     )
     out = M.sample_tokens(
         params, batch, config=config, max_new_tokens=m, adapters=adapters, lora=lora
     )
     tokens_B_M = np.asarray(out.tokens_B_M)
     assert np.asarray(out.num_tokens_B).tolist() == [m] * b
-    assert (tokens_B_M[0] != tokens_B_M[2]).any() or (tokens_B_M[1] != tokens_B_M[3]).any()
+    siblings = [(0, 1), (2, 3)] if grouped else [(0, 2), (1, 3)]  # rows of one prompt
+    assert any((tokens_B_M[i] != tokens_B_M[j]).any() for i, j in siblings)
     inputs = np.zeros((b, 2 * T), np.int32)
     targets = np.zeros((b, 2 * T), np.int32)
     for row, prompt in enumerate(index):

@@ -9,6 +9,8 @@ its last bits (hence the tolerance) and, rarely, a tempered token; greedy tokens
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,13 +126,12 @@ def test_a_mixed_batch_samples_each_row_as_its_own_settings_do() -> None:
     settings = list(_PINS)
     batches = [_batch(*s) for s in settings]
     row_settings = np.arange(B) % len(settings)
-    mixed = M.SampleBatch(
-        **{
-            name: np.stack([getattr(batches[k], name)[row] for row, k in enumerate(row_settings)])
-            for name in M.SampleBatch.__struct_fields__
-            if name != "prompt_index_B"
-        }
-    )
+    rows: dict[str, Any] = {
+        name: np.stack([getattr(batches[k], name)[row] for row, k in enumerate(row_settings)])
+        for name in M.SampleBatch.__struct_fields__
+        if name not in ("prompt_index_B", "rows_per_prompt")
+    }
+    mixed = M.SampleBatch(**rows)
     out = M.sample_tokens(PARAMS, mixed, config=CONFIG, max_new_tokens=NEW)
     for row, k in enumerate(row_settings):
         np.testing.assert_array_equal(np.asarray(out.tokens_B_M)[row], _PINS[settings[k]][0][row])

@@ -271,6 +271,18 @@ def test_seeded_sampling_is_reproducible_and_temperature_zero_is_greedy() -> Non
     assert a[0].tokens == a[1].tokens == b[0].tokens
 
 
+async def _gather_samples(
+    sampler: Any, requests: list[tuple[types.ModelInput, int, types.SamplingParams]]
+) -> list[types.SampleResponse]:
+    """`(prompt, num_samples, params)` requests submitted together (one tick)."""
+    return await asyncio.gather(
+        *[
+            sampler.sample_async(prompt=p, num_samples=n, sampling_params=sp)
+            for p, n, sp in requests
+        ]
+    )
+
+
 def test_concurrent_requests_are_served_in_one_batched_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -285,7 +297,8 @@ def test_concurrent_requests_are_served_in_one_batched_call(
     real = model_lib.sample_tokens
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append((args[1].prompt_tokens_B_T.shape, args[1].prompt_index_B.shape))
+        batch = args[1]
+        calls.append((batch.prompt_tokens_B_T.shape, batch.max_new_tokens_B.shape, batch))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model_lib, "sample_tokens", counting)
@@ -298,9 +311,24 @@ def test_concurrent_requests_are_served_in_one_batched_call(
         return await asyncio.gather(*[one(p, sp) for p, sp in zip(prompts, params, strict=True)])
 
     batched = asyncio.run(main())
-    # one call: 8 sample rows over 4 prompts, each prefilled once for its 2 samples
+    # one call: 8 sample rows over 4 prompts, each prefilled once for its 2 samples, whose
+    # cache both read (a grid of 4 prompts × 2 rows)
     assert len(calls) == 1 and calls[0][0][0] == 4 and calls[0][1] == (8,)
+    assert calls[0][2].rows_per_prompt == 2 and calls[0][2].prompt_index_B is None
     for x, y in zip(alone, batched, strict=True):
+        assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
+        for s, t in zip(x.sequences, y.sequences, strict=True):
+            np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-6)
+
+    # 3 + 1 + 1 + 1 samples: a grid would take 4 × 3 rows, the flat layout 8, so rows copy
+    # their prompt's cache (`prompt_index_B`); each request alone samples the same tokens
+    counts = [3, 1, 1, 1]
+    calls.clear()
+    uneven = asyncio.run(_gather_samples(sampler, list(zip(prompts, counts, params, strict=True))))
+    assert len(calls) == 1 and calls[0][2].rows_per_prompt == 1
+    assert np.asarray(calls[0][2].prompt_index_B).tolist() == [0, 0, 0, 1, 2, 3, 0, 0]
+    for p, n, sp, y in zip(prompts, counts, params, uneven, strict=True):
+        x = sampler.sample(p, n, sp).result()
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
         for s, t in zip(x.sequences, y.sequences, strict=True):
             np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-6)
