@@ -5,7 +5,7 @@ The local backend's sampler (`shell.local`) pads requests into a `SampleBatch`, 
 
 Axes (STYLE's table; `M`, `K`, `Q`, `W` and `Y` are new here):
     B rows (one per sample), P distinct prompts, Y rows per prompt, T prompt positions,
-    S positions in the KV cache (`T + M`),
+    S positions in a KV cache (`T + M` in one buffer; `T` and `M` when kept in two parts),
     L layers, H query heads, N key/value heads, C head width, E model width, V vocabulary,
     M the static bucket of new tokens, K words of per-row key material, Q stop-sequence slots,
     W the stop-sequence window (the longest stop sequence, in tokens).
@@ -208,7 +208,8 @@ class _DecodeState(NamedTuple):
 
     step: jax.Array  # int32 scalar: tokens decoded so far (the next column of `tokens_B_M`)
     logits_B_V: jax.Array  # float32 next-token logits of every row
-    cache: KVCache  # generated tokens' RoPE'd keys [B, N, C, M], values [B, N, M, C] per layer
+    cache: KVCache  # RoPE'd keys [B, N, C, S], values [B, N, S, C] per layer: S = T + M, or
+    # S = M (the generated tokens' only) with `rows_per_prompt > 1` (`_decoder`)
     done_B: jax.Array  # bool: the row generates no more tokens
     stopped_B: jax.Array  # bool: the row ended on a stop token or sequence
     num_B: jax.Array  # int32 tokens generated per row
@@ -280,8 +281,8 @@ def _decoder(
 
     With `rows_per_prompt = Y > 1` the prompts' cache stays one row per prompt, read once per
     step for its `Y` rows, and the loop carries only the generated tokens' cache
-    (`decode_layers_shared_prompts`); at the GRPO batch of `benchmarks/bench_local_model.py`
-    (16 prompts × 8 samples) a call takes ~8% less time. Otherwise each row gets its own cache of
+    (`decode_layers_shared_prompts`; faster when rows share prompts, `benchmarks/README.md`).
+    Otherwise each row gets its own cache of
     `T + M` positions, its prompt's copied in (`prompt_index_B`), and `decode_layers`
     writes each row at its own position: with one row per prompt that is the faster layout
     (the two-part one runs twice the small attention dots for nothing to share).
@@ -289,8 +290,6 @@ def _decoder(
     tokens_P_T = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
     length_P = jnp.asarray(batch.prompt_length_B, jnp.int32)
     y = batch.rows_per_prompt
-    if y > 1 and batch.prompt_index_B is not None:
-        raise ValueError("SampleBatch: rows_per_prompt > 1 takes no prompt_index_B")
     t = tokens_P_T.shape[1]
     prefilled = prefill(
         params,
@@ -495,6 +494,23 @@ def _record_tokens(
     )
 
 
+def _check_layout(batch: SampleBatch) -> None:
+    """Refuses a `rows_per_prompt` that does not describe `batch`'s rows (static shapes)."""
+    y = batch.rows_per_prompt
+    if y < 1:
+        raise ValueError(f"SampleBatch.rows_per_prompt must be at least 1, got {y}")
+    if y == 1:
+        return
+    if batch.prompt_index_B is not None:
+        raise ValueError("SampleBatch: rows_per_prompt > 1 takes no prompt_index_B")
+    p, b = jnp.shape(batch.prompt_tokens_B_T)[0], jnp.shape(batch.max_new_tokens_B)[0]
+    if b != p * y:
+        raise ValueError(
+            f"SampleBatch: {b} rows (max_new_tokens_B) are not rows_per_prompt = {y} for each "
+            f"of the {p} prompts (prompt_tokens_B_T)"
+        )
+
+
 @partial(jax.jit, static_argnames=("config", "max_new_tokens", "lora"))
 def sample_tokens(
     params: Params,
@@ -507,14 +523,17 @@ def sample_tokens(
 ) -> SampleOutput:
     """Samples up to `max_new_tokens` tokens for every row of `batch` (jitted).
 
-    Prefills the prompts into a KV cache of length `S = T + max_new_tokens` (once per distinct
-    prompt when `batch.prompt_index_B` is set), then, per step: draw the next token of every
+    Prefills each distinct prompt once into a KV cache (`_decoder`: with
+    `batch.rows_per_prompt > 1` the prompts' cache is read by their rows and the generated
+    tokens' kept apart, `M` positions per row; otherwise each row holds `T + max_new_tokens`
+    positions, its prompt's copied in), then, per step: draw the next token of every
     live row from `softmax(filter(logits) / temperature)` (argmax when the temperature is 0),
     record its logprob `log_softmax(logits / temperature)` (as Tinker's sampler reports it:
     tempered, not renormalised over the top-k/top-p set; at temperature 0 the untempered one),
     stop the row if the token is a stop token, if its generated tail now ends with one of its
     stop sequences, or if it reached its `max_new_tokens_B`; feed the token back through one
-    cached decoder step (`decode_layers`). Exits early when every row has stopped.
+    cached decoder step (`decode_layers` or `decode_layers_shared_prompts`). Exits early when
+    every row has stopped.
 
     Args:
         params: model params.
@@ -527,7 +546,12 @@ def sample_tokens(
 
     Returns:
         `SampleOutput` with `[B, M]` tokens/logprobs, `[B]` counts and stop flags.
+
+    Raises:
+        ValueError: `rows_per_prompt` below 1, or above 1 with `prompt_index_B` set or with
+            `B` rows not `rows_per_prompt` per prompt.
     """
+    _check_layout(batch)
     rules = _sampling_rules(batch)
     window = jnp.shape(batch.stop_seqs_B_Q_W)[-1]
     decoder = _decoder(

@@ -41,8 +41,9 @@ Conventions:
   compiles a handful of times; `config`, `lora` and cache lengths are static under `jit`,
   everything else is traced.
 - `prefill` and `decode_step` are the KV-cached pair; `rlpure.model._sampling` decodes with
-  `decode_layers` (the step on weights split once per call by `split_layers`); `forward` is
-  the full causal pass.
+  `decode_layers` (the step on weights split once per call by `split_layers`) or, when rows
+  share prompts, `decode_layers_shared_prompts` (the cache kept in two parts: P prompts'
+  positions and each row's M generated ones); `forward` is the full causal pass.
 """
 
 from __future__ import annotations
@@ -407,8 +408,8 @@ def decode_layers_shared_prompts(
     tokens (keys `[B, N, C, M]`, values `[B, N, M, C]`, filled on `[0, step)`).
 
     Feeds `token_B` at `position_B` (its position in the row's sequence, for RoPE), writes its
-    keys and values at column `step` of `new_cache` (one column for every row: an in-place
-    slice update, where the one-buffer cache scattered each row at its own position) and
+    keys and values at column `step` of `new_cache` (one column for every row: a slice update,
+    where the one-buffer cache scatters each row at its own position) and
     attends to the row's prompt and to columns `≤ step`; each prompt's cache is read once for
     its `Y` rows (`rlpure.model._layers._attend_prompt_and_new`). Returns the logits float32
     `[B, V]` and the updated `new_cache`.
@@ -421,15 +422,15 @@ def decode_layers_shared_prompts(
     new_len = new_cache.v_L_B_N_S_C[0].shape[2]
     allowed_P_S = jnp.arange(prompt_len)[None, :] < jnp.asarray(prompt_length_P)[:, None]
     allowed_B_M = jnp.broadcast_to(jnp.arange(new_len) <= step, (token_B.shape[0], new_len))
-    rows_B = jnp.arange(token_B.shape[0])
-    step_B = jnp.full_like(rows_B, step)
     k_L, v_L = list(new_cache.k_L_B_N_C_S), list(new_cache.v_L_B_N_S_C)
     x_B_1_E = _embed(params, token_B[:, None])
     for index, layer in enumerate(layers_L):
         ad = layer_adapters_L[index] if layer_adapters_L else {}
         q_B_1_H_C, k_B_1_N_C, v_B_1_N_C = _qkv(layer, x_B_1_E, positions_B_1, config, ad, scale)
-        k_L[index] = k_L[index].at[rows_B, :, :, step_B].set(k_B_1_N_C[:, 0].astype(dtype))
-        v_L[index] = v_L[index].at[rows_B, :, step_B].set(v_B_1_N_C[:, 0].astype(dtype))
+        k_B_N_C_1 = k_B_1_N_C.transpose(0, 2, 3, 1).astype(dtype)
+        v_B_N_1_C = v_B_1_N_C.transpose(0, 2, 1, 3).astype(dtype)
+        k_L[index] = jax.lax.dynamic_update_slice_in_dim(k_L[index], k_B_N_C_1, step, axis=3)
+        v_L[index] = jax.lax.dynamic_update_slice_in_dim(v_L[index], v_B_N_1_C, step, axis=2)
         prompt = (prompt_cache.k_L_B_N_C_S[index], prompt_cache.v_L_B_N_S_C[index], allowed_P_S)
         new = (k_L[index], v_L[index], allowed_B_M)
         attn_B_1_H_C = _attend_prompt_and_new(q_B_1_H_C, prompt, new, dtype)

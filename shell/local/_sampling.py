@@ -8,9 +8,10 @@ Conventions:
   length, new tokens, stop sequences and their window) and served in order, in chunks of at
   most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks. Within a
   chunk the samples of one request share one prefill of its prompt (`P` prompts, padded to
-  a power of two), as on Tinker: laid out as a grid of `P` prompts × `Y` samples
+  a power of two), as on Tinker: laid out as a grid of `P` prompts × `Y = B / P` samples
   (`SampleBatch.rows_per_prompt`, each prompt's cache then read once per decode step for its
-  samples) when that takes no more rows than the flat bucket, else flat (`prompt_index_B`).
+  samples) when no request has more than `Y` samples in the chunk, else flat
+  (`prompt_index_B`).
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
@@ -474,11 +475,12 @@ def _sample_batch(
     """The padded `SampleBatch` of `rows` (request, sample index), `B`, `P`, `T`, `Q`, `W`
     bucketed, and the batch row of each of `rows`.
 
-    One prompt per request: its samples share the prefill. When every request's samples fit a
-    grid of `P` prompts × `Y` rows (`Y` the most samples of one request in `rows`, `Y > 1`) of
-    no more rows than the flat layout's bucket, rows go there (`rows_per_prompt = Y`: each
-    prompt's cache is read once per decode step for its rows); otherwise they are laid out flat
-    in order, each copying its prompt's cache (`prompt_index_B`).
+    One prompt per request: its samples share the prefill. The rows are bucketed (`B`, a power
+    of two) and so are the prompts (`P`); when some request has several samples in `rows` and
+    none has more than `Y = B / P`, rows go on a grid of `P` prompts × `Y` rows
+    (`rows_per_prompt = Y`, a function of the two buckets, so no new compile: each prompt's
+    cache is read once per decode step for its rows); otherwise they are laid out flat in
+    order, each copying its prompt's cache (`prompt_index_B`).
     """
     requests = [r for r, _ in rows]
     prompt_of_row: list[int] = []
@@ -494,10 +496,9 @@ def _sample_batch(
     b = row_bucket(len(rows))
     # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
     p = min(b, row_bucket(len(prompts), minimum=1))
-    y = max(sample_of_row) + 1
-    grid = y > 1 and p * y <= b
+    y = b // p  # both powers of two: the grid keeps the flat bucket's row count
+    grid = 1 < max(sample_of_row) + 1 <= y
     if grid:
-        b = p * y
         slot_of_row = [q * y + k for q, k in zip(prompt_of_row, sample_of_row, strict=True)]
     else:
         slot_of_row = list(range(len(rows)))

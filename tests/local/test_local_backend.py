@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import msgspec
 import numpy as np
 import pytest
 import tinker
@@ -583,6 +584,48 @@ def test_second_forward_backward_in_the_same_bucket_does_not_retrace() -> None:
         )
     stages = (model_forward_vjp, loss_and_logprob_grad, model_backward)
     assert [compiled.traces_of(stage) for stage in stages] == [0, 0, 0]
+
+
+def test_sampling_one_to_eight_samples_needs_two_sampler_programs() -> None:
+    # 2..8 samples of one prompt go on the grid of the 8-row bucket (rows_per_prompt = 8 / 1),
+    # 1 sample flat: two programs for eight request sizes, not one per size
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=0, stop=[])
+    for n in (1, 2):
+        sampler.sample(_prompt("a"), n, params).result()
+    with count_compiles() as compiled:
+        for n in range(1, 9):
+            assert len(sampler.sample(_prompt("a"), n, params).result().sequences) == n
+    assert compiled.traces_of(model_lib.sample_tokens) == 0
+
+
+def test_a_sample_batch_whose_rows_do_not_fit_its_grid_is_refused() -> None:
+    config = model_lib.get_model_config(MODEL)
+    params = _trainer().save_weights_and_get_sampling_client().result()._params
+    b, v = 6, config.vocab_size
+    batch = model_lib.SampleBatch(
+        prompt_tokens_B_T=np.ones((4, 8), np.int32),
+        prompt_length_B=np.full(4, 8, np.int32),
+        max_new_tokens_B=np.full(b, 2, np.int32),
+        temperature_B=np.ones(b, np.float32),
+        top_k_B=np.zeros(b, np.int32),
+        top_p_B=np.ones(b, np.float32),
+        key_material_B_K=np.zeros((b, 1), np.uint32),
+        stop_token_mask_B_V=np.zeros((b, v), bool),
+        stop_seqs_B_Q_W=np.full((b, 1, 1), -1, np.int32),
+        stop_seq_valid_B_Q=np.zeros((b, 1), bool),
+        rows_per_prompt=2,
+    )
+    with pytest.raises(ValueError, match=r"6 rows .* rows_per_prompt = 2 for each of the 4"):
+        model_lib.sample_tokens(params, batch, config=config, max_new_tokens=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        model_lib.sample_tokens(
+            params, msgspec.structs.replace(batch, rows_per_prompt=0), config=config,
+            max_new_tokens=2,
+        )  # fmt: skip
+    indexed = msgspec.structs.replace(batch, prompt_index_B=np.zeros(b, np.int32))
+    with pytest.raises(ValueError, match="takes no prompt_index_B"):
+        model_lib.sample_tokens(params, indexed, config=config, max_new_tokens=2)
 
 
 def test_chunked_training_and_sampling_equal_unchunked() -> None:
