@@ -664,7 +664,7 @@ def bench_grpo(args: argparse.Namespace) -> None:
         key_weight=prefix_key_weight(config),
     )
     assert grouped is not None
-    route = type(trainer._packed_groups(checked)[0][0].prefix).__name__
+    takes_groups = isinstance(trainer._packed_groups(checked)[0][0].prefix, model_lib.GroupedRows)
     unique, total = prefix_tree_size(checked.tokens_D), int(checked.length_D.sum())
 
     def ours(fraction: float) -> Callable[[], Any]:
@@ -707,7 +707,7 @@ def bench_grpo(args: argparse.Namespace) -> None:
         matmul_s.append(matmul_seconds())
     peak = 2 * 2048**3 / min(matmul_s) / 1e9
     work = _model_flops(config, args.rank, len(data), width)["train"]
-    if route == "GroupedRows":
+    if takes_groups:
         executed = _grouped_flops(config, args.rank, grouped)
         computed = grouped.positions
         layout = (

@@ -174,16 +174,37 @@ def _layout(
     groups: list[PrefixGroup], s: int, u: int, budget: int
 ) -> tuple[list[list[PrefixGroup]], int, int]:
     """(chunks, padded prefix rows, padded datum rows) of `groups` at widths `s`, `u`: the
-    fewest chunks whose padded positions `P · s + D · u` fit `budget` (or one group each)."""
+    fewest chunks whose padded positions `P · s + D · u` fit `budget`.
+
+    Each group must hold at most `_bucket_floor((budget − s) // u)` datums (so one group a
+    chunk, padded, always fits)."""
     need = sum(s + u * len(g.datums) for g in groups)
     n = max(1, -(-need // budget))
     while True:
         chunks = _assign_groups(groups, min(n, len(groups)))
         p = bucket_size(max(map(len, chunks)), steps_per_octave=2)
         d = bucket_size(max(sum(len(g.datums) for g in c) for c in chunks), steps_per_octave=2)
-        if p * s + d * u <= budget or n >= len(groups):
+        if p * s + d * u <= budget:
             return chunks, p, d
+        if n >= len(groups):
+            raise ValueError(
+                f"_layout: a group does not fit {budget} positions at widths {s} + {u}"
+            )
         n += 1
+
+
+def _bucket_floor(n: int) -> int:
+    """The largest size of `bucket_size(·, steps_per_octave=2)` (1, 2, 3, 4, 6, 8, 12, …) at
+    most `n ≥ 1`.
+
+    Examples:
+        >>> [_bucket_floor(n) for n in (1, 5, 6, 7, 23, 24)]
+        [1, 4, 6, 6, 16, 24]
+    """
+    size = 1
+    while (larger := bucket_size(size + 1, steps_per_octave=2)) <= n:
+        size = larger
+    return size
 
 
 def plan_grouped_chunks(
@@ -208,7 +229,8 @@ def plan_grouped_chunks(
         key_weight: the cost of one query-key pair relative to one position's.
 
     Returns:
-        The cheapest `GroupedPlan`, or None for no sequences.
+        The cheapest `GroupedPlan`, or None for no sequences or when no widths fit the budget
+        (one datum of `S + U` positions over `positions_for_keys(S + U)`).
 
     Examples:
         >>> prompt = np.arange(100)
@@ -225,11 +247,14 @@ def plan_grouped_chunks(
     prefix_widths = _bucket_range(longest, minimum=16, steps_per_octave=4)
     for u in _bucket_range(longest, minimum=4, steps_per_octave=2):
         for s in prefix_widths:
-            if s + u < longest:
+            budget = positions_for_keys(s + u)
+            if s + u < longest or s + u > budget:  # too short, or one datum over the budget
                 continue
-            budget = max(1, positions_for_keys(s + u))
             groups = group_shared_prefixes(
-                sequences, prefix_width=s, suffix_width=u, max_datums=max(1, (budget - s) // u)
+                sequences,
+                prefix_width=s,
+                suffix_width=u,
+                max_datums=_bucket_floor((budget - s) // u),
             )
             assert groups is not None  # s + u covers the longest sequence
             chunks, p, d = _layout(groups, s, u, budget)
@@ -245,8 +270,7 @@ def plan_grouped_chunks(
             cost = plan.positions + key_weight * plan.key_reads
             if best is None or cost < best[0]:
                 best = (cost, plan)
-    assert best is not None
-    return best[1]
+    return None if best is None else best[1]
 
 
 def _bucket_range(longest: int, *, minimum: int, steps_per_octave: int) -> list[int]:

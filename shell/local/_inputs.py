@@ -15,11 +15,12 @@ Conventions:
   each chunk is a few packed trie rows (`rlpure.model.PrefixRows`) plus the datums' usual
   `[D, T]` loss inputs; `plan_grouped_chunks` (`rlpure.packing`) and `pack_grouped_chunk`
   are its two-level form (`rlpure.model.GroupedRows`: a prefix row per group of datums, a
-  suffix row per datum), which `prefix_route_cost` weighs against the tries. Tinker's
-  shifted alignment is
+  suffix row per datum), which the training client weighs against the tries
+  (`prefix_key_weight`; `shell.local._training`). Tinker's shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
   `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
-  to `[D, T]`: `D` a power of two, `T` a `length_bucket` (16, then two sizes per doubling), so
+  to `[D, T]`: `D` a power of two (two sizes per doubling on the grouped route: 3, 6, 12, …),
+  `T` a `length_bucket` (16, then two sizes per doubling), so
   that training compiles a handful of times; `valid_D_T` is 1.0 on real positions and 0.0 on
   padding and on the padded rows.
 - Packing is host-side numpy (memory movement, not maths).

@@ -14,7 +14,11 @@ Conventions:
   backward pass holds (`activation_floats_per_token`) under `_ACTIVATION_FLOATS` (4 GiB): a
   SmolLM2 token holds ~2.4 MB of them, so the issue's GRPO batch (128 datums × 128 tokens) in
   one call needed ~40 GB and was killed on a 24 GB machine; the toy models never reach this
-  bound. Row counts are powers of two (at least 1), so chunking reuses compiled shapes.
+  bound. Row counts are powers of two (at least 1), so chunking reuses compiled shapes. The
+  grouped prefix route (`training_positions`) counts the same budgets per position and fills
+  them (a chunk's row counts are bucketed by its planner), so its chunks may hold up to ~2×
+  the positions of a power-of-two row count at the same width, within the same 4 GiB and
+  128 MiB bounds (on SmolLM2: 1,536 positions a chunk against 1,024–1,280).
 - Checkpoints live under `checkpoint_dir / model_id / kind / name`. The service passes its
   checkpoint directory (by default `shell.data_dir.default_checkpoint_dir()`, shared by every
   process of the user; created on first use, never removed) or `None` for a temporary one: a
@@ -84,7 +88,8 @@ def activation_floats_per_token(config: model_lib.ModelConfig, width: int) -> in
     attention weights and scores `2 · H · width`; then the logits and their softmax `2 · V`.
     The MLP keeps three `[F]` vectors since its SwiGLU VJP is written by hand (autodiff kept
     six); six are still counted, which keeps a SmolLM2 call at 8 rows of 128 tokens and its
-    peak memory where they were: 16 rows measured no faster (`benchmarks/bench_local_model.py`).
+    peak memory where they were: 16 rows measured no faster (`benchmarks/bench_local_model.py`)
+    (the grouped prefix route fills this budget per position instead: `training_positions`).
     """
     per_layer = 6 * config.d_ff + 10 * config.d_model + 2 * config.n_heads * width
     return config.n_layers * per_layer + 2 * config.vocab_size
@@ -310,7 +315,10 @@ class LocalRuntime:
     def training_positions(self, config: model_lib.ModelConfig, keys: int) -> int:
         """Most positions per training call when each query reads at most `keys` keys (the
         grouped prefix route, whose rows have two widths): `training_rows`' three budgets
-        counted per position, not rounded to a power of two of rows (at least 1)."""
+        counted per position and filled, not rounded down to a power of two of rows (at least
+        1); the planner keeps each chunk's padded positions within it. The suffix rows'
+        gathered prefix keys and values are not counted (transient, recomputed under
+        `jax.checkpoint`)."""
         return max(
             1,
             min(

@@ -17,10 +17,12 @@ Conventions:
   quadratic attention and no call runs on padding rows alone. Their gradients add up and their
   metrics merge by suffix, so chunking does not change the result beyond float rounding.
 - Datums of one call that share token prefixes (a GRPO group's prompt, a multi-turn episode's
-  history) take the prefix-shared route when it saves enough (`plan_prefix_chunks`): each
-  chunk packs the datums' token tries as rows, the model computes each shared prefix once and
-  every datum gathers its logprobs back, so losses, logprobs and gradients equal the unshared
-  route's up to float rounding. The `Datum`s and outputs are the same either way.
+  history) take the prefix-shared route when it saves enough (`prefix_sharing_fraction`), in
+  one of two layouts (`prefix_route`): token tries packed as rows (`plan_prefix_chunks`) or
+  groups, a prefix row per shared prefix and a suffix row per datum reading it
+  (`plan_grouped_chunks`). The model computes each shared prefix once and every datum
+  gathers its logprobs back, so losses, logprobs and gradients equal the unshared route's up
+  to float rounding. The `Datum`s and outputs are the same either way.
 - Weights are an immutable pytree, replaced (never mutated) by `optim_step` and the loads, so a
   sampling client's snapshot never changes under it.
 - The optimizer step count is part of the client's state and of its checkpoints: sampling
@@ -104,10 +106,31 @@ def _stacked_model_inputs(
     return type(first)(*(_stacked(arrays) for arrays in fields))
 
 
-# `"auto"` takes the grouped prefix route only when its estimated cost is at most this
-# fraction of the tries': on close calls (a small GRPO batch, where both compute about the same
-# positions) the tries stay, so a run's steps do not flip between two compiled routes.
+# `"auto"` changes layout only when the other one's estimated cost is at most this fraction of
+# the layout it took last (the tries at first): on close calls (a small GRPO batch, where both
+# compute about the same positions) a run keeps its layout, and so its compiled programs, from
+# step to step instead of flipping on noise in the estimate.
 GROUPED_COST_MARGIN = 0.95
+_PREFIX_ROUTES = ("auto", "trie", "grouped")
+
+
+def auto_prefix_layout(
+    last: Literal["trie", "grouped"], *, trie_cost: float, grouped_cost: float
+) -> Literal["trie", "grouped"]:
+    """`prefix_route="auto"`'s layout for a call: the one it took `last`, unless the other's
+    estimated cost is at most `GROUPED_COST_MARGIN` of it.
+
+    Examples:
+        >>> auto_prefix_layout("trie", trie_cost=100.0, grouped_cost=96.0)
+        'trie'
+        >>> auto_prefix_layout("grouped", trie_cost=96.0, grouped_cost=100.0)
+        'grouped'
+        >>> auto_prefix_layout("grouped", trie_cost=90.0, grouped_cost=100.0)
+        'trie'
+    """
+    cost = {"trie": trie_cost, "grouped": grouped_cost}
+    other: Literal["trie", "grouped"] = "grouped" if last == "trie" else "trie"
+    return other if cost[other] <= GROUPED_COST_MARGIN * cost[last] else last
 
 
 class LocalTrainingClient:
@@ -159,6 +182,7 @@ class LocalTrainingClient:
         """Which layout the prefix-shared route takes: `"trie"` (`plan_prefix_chunks`),
         `"grouped"` (`plan_grouped_chunks`) or, with `"auto"`, the one of the lower
         estimated cost (`_prefix_packs`)."""
+        self._auto_route: Literal["trie", "grouped"] = "trie"  # `"auto"`'s last layout
 
     @property
     def params(self) -> model_lib.Params:
@@ -299,7 +323,7 @@ class LocalTrainingClient:
     def _packed_groups(self, checked: CheckedData) -> list[list[PackedData]]:
         """The call's chunks, packed, in groups one jitted call runs (one chunk for a toy model,
         up to `CHUNKS_PER_CALL` of one shape with LoRA): the prefix-shared route's when
-        `plan_prefix_chunks` finds it worth it (`prefix_sharing_fraction`), else `plan_chunks`'."""
+        sharing is worth it (`_prefix_packs`), else `plan_chunks`'."""
         per_call = 1 if self._lora is None else CHUNKS_PER_CALL
 
         def rows_for_width(width: int) -> int:
@@ -321,8 +345,17 @@ class LocalTrainingClient:
         (`prefix_sharing_fraction`). With `prefix_route` `"auto"`, the tries
         (`plan_prefix_chunks`) or the groups (`plan_grouped_chunks`), whichever costs less:
         computed positions plus `prefix_key_weight` times the query-key pairs attention
-        computes (a trie row's queries each read the whole row), the groups only when they
-        cost at most `GROUPED_COST_MARGIN` of the tries'."""
+        computes (a trie row's queries each read the whole row), switching from the layout
+        it took last only when the other costs at most `GROUPED_COST_MARGIN` of it.
+
+        Raises:
+            ValueError: `prefix_route` is not `"auto"`, `"trie"` or `"grouped"`.
+        """
+        if self.prefix_route not in _PREFIX_ROUTES:
+            raise ValueError(
+                f"prefix_route must be one of {', '.join(_PREFIX_ROUTES)}; got "
+                f"{self.prefix_route!r}"
+            )
         trie = None
         if self.prefix_route != "grouped":
             trie = plan_prefix_chunks(
@@ -345,8 +378,12 @@ class LocalTrainingClient:
             )
         if trie is not None and grouped is not None:
             computed = len(trie.chunks) * trie.rows * trie.width
-            trie_cost = computed * (1 + weight * trie.width)
-            if grouped.positions + weight * grouped.key_reads > GROUPED_COST_MARGIN * trie_cost:
+            self._auto_route = auto_prefix_layout(
+                self._auto_route,
+                trie_cost=computed * (1 + weight * trie.width),
+                grouped_cost=grouped.positions + weight * grouped.key_reads,
+            )
+            if self._auto_route == "trie":
                 grouped = None
         if grouped is not None:
             length = length_bucket(int(checked.length_D.max()))
@@ -354,7 +391,8 @@ class LocalTrainingClient:
                 pack_grouped_chunk(checked, grouped, chunk, length=length)
                 for chunk in grouped.chunks
             ]
-        assert trie is not None
+        if trie is None:  # `"grouped"` and no widths fit the memory budget
+            return None
         return [pack_prefix_chunk(checked, trie, chunk) for chunk in trie.chunks]
 
     def _lora_backward_call(

@@ -24,6 +24,7 @@ from rlpure.packing import (
     plan_grouped_chunks,
     sort_sequences,
 )
+from rlpure.packing._prefix_groups import _bucket_range
 from tests.core.test_prefix_tree import sequence_sets
 
 
@@ -84,7 +85,15 @@ def test_plans_cover_every_sequence_within_the_budget(
     seqs: list[np.ndarray], budget: int, key_weight: float
 ) -> None:
     plan = plan_grouped_chunks(seqs, positions_for_keys=lambda keys: budget, key_weight=key_weight)
-    assert plan is not None
+    longest = max(x.size for x in seqs)
+    widths = [
+        (s, u)
+        for s in _bucket_range(longest, minimum=16, steps_per_octave=4)
+        for u in _bucket_range(longest, minimum=4, steps_per_octave=2)
+    ]
+    if plan is None:  # only when no widths hold the longest sequence within the budget
+        assert not any(longest <= s + u <= budget for s, u in widths)
+        return
     s, u = plan.prefix_width, plan.suffix_width
     index = [d for chunk in plan.chunks for d in chunk.index_D]
     assert sorted(index) == list(range(len(seqs)))
@@ -92,9 +101,7 @@ def test_plans_cover_every_sequence_within_the_budget(
         assert len(chunk.groups) <= plan.prefix_rows and len(chunk.index_D) <= plan.datums
         for group in chunk.groups:
             assert all(seqs[d].size - group.prefix_length <= u for d in group.datums)
-    if len(plan.chunks) > 1:  # several chunks: each fits the budget, or holds one group
-        single = all(len(chunk.groups) == 1 for chunk in plan.chunks)
-        assert single or plan.prefix_rows * s + plan.datums * u <= budget
+    assert plan.prefix_rows * s + plan.datums * u <= budget  # every chunk, padded, fits
     p, d = plan.prefix_rows, plan.datums
     assert plan.positions == len(plan.chunks) * (p * s + d * u)
     assert plan.key_reads == len(plan.chunks) * (p * s * s + d * u * (s + u))

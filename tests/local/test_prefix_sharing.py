@@ -697,3 +697,33 @@ def test_a_new_grouping_of_the_same_shapes_does_not_recompile(
         traces = [compiled.traces_of(fn) for fn in jitted]
         assert traces == [0, 0, 0], (traces, dict(compiled.traces))
         trainer._grads = None
+
+
+def test_an_unknown_prefix_route_is_refused_in_one_line(
+    lora_trainer: LocalTrainingClient,
+) -> None:
+    data = _grpo_data(np.random.default_rng(5), 2, 4, 12)
+    lora_trainer.prefix_route = "tries"  # type: ignore[assignment]
+    try:
+        with pytest.raises(ValueError, match="prefix_route must be one of auto, trie, grouped"):
+            lora_trainer.forward(data, "importance_sampling").result()
+    finally:
+        lora_trainer.prefix_route = "auto"
+
+
+@pytest.mark.parametrize("last", ["trie", "grouped"])
+def test_auto_keeps_its_layout_unless_the_other_is_clearly_cheaper(last: str) -> None:
+    other = "grouped" if last == "trie" else "trie"
+    margin = _training.GROUPED_COST_MARGIN
+
+    def choose(last_cost: float, other_cost: float) -> str:
+        costs = {last: last_cost, other: other_cost}
+        return _training.auto_prefix_layout(
+            last,  # type: ignore[arg-type]
+            trie_cost=costs["trie"],
+            grouped_cost=costs["grouped"],
+        )
+
+    assert choose(100.0, 99.0) == last  # close calls do not flip
+    assert choose(100.0, 100.0 * margin) == other
+    assert choose(100.0, 50.0) == other
