@@ -40,6 +40,7 @@ __all__ = [
     "batch_problem_indices",
     "careful_response",
     "check_answer_format",
+    "check_problem_batches",
     "corpus_responses",
     "grade_response",
     "parse_answer",
@@ -123,6 +124,27 @@ def batch_problem_indices(
         jax.random.fold_in(key, index), num_problems, (groups_per_batch,), replace=False
     )
     return [int(i) for i in np.asarray(draw)]
+
+
+def check_problem_batches(owner: str, num_problems: int, groups_per_batch: int) -> None:
+    """Refuses a dataset of no problems, or batches of `groups_per_batch` problems that
+    `batch_problem_indices` cannot draw from `num_problems` (the datasets' constructors).
+
+    Raises:
+        ValueError: naming `owner`'s field.
+
+    Examples:
+        >>> check_problem_batches("MyDataset", 3, 4)
+        Traceback (most recent call last):
+        ...
+        ValueError: MyDataset.groups_per_batch: expected in [1, 3], got 4
+    """
+    if num_problems == 0:
+        raise ValueError(f"{owner}.problems: empty")
+    if not 1 <= groups_per_batch <= num_problems:
+        raise ValueError(
+            f"{owner}.groups_per_batch: expected in [1, {num_problems}], got {groups_per_batch}"
+        )
 
 
 def split_problems(key: jax.Array, *, max_operand: int, num_test: int) -> ProblemSplit:

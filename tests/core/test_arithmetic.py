@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpure.tasks import arithmetic as ar
-from rlpure.tasks.arithmetic import ArithmeticProblem
+from rlpure.tasks.arithmetic import ArithmeticProblem, check_problem_batches
 
 # --- problems ----------------------------------------------------------------------------------
 
@@ -218,3 +218,14 @@ def test_doctests() -> None:
     result = doctest.testmod(ar)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_problem_batches_are_checked_naming_the_dataset() -> None:
+    check_problem_batches("D", 5, 5)
+    with pytest.raises(ValueError, match=r"^D\.problems: empty$"):
+        check_problem_batches("D", 0, 1)
+    for groups in (0, 6):
+        with pytest.raises(
+            ValueError, match=rf"^D\.groups_per_batch: expected in \[1, 5\], got {groups}$"
+        ):
+            check_problem_batches("D", 5, groups)

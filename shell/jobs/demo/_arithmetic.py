@@ -16,7 +16,7 @@ import jax
 
 from rlpure.render import Renderer
 from rlpure.tasks import arithmetic
-from rlpure.tasks.arithmetic import ArithmeticProblem, batch_problem_indices
+from rlpure.tasks.arithmetic import ArithmeticProblem, batch_problem_indices, check_problem_batches
 from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
 __all__ = ["ArithmeticDataset", "ArithmeticEnv", "batch_problem_indices"]
@@ -79,13 +79,7 @@ class ArithmeticDataset(RLDataset):
         key: jax.Array | None,
         format_coef: float = 0.1,
     ) -> None:
-        if not problems:
-            raise ValueError("ArithmeticDataset.problems: empty")
-        if not 1 <= groups_per_batch <= len(problems):
-            raise ValueError(
-                f"ArithmeticDataset.groups_per_batch: expected in [1, {len(problems)}], got "
-                f"{groups_per_batch}"
-            )
+        check_problem_batches("ArithmeticDataset", len(problems), groups_per_batch)
         self.problems = tuple(problems)
         self.renderer = renderer
         self.num_batches = num_batches

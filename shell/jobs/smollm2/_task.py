@@ -40,7 +40,12 @@ import jax
 
 from rlpure.render import Renderer
 from rlpure.tasks import arithmetic, worked_addition
-from rlpure.tasks.arithmetic import ArithmeticProblem, ProblemSplit, batch_problem_indices
+from rlpure.tasks.arithmetic import (
+    ArithmeticProblem,
+    ProblemSplit,
+    batch_problem_indices,
+    check_problem_batches,
+)
 from shell.env import EnvGroupBuilder, ProblemEnv, ProblemGroupBuilder, RLDataset
 
 __all__ = [
@@ -185,13 +190,7 @@ class AdditionDataset(RLDataset):
         format_coef: float,
         worked: bool = False,
     ) -> None:
-        if not problems:
-            raise ValueError("AdditionDataset.problems: empty")
-        if not 1 <= groups_per_batch <= len(problems):
-            raise ValueError(
-                f"AdditionDataset.groups_per_batch: expected in [1, {len(problems)}], got "
-                f"{groups_per_batch}"
-            )
+        check_problem_batches("AdditionDataset", len(problems), groups_per_batch)
         self.problems = tuple(problems)
         self.renderer = renderer
         self.num_batches = num_batches

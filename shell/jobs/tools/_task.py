@@ -35,6 +35,7 @@ import msgspec
 import numpy as np
 
 from rlpure.records import Metrics, Trajectory
+from rlpure.tasks.arithmetic import batch_problem_indices, check_problem_batches
 from shell.agents import (
     AgentToolMessageEnv,
     FunctionTool,
@@ -46,7 +47,6 @@ from shell.agents import (
 from shell.agents._message_env import EnvFromMessageEnv
 from shell.chat import Message, Renderer, ToolCall, get_text_content
 from shell.env import Env, EnvGroupBuilder, RLDataset
-from shell.jobs.demo import batch_problem_indices
 
 __all__ = [
     "OPS",
@@ -288,11 +288,7 @@ class AgentDataset(RLDataset):
         format_coef: float = 0.1,
         convo_prefix: Sequence[Message] = (),
     ) -> None:
-        if not 1 <= groups_per_batch <= len(problems):
-            raise ValueError(
-                f"AgentDataset.groups_per_batch: expected in [1, {len(problems)}], got "
-                f"{groups_per_batch}"
-            )
+        check_problem_batches("AgentDataset", len(problems), groups_per_batch)
         self.problems = tuple(problems)
         self.renderer = renderer
         self.num_batches = num_batches
