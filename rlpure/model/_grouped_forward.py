@@ -42,6 +42,7 @@ import numpy as np
 from rlpure.model._config import ModelConfig
 from rlpure.model._layers import _attend, _dtype, _embed, _finish_block, _qkv, _unembed
 from rlpure.model._lora import LoraConfig
+from rlpure.model._prefix_forward import _gathered_logprobs
 from rlpure.model._transformer import Params, _lora_parts
 
 __all__ = ["GroupedRows", "grouped_target_logprobs_fn", "suffix_attention_mask"]
@@ -197,7 +198,4 @@ def grouped_target_logprobs_fn(
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     x_1_M_E = _run_grouped_blocks(params, rows, config, layer_adapters, scale)
     logits_M_V = _unembed(params, x_1_M_E, config, top_adapters, scale)[0]
-    lse_M = jax.nn.logsumexp(logits_M_V, axis=-1)
-    gather_D_T = jnp.asarray(rows.gather_D_T)
-    picked_D_T = logits_M_V[gather_D_T, target_tokens_D_T]
-    return picked_D_T - lse_M[gather_D_T]
+    return _gathered_logprobs(logits_M_V, jnp.asarray(rows.gather_D_T), target_tokens_D_T)

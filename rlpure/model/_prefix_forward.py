@@ -130,7 +130,17 @@ def prefix_target_logprobs_fn(
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     x_R_W_E = _run_prefix_blocks(params, rows, config, layer_adapters, scale)
     logits_R_W_V = _unembed(params, x_R_W_E, config, top_adapters, scale)
-    logits_N_V = logits_R_W_V.reshape(r * w, -1)
+    return _gathered_logprobs(
+        logits_R_W_V.reshape(r * w, -1), jnp.asarray(rows.gather_D_T), target_tokens_D_T
+    )
+
+
+def _gathered_logprobs(
+    logits_N_V: jax.Array, gather_D_T: jax.Array, target_tokens_D_T: jax.Array
+) -> jax.Array:
+    """float32 `[D, T]`: `logit[target] − logsumexp(logits)` at position `gather_D_T[d, t]` of
+    the `N` computed positions (several datums may gather one position; their gradients add
+    there). The logprob read of both packed layouts (tries here, `_grouped_forward`'s groups)."""
     lse_N = jax.nn.logsumexp(logits_N_V, axis=-1)
-    picked_D_T = logits_N_V[rows.gather_D_T, target_tokens_D_T]
-    return picked_D_T - lse_N[rows.gather_D_T]
+    picked_D_T = logits_N_V[gather_D_T, target_tokens_D_T]
+    return picked_D_T - lse_N[gather_D_T]
