@@ -282,9 +282,8 @@ def _decoder(
     With `rows_per_prompt = Y > 1` the prompts' cache stays one row per prompt, read once per
     step for its `Y` rows, and the loop carries only the generated tokens' cache
     (`decode_layers_shared_prompts`; faster when rows share prompts, `benchmarks/README.md`).
-    Otherwise each row gets its own cache of
-    `T + M` positions, its prompt's copied in (`prompt_index_B`), and `decode_layers`
-    writes each row at its own position: with one row per prompt that is the faster layout
+    Otherwise each row gets its own cache of `T + M` positions, its prompt's copied in
+    (`prompt_index_B`), and `decode_layers` writes each row at its own position: with one row per prompt that is the faster layout
     (the two-part one runs twice the small attention dots for nothing to share).
     """
     tokens_P_T = jnp.asarray(batch.prompt_tokens_B_T, jnp.int32)
@@ -303,20 +302,6 @@ def _decoder(
     layers_L = split_layers(params["layers"], config.n_layers)  # once, not every step
     layer_adapters = (adapters or {}).get("layers")
     layer_adapters_L = split_layers(layer_adapters, config.n_layers) if layer_adapters else None
-    decode_shared = partial(
-        decode_layers_shared_prompts,
-        config=config,
-        layer_adapters_L=layer_adapters_L,
-        adapters=adapters,
-        lora=lora,
-    )
-    decode_own = partial(
-        decode_layers,
-        config=config,
-        layer_adapters_L=layer_adapters_L,
-        adapters=adapters,
-        lora=lora,
-    )
     if y > 1:
         length_B = jnp.repeat(length_P, y)
         b, m, n, c = tokens_P_T.shape[0] * y, max_new_tokens, config.kv_heads, config.head_dim
@@ -327,9 +312,10 @@ def _decoder(
         )
 
         def shared(cache: KVCache, token_B: jax.Array, step: jax.Array) -> DecodeOutput:
-            return decode_shared(
-                params, layers_L, prefilled.cache, length_P, cache, token_B, length_B + step, step
-            )
+            return decode_layers_shared_prompts(
+                params, layers_L, prefilled.cache, length_P, cache, token_B, length_B + step, step,
+                config=config, layer_adapters_L=layer_adapters_L, adapters=adapters, lora=lora,
+            )  # fmt: skip
 
         return _Decoder(jnp.repeat(prefilled.logits_B_V, y, axis=0), empty, shared)
     logits_B_V, cache = prefilled.logits_B_V, prefilled.cache
@@ -342,7 +328,10 @@ def _decoder(
         )
 
     def own(cache: KVCache, token_B: jax.Array, step: jax.Array) -> DecodeOutput:
-        return decode_own(params, layers_L, cache, token_B, length_P + step)
+        return decode_layers(
+            params, layers_L, cache, token_B, length_P + step,
+            config=config, layer_adapters_L=layer_adapters_L, adapters=adapters, lora=lora,
+        )  # fmt: skip
 
     return _Decoder(logits_B_V, cache, own)
 
