@@ -368,8 +368,11 @@ class LocalTrainingClient:
         weight = prefix_key_weight(self._config)
         grouped = None
         if self.prefix_route != "trie":
+            # the tries' planner checked the sharing already when it ran (`"auto"`)
             total = int(checked.length_D.sum())
-            if prefix_tree_size(checked.tokens_D) > self.prefix_sharing_fraction * total:
+            if trie is None and prefix_tree_size(checked.tokens_D) > (
+                self.prefix_sharing_fraction * total
+            ):
                 return None
             grouped = plan_grouped_chunks(
                 checked.tokens_D,
