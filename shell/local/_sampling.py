@@ -508,18 +508,14 @@ def _sample_batch(
     for index, prompt in enumerate(prompts):
         prompt_P_T[index, : prompt.size] = prompt
         length_P[index] = prompt.size
-    fields = _row_fields(rows, slot_of_row, b=b, vocab_size=vocab_size)
-    if grid:
-        return model_lib.SampleBatch(
-            prompt_tokens_B_T=prompt_P_T, prompt_length_B=length_P, rows_per_prompt=y, **fields
-        ), slot_of_row
     prompt_index_B = np.zeros(b, np.int32)
     prompt_index_B[: len(rows)] = prompt_of_row
     return model_lib.SampleBatch(
         prompt_tokens_B_T=prompt_P_T,
         prompt_length_B=length_P,
-        prompt_index_B=prompt_index_B,
-        **fields,
+        prompt_index_B=None if grid else prompt_index_B,
+        rows_per_prompt=y if grid else 1,
+        **_row_fields(rows, slot_of_row, b=b, vocab_size=vocab_size),
     ), slot_of_row
 
 
