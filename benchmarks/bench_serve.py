@@ -139,6 +139,23 @@ def running_server(state_dir: Path) -> Iterator[str]:
     command = [str(rlpure), "serve", "--port", str(port), "--state-dir", str(state_dir / "state")]
     command += ["-v"] if os.environ.get("BENCH_SERVE_LOG") else []
     log = Path(os.environ.get("BENCH_SERVE_LOG") or state_dir / "serve.log")
+    with _server_process(command, port, log) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def floor_server(directory: Path) -> Iterator[str]:
+    """The floor app (`floor_app`) in a subprocess on a free loopback port; yields its URL."""
+    port = _free_port()
+    command = [sys.executable, __file__, "--floor-server", str(port)]
+    with _server_process(command, port, directory / "floor.log") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _server_process(command: list[str], port: int, log: Path) -> Iterator[str]:
+    """Runs `command` (a server on loopback `port`, output to `log`) until it answers
+    `/api/v1/healthz`, yields its URL, then stops it (killed if it does not exit in 60 s)."""
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -152,26 +169,6 @@ def running_server(state_dir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-@contextlib.contextmanager
-def floor_server(directory: Path) -> Iterator[str]:
-    """The floor app (`floor_app`) in a subprocess on a free loopback port; yields its URL."""
-    port = _free_port()
-    log = directory / "floor.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, __file__, "--floor-server", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, process, log)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(60)
 
 
 @contextlib.contextmanager
