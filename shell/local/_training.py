@@ -346,7 +346,9 @@ class LocalTrainingClient:
         (`plan_prefix_chunks`) or the groups (`plan_grouped_chunks`), whichever costs less:
         computed positions plus `prefix_key_weight` times the query-key pairs attention
         computes (a trie row's queries each read the whole row), switching from the layout
-        it took last only when the other costs at most `GROUPED_COST_MARGIN` of it.
+        it took last only when the other costs at most `GROUPED_COST_MARGIN` of it; the
+        groups alone when the tries' planner finds no plan that shares (cut into rows of the
+        memory budget, long datums may share nothing), though the datums share enough.
 
         Raises:
             ValueError: `prefix_route` is not `"auto"`, `"trie"` or `"grouped"`.
@@ -363,12 +365,13 @@ class LocalTrainingClient:
                 rows_for_width=rows_for_width,
                 max_fraction=self.prefix_sharing_fraction,
             )
-            if trie is None:
+            if trie is None and self.prefix_route == "trie":
                 return None
         weight = prefix_key_weight(self._config)
         grouped = None
         if self.prefix_route != "trie":
-            # the tries' planner checked the sharing already when it ran (`"auto"`)
+            # Under `"auto"` a trie plan means the sharing passed; with none (too little
+            # sharing, or the tries cut into rows lost it) the groups may still share.
             total = int(checked.length_D.sum())
             if trie is None and prefix_tree_size(checked.tokens_D) > (
                 self.prefix_sharing_fraction * total
@@ -388,13 +391,15 @@ class LocalTrainingClient:
             )
             if self._auto_route == "trie":
                 grouped = None
+        elif grouped is not None and self.prefix_route == "auto":
+            self._auto_route = "grouped"  # the only layout that shares: the one it took last
         if grouped is not None:
             length = length_bucket(int(checked.length_D.max()))
             return [
                 pack_grouped_chunk(checked, grouped, chunk, length=length)
                 for chunk in grouped.chunks
             ]
-        if trie is None:  # `"grouped"` and no widths fit the memory budget
+        if trie is None:  # no widths fit the groups' memory budget, nor (`"auto"`) the tries'
             return None
         return [pack_prefix_chunk(checked, trie, chunk) for chunk in trie.chunks]
 

@@ -17,7 +17,7 @@ shapes does not recompile.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -495,7 +495,8 @@ def _run_both(
         trainer.prefix_sharing_fraction = fraction
         groups = trainer._packed_groups(check_data(data, "importance_sampling", trainer.config))
         if name == "shared":
-            assert all(isinstance(p.prefix, ROUTES[route]) for group in groups for p in group)
+            layout = ROUTES.get(route, tuple(ROUTES.values()))  # "auto": either
+            assert all(isinstance(p.prefix, layout) for group in groups for p in group)
         else:
             assert groups[0][0].prefix is None
         call = trainer.forward_backward if backward else trainer.forward
@@ -526,7 +527,7 @@ def test_full_fine_tuning_client_routes_agree(tmp_path: Path, backward: bool, ro
 
 
 @pytest.fixture(scope="module")
-def lora_trainer(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClient:
+def _lora_trainer_of_module(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClient:
     tokenizer = train_tokenizer()
     config = hf_config("llama", vocab_size=len(tokenizer))
     directory = tmp_path_factory.mktemp("llama")
@@ -537,6 +538,17 @@ def lora_trainer(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClien
     trainer.forward_backward(_grpo_data(np.random.default_rng(2), 2, 2, 6), "importance_sampling")
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     return trainer
+
+
+@pytest.fixture
+def lora_trainer(_lora_trainer_of_module: LocalTrainingClient) -> Iterator[LocalTrainingClient]:
+    """The module's LoRA trainer (built once), its route settings and gradient restored after
+    each test (a test that sets `prefix_route` leaves the next one the defaults)."""
+    trainer = _lora_trainer_of_module
+    settings = (trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route)
+    yield trainer
+    trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route = settings
+    trainer._grads = None
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
@@ -704,11 +716,32 @@ def test_an_unknown_prefix_route_is_refused_in_one_line(
 ) -> None:
     data = _grpo_data(np.random.default_rng(5), 2, 4, 12)
     lora_trainer.prefix_route = "tries"  # type: ignore[assignment]
-    try:
-        with pytest.raises(ValueError, match="prefix_route must be one of auto, trie, grouped"):
-            lora_trainer.forward(data, "importance_sampling").result()
-    finally:
-        lora_trainer.prefix_route = "auto"
+    with pytest.raises(ValueError, match="prefix_route must be one of auto, trie, grouped"):
+        lora_trainer.forward(data, "importance_sampling").result()
+
+
+def test_auto_groups_the_datums_when_cutting_the_tries_into_rows_loses_the_sharing(
+    lora_trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of at most 30 nodes (the longest datum) hold one 30-token datum each (26 shared
+    tokens + 4), so the tries share nothing and their planner gives up; `"auto"` groups the
+    datums (the 26 tokens computed once)."""
+    monkeypatch.setattr(
+        _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
+    )
+    rng = np.random.default_rng(6)
+    head = _tokens(rng, 27)
+    data = [_datum(np.concatenate([head, _tokens(rng, 4)]), rng) for _ in range(6)]
+    checked = check_data(data, "importance_sampling", lora_trainer.config)
+    assert set(checked.length_D.tolist()) == {30}
+    rows_for_width = functools.partial(lora_trainer._runtime.training_rows, lora_trainer.config)
+    assert plan_prefix_chunks(checked.tokens_D, rows_for_width=rows_for_width, row_width=24) is None
+    assert lora_trainer.prefix_route == "auto"
+    groups = lora_trainer._packed_groups(checked)
+    assert all(isinstance(p.prefix, model_lib.GroupedRows) for group in groups for p in group)
+    assert lora_trainer._auto_route == "grouped"
+    out = _run_both(lora_trainer, data, backward=True, route="auto")
+    _assert_client_routes_equal(out, backward=True)
 
 
 @pytest.mark.parametrize("last", ["trie", "grouped"])
