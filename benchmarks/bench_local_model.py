@@ -66,6 +66,7 @@ from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.packing import GroupedPlan, plan_grouped_chunks, prefix_tree_size
+from shell.launch import ALLOCATOR_ENVIRON, start_with_allocator_environ
 from shell.local import LocalServiceClient
 from shell.local._inputs import (
     check_data,
@@ -786,7 +787,8 @@ def main() -> None:
     )
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     args = parser.parse_args()
-    print(f"JAX {jax.__version__}, device {jax.devices()[0]}")
+    malloc = " ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in ALLOCATOR_ENVIRON)
+    print(f"JAX {jax.__version__}, device {jax.devices()[0]}; glibc malloc: {malloc}")
     for section in args.sections:
         {
             "toy-train": bench_toy_train,
@@ -797,4 +799,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    start_with_allocator_environ()  # as `rlpure` runs (shell.launch); RLPURE_MALLOC=default not
     main()
