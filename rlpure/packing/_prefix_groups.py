@@ -170,11 +170,17 @@ def _assign_groups(groups: list[PrefixGroup], n: int) -> list[list[PrefixGroup]]
     return [sorted(chunk, key=lambda g: rank[id(g)]) for chunk in chunks if chunk]
 
 
-def _layout(
-    groups: list[PrefixGroup], s: int, u: int, budget: int
-) -> tuple[list[list[PrefixGroup]], int, int]:
-    """(chunks, padded prefix rows, padded datum rows) of `groups` at widths `s`, `u`: the
-    fewest chunks whose padded positions `P · s + D · u` fit `budget`.
+class _GroupLayout(NamedTuple):
+    """Groups spread over chunks (`_layout`)."""
+
+    chunks: list[list[PrefixGroup]]
+    prefix_rows: int  # padded, per chunk
+    datum_rows: int  # padded, per chunk
+
+
+def _layout(groups: list[PrefixGroup], s: int, u: int, budget: int) -> _GroupLayout:
+    """The chunks of `groups` at widths `s`, `u`: the fewest whose padded positions
+    `P · s + D · u` fit `budget`.
 
     Each group must hold at most `_bucket_floor((budget − s) // u)` datums (so one group a
     chunk, padded, always fits)."""
@@ -185,7 +191,7 @@ def _layout(
         p = bucket_size(max(map(len, chunks)), steps_per_octave=2)
         d = bucket_size(max(sum(len(g.datums) for g in c) for c in chunks), steps_per_octave=2)
         if p * s + d * u <= budget:
-            return chunks, p, d
+            return _GroupLayout(chunks=chunks, prefix_rows=p, datum_rows=d)
         if n >= len(groups):
             raise ValueError(
                 f"_layout: a group does not fit {budget} positions at widths {s} + {u}"
@@ -257,15 +263,16 @@ def plan_grouped_chunks(
                 max_datums=_bucket_floor((budget - s) // u),
             )
             assert groups is not None  # s + u covers the longest sequence
-            chunks, p, d = _layout(groups, s, u, budget)
+            layout = _layout(groups, s, u, budget)
+            n, p, d = len(layout.chunks), layout.prefix_rows, layout.datum_rows
             plan = GroupedPlan(
-                chunks=tuple(GroupedChunk(groups=tuple(c)) for c in chunks),
+                chunks=tuple(GroupedChunk(groups=tuple(c)) for c in layout.chunks),
                 prefix_rows=p,
                 prefix_width=s,
                 datums=d,
                 suffix_width=u,
-                positions=len(chunks) * (p * s + d * u),
-                key_reads=len(chunks) * (p * s * s + d * u * (s + u)),
+                positions=n * (p * s + d * u),
+                key_reads=n * (p * s * s + d * u * (s + u)),
             )
             cost = plan.positions + key_weight * plan.key_reads
             if best is None or cost < best[0]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -382,13 +382,26 @@ def _row_width_bucket(n: int) -> int:
     return bucket_size(n, minimum=16, steps_per_octave=4)
 
 
-def _prefix_layout(rows: int, per_chunk: int, width: int) -> tuple[int, int, int]:
-    """(chunks, padded rows per chunk, computed positions) for `rows` trie rows of `width` at
-    most `per_chunk` rows a chunk: the rows spread evenly over the chunks, their count rounded
-    up two steps per doubling (1, 2, 3, 4, 6, 8, 12, …)."""
-    chunks = -(-rows // per_chunk)
-    per = min(per_chunk, bucket_size(-(-rows // chunks), steps_per_octave=2))
-    return chunks, per, chunks * per * width
+class _TrieLayout(NamedTuple):
+    """Trie rows of one width spread over chunks (`_trie_layout`)."""
+
+    width: int
+    rows: list[tuple[int, ...]]  # each row's datum indices
+    rows_per_chunk: int  # padded
+    positions: int  # computed, padding included
+
+
+def _trie_layout(
+    tokens_D: tuple[np.ndarray, ...], width: int, cap: int, rows_for_width: Callable[[int], int]
+) -> _TrieLayout:
+    """The datums' trie cut into rows of at most `min(width, cap)` nodes, spread evenly over
+    chunks of at most `rows_for_width(width)` rows, their count rounded up two steps per
+    doubling (1, 2, 3, 4, 6, 8, 12, …)."""
+    rows = group_prefix_rows(tokens_D, max_width=min(width, cap))
+    per_chunk = max(1, rows_for_width(width))
+    chunks = -(-len(rows) // per_chunk)
+    per = min(per_chunk, bucket_size(-(-len(rows) // chunks), steps_per_octave=2))
+    return _TrieLayout(width=width, rows=rows, rows_per_chunk=per, positions=chunks * per * width)
 
 
 def plan_prefix_chunks(
@@ -422,18 +435,11 @@ def plan_prefix_chunks(
     if prefix_tree_size(tokens_D) > max_fraction * total:
         return None
     cap = max(row_width, longest)
-    best: tuple[int, int, list[tuple[int, ...]], int, int] | None = None
-    width = _row_width_bucket(longest)
-    while True:
-        rows = group_prefix_rows(tokens_D, max_width=min(width, cap))
-        per_chunk = max(1, rows_for_width(width))
-        _, per, positions = _prefix_layout(len(rows), per_chunk, width)
-        if best is None or positions < best[0]:
-            best = (positions, width, rows, per, per_chunk)
-        if width >= _row_width_bucket(cap):
-            break
-        width = _row_width_bucket(width + 1)
-    _, width, rows, per, per_chunk = best
+    best = layout = _trie_layout(tokens_D, _row_width_bucket(longest), cap, rows_for_width)
+    while layout.width < _row_width_bucket(cap):
+        layout = _trie_layout(tokens_D, _row_width_bucket(layout.width + 1), cap, rows_for_width)
+        best = layout if layout.positions < best.positions else best  # the narrower on a tie
+    width, rows, per = best.width, best.rows, best.rows_per_chunk
     sizes = [prefix_tree_size([tokens_D[d] for d in row]) for row in rows]
     if sum(sizes) > max_fraction * total:
         return None
