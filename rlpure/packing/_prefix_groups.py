@@ -16,6 +16,7 @@ Conventions:
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -157,17 +158,17 @@ class GroupedPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Query-key pairs the attention computes over all chunks: `chunks · (P S² + D U (S + U))`."""
 
 
-def _assign_groups(groups: list[PrefixGroup], n: int) -> list[list[PrefixGroup]]:
-    """`groups` spread over `n` chunks, largest first onto the chunk holding the fewest datums
-    (then the fewest groups); each chunk's groups back in lexicographic order."""
-    rank = {id(g): k for k, g in enumerate(groups)}
-    chunks: list[list[PrefixGroup]] = [[] for _ in range(n)]
-    load = [(0, 0)] * n
-    for group in sorted(groups, key=lambda g: -len(g.datums)):
-        slot = min(range(n), key=lambda c: load[c])
-        chunks[slot].append(group)
-        load[slot] = (load[slot][0] + len(group.datums), load[slot][1] + 1)
-    return [sorted(chunk, key=lambda g: rank[id(g)]) for chunk in chunks if chunk]
+def _assign_groups(sizes: list[int], n: int) -> list[list[int]]:
+    """The indices of groups of `sizes` datums spread over `n` chunks: largest first onto the
+    chunk holding the fewest datums (then the fewest groups, then the first such chunk);
+    each chunk's indices in the order they were placed."""
+    chunks: list[list[int]] = [[] for _ in range(n)]
+    load = [(0, 0, c) for c in range(n)]  # (datums, groups, chunk): a heap
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        datums, count, slot = load[0]
+        chunks[slot].append(k)
+        heapq.heapreplace(load, (datums + sizes[k], count + 1, slot))
+    return [chunk for chunk in chunks if chunk]
 
 
 class _GroupLayout(NamedTuple):
@@ -184,14 +185,15 @@ def _layout(groups: list[PrefixGroup], s: int, u: int, budget: int) -> _GroupLay
 
     Each group must hold at most `_bucket_floor((budget − s) // u)` datums (so one group a
     chunk, padded, always fits)."""
-    need = sum(s + u * len(g.datums) for g in groups)
-    n = max(1, -(-need // budget))
+    sizes = [len(g.datums) for g in groups]
+    n = max(1, -(-(s * len(groups) + u * sum(sizes)) // budget))
     while True:
-        chunks = _assign_groups(groups, min(n, len(groups)))
+        chunks = _assign_groups(sizes, min(n, len(groups)))
         p = bucket_size(max(map(len, chunks)), steps_per_octave=2)
-        d = bucket_size(max(sum(len(g.datums) for g in c) for c in chunks), steps_per_octave=2)
-        if p * s + d * u <= budget:
-            return _GroupLayout(chunks=chunks, prefix_rows=p, datum_rows=d)
+        d = bucket_size(max(sum(sizes[k] for k in c) for c in chunks), steps_per_octave=2)
+        if p * s + d * u <= budget:  # each chunk's groups back in lexicographic order
+            ordered = [[groups[k] for k in sorted(chunk)] for chunk in chunks]
+            return _GroupLayout(chunks=ordered, prefix_rows=p, datum_rows=d)
         if n >= len(groups):
             raise ValueError(
                 f"_layout: a group does not fit {budget} positions at widths {s} + {u}"
