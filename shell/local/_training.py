@@ -392,6 +392,8 @@ class LocalTrainingClient:
             if self._auto_route == "trie":
                 grouped = None
         elif grouped is not None and self.prefix_route == "auto":
+            if grouped.positions > self.prefix_sharing_fraction * int(checked.length_D.sum()):
+                return None  # the groups' padded rows save too little as well
             self._auto_route = "grouped"  # the only layout that shares: the one it took last
         if grouped is not None:
             length = length_bucket(int(checked.length_D.max()))

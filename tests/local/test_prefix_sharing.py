@@ -45,6 +45,7 @@ from shell.local._inputs import (
     pack_prefix_chunk,
     pack_rows,
     plan_prefix_chunks,
+    prefix_key_weight,
 )
 from shell.local._train_steps import (
     lora_logprobs,
@@ -745,6 +746,38 @@ def test_auto_groups_the_datums_when_cutting_the_tries_into_rows_loses_the_shari
     assert lora_trainer._auto_route == "grouped"
     out = _run_both(lora_trainer, data, backward=True, route="auto")
     _assert_client_routes_equal(out, backward=True)
+
+
+def test_auto_stays_unshared_when_the_groups_padded_rows_save_too_little(
+    lora_trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The datums of the test above, with `prefix_sharing_fraction` between their trie's
+    share of the tokens (it passes) and the grouped plan's padded positions' (they do not):
+    with the tries cut to nothing, `"auto"` goes unshared instead of taking the groups."""
+    monkeypatch.setattr(
+        _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
+    )
+    rng = np.random.default_rng(6)
+    head = _tokens(rng, 27)
+    data = [_datum(np.concatenate([head, _tokens(rng, 4)]), rng) for _ in range(6)]
+    checked = check_data(data, "importance_sampling", lora_trainer.config)
+    total = int(checked.length_D.sum())
+    grouped = plan_grouped_chunks(
+        checked.tokens_D,
+        positions_for_keys=functools.partial(
+            lora_trainer._runtime.training_positions, lora_trainer.config
+        ),
+        key_weight=prefix_key_weight(lora_trainer.config),
+    )
+    assert grouped is not None
+    tree = prefix_tree_size(checked.tokens_D)
+    assert tree < grouped.positions
+    lora_trainer.prefix_sharing_fraction = (tree + grouped.positions) / 2 / total
+    lora_trainer._auto_route = "trie"
+    assert lora_trainer._packed_groups(checked)[0][0].prefix is None
+    assert lora_trainer._auto_route == "trie"  # unchanged: no layout was taken
+    lora_trainer.prefix_sharing_fraction = (grouped.positions + 1) / total  # the groups pass
+    assert isinstance(lora_trainer._packed_groups(checked)[0][0].prefix, model_lib.GroupedRows)
 
 
 @pytest.mark.parametrize("last", ["trie", "grouped"])
