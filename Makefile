@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/rlpure demo $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check rlpure shell tests benchmarks
-	$(BIN)/ruff format --check rlpure shell tests benchmarks
+	$(BIN)/ruff check rlpure rlpure_launch.py shell tests benchmarks
+	$(BIN)/ruff format --check rlpure rlpure_launch.py shell tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

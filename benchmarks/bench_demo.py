@@ -1,8 +1,8 @@
 """Benchmark of `rlpure demo`: the README's accuracy and time targets, one fresh process per seed.
 
 Default (`--model smollm2`, the demo `make demo` runs): GRPO with LoRA on SmolLM2-135M-Instruct
-(`shell.jobs.smollm2`). Each seed runs `python -m shell.launch demo --seed N --quiet` (what the
-`rlpure` script runs: `shell.launch` sets glibc's allocator variables) in a fresh
+(`shell.jobs.smollm2`). Each seed runs `python -m rlpure_launch demo --seed N --quiet` (what the
+`rlpure` script runs: `rlpure_launch` sets glibc's allocator variables) in a fresh
 interpreter with a **new, empty** JAX compilation cache (`RLPURE_COMPILATION_CACHE` pointing at a
 temporary folder), so every seed pays imports, model loading and every compile, as a user's
 first `make demo` in a fresh clone does (`--warm-cache` shares one cache across seeds instead).
@@ -42,7 +42,7 @@ TARGET_SECONDS = 180.0
 def _run_seed(model: str, seed: int, log_dir: Path, cache: Path) -> tuple[dict[str, object], float]:
     """Runs one seed as a user would, in a fresh interpreter; returns its summary and the
     process's seconds (interpreter start, imports, loading and compiles included)."""
-    argv = [sys.executable, "-m", "shell.launch", "demo", "--model", model, "--seed", str(seed),
+    argv = [sys.executable, "-m", "rlpure_launch", "demo", "--model", model, "--seed", str(seed),
             "--log-dir", str(log_dir), "--quiet"]  # fmt: skip
     env = {**os.environ, "RLPURE_COMPILATION_CACHE": str(cache)}
     start = time.perf_counter()

@@ -66,7 +66,7 @@ from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.packing import GroupedPlan, plan_grouped_chunks, prefix_tree_size
-from shell.launch import ALLOCATOR_ENVIRON, start_with_allocator_environ
+from rlpure_launch import ALLOCATOR_ENVIRON, start_with_allocator_environ
 from shell.local import LocalServiceClient
 from shell.local._inputs import (
     check_data,
@@ -799,5 +799,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    start_with_allocator_environ()  # as `rlpure` runs (shell.launch); RLPURE_MALLOC=default not
+    start_with_allocator_environ()  # as `rlpure` runs (rlpure_launch); RLPURE_MALLOC=default not
     main()

@@ -1,5 +1,8 @@
 """The `rlpure` console script: sets glibc's allocator for XLA's buffers, then runs `shell.cli`.
 
+A module of its own, outside `shell`, so that the restart below comes before the project's
+imports (importing any `shell` module runs `shell/__init__.py`, which loads JAX: ~2 s).
+
 Each call of a jitted program on XLA's CPU backend allocates its scratch buffer anew (2.6 GB
 for a SmolLM2 GRPO training call) and frees it after. glibc serves such a block with a fresh
 `mmap` (or from a worker thread's own arena) and returns it to the kernel when freed, so every
@@ -55,11 +58,17 @@ def allocator_environ(environ: Mapping[str, str], libc: str) -> dict[str, str] |
 
 def start_with_allocator_environ() -> None:
     """Starts this Python process again, the same command line under the same process id,
-    when `allocator_environ` has variables to add; returns when it has none. Call it before
-    anything else (the benchmarks do, so their figures are `rlpure`'s)."""
+    when `allocator_environ` has variables to add; returns when it has none, when Python is
+    embedded or reads its program from standard input (read once, it cannot be read again),
+    and when the restart fails (one line on stderr; the command runs with glibc's defaults).
+    Call it first: what was imported before it is imported again."""
     environ = allocator_environ(os.environ, platform.libc_ver()[0])
-    if environ is not None and sys.executable and sys.orig_argv:  # both empty when embedded
+    if environ is None or not sys.executable or not sys.orig_argv or sys.argv[0] in ("", "-"):
+        return
+    try:
         os.execve(sys.executable, sys.orig_argv, environ)
+    except OSError as error:
+        print(f"rlpure: running with glibc's default allocator ({error})", file=sys.stderr)
 
 
 def main() -> int:
