@@ -724,20 +724,29 @@ def test_an_unknown_prefix_route_is_refused_in_one_line(
         lora_trainer.forward(data, "importance_sampling").result()
 
 
-def test_auto_groups_the_datums_when_cutting_the_tries_into_rows_loses_the_sharing(
-    lora_trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rows of at most 30 nodes (the longest datum) hold one 30-token datum each (26 shared
-    tokens + 4), so the tries share nothing and their planner gives up; `"auto"` groups the
-    datums (the 26 tokens computed once)."""
+def _datums_the_cut_tries_cannot_share(
+    trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[types.Datum], CheckedData]:
+    """Six 30-token datums sharing their first 27 tokens, with the trainer's tries cut into
+    rows of at most 30 nodes (the longest datum): one datum a row, so the tries share nothing
+    and their planner gives up."""
     monkeypatch.setattr(
         _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
     )
     rng = np.random.default_rng(6)
     head = _tokens(rng, 27)
     data = [_datum(np.concatenate([head, _tokens(rng, 4)]), rng) for _ in range(6)]
-    checked = check_data(data, "importance_sampling", lora_trainer.config)
+    checked = check_data(data, "importance_sampling", trainer.config)
     assert set(checked.length_D.tolist()) == {30}
+    return data, checked
+
+
+def test_auto_groups_the_datums_when_cutting_the_tries_into_rows_loses_the_sharing(
+    lora_trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_datums_the_cut_tries_cannot_share`: `"auto"` groups them (the shared tokens
+    computed once)."""
+    data, checked = _datums_the_cut_tries_cannot_share(lora_trainer, monkeypatch)
     rows_for_width = functools.partial(lora_trainer._runtime.training_rows, lora_trainer.config)
     assert plan_prefix_chunks(checked.tokens_D, rows_for_width=rows_for_width, row_width=24) is None
     assert lora_trainer.prefix_route == "auto"
@@ -751,16 +760,10 @@ def test_auto_groups_the_datums_when_cutting_the_tries_into_rows_loses_the_shari
 def test_auto_stays_unshared_when_the_groups_padded_rows_save_too_little(
     lora_trainer: LocalTrainingClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The datums of the test above, with `prefix_sharing_fraction` between their trie's
-    share of the tokens (it passes) and the grouped plan's padded positions' (they do not):
-    with the tries cut to nothing, `"auto"` goes unshared instead of taking the groups."""
-    monkeypatch.setattr(
-        _training, "plan_prefix_chunks", functools.partial(plan_prefix_chunks, row_width=24)
-    )
-    rng = np.random.default_rng(6)
-    head = _tokens(rng, 27)
-    data = [_datum(np.concatenate([head, _tokens(rng, 4)]), rng) for _ in range(6)]
-    checked = check_data(data, "importance_sampling", lora_trainer.config)
+    """`_datums_the_cut_tries_cannot_share` with `prefix_sharing_fraction` between their
+    trie's share of the tokens (it passes) and the grouped plan's padded positions' (they do
+    not): `"auto"` goes unshared instead of taking the groups."""
+    _, checked = _datums_the_cut_tries_cannot_share(lora_trainer, monkeypatch)
     total = int(checked.length_D.sum())
     grouped = plan_grouped_chunks(
         checked.tokens_D,
