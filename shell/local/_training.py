@@ -368,14 +368,13 @@ class LocalTrainingClient:
             if trie is None and self.prefix_route == "trie":
                 return None
         weight = prefix_key_weight(self._config)
+        # The most positions (trie nodes, grouped rows' padded positions) a sharing plan may cost.
+        most = self.prefix_sharing_fraction * int(checked.length_D.sum())
         grouped = None
         if self.prefix_route != "trie":
             # Under `"auto"` a trie plan means the sharing passed; with none (too little
             # sharing, or the tries cut into rows lost it) the groups may still share.
-            total = int(checked.length_D.sum())
-            if trie is None and prefix_tree_size(checked.tokens_D) > (
-                self.prefix_sharing_fraction * total
-            ):
+            if trie is None and prefix_tree_size(checked.tokens_D) > most:
                 return None
             grouped = plan_grouped_chunks(
                 checked.tokens_D,
@@ -392,7 +391,7 @@ class LocalTrainingClient:
             if self._auto_route == "trie":
                 grouped = None
         elif grouped is not None and self.prefix_route == "auto":
-            if grouped.positions > self.prefix_sharing_fraction * int(checked.length_D.sum()):
+            if grouped.positions > most:
                 return None  # the groups' padded rows save too little as well
             self._auto_route = "grouped"  # the only layout that shares: the one it took last
         if grouped is not None:
