@@ -66,5 +66,6 @@ $(CBVENV)/.installed: pyproject.toml constraints.txt Makefile
 	touch $(CBVENV)/.installed
 
 parity: $(CBVENV)/.installed
-	$(CBVENV)/bin/pytest -q tests/shell/test_cookbook_parity.py tests/shell/test_cookbook_compat.py tests/parity
+	$(CBVENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile tests/shell/test_cookbook_parity.py \
+		tests/shell/test_cookbook_compat.py tests/parity
 	$(CBVENV)/bin/python benchmarks/bench_assembly.py --case GRPO
