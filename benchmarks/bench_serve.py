@@ -46,6 +46,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import socket
 import statistics
 import subprocess
@@ -112,10 +113,22 @@ class Round(NamedTuple):
 # --- the server ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_BOUND_URL = re.compile(r"(?:rlpure serve|floor): (http://127\.0\.0\.1:\d+) ")
+"""The banner either server prints once its socket is bound to the port it chose."""
+
+
+def _bound_url(process: subprocess.Popen[bytes], log: Path) -> str:
+    """The URL in the server's banner (it binds `--port 0` itself, so no other process can
+    take the port between a choice here and its bind)."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        found = _BOUND_URL.search(log.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}):\n{log.read_text()}")
+        time.sleep(0.1)
+    raise RuntimeError(f"server bound no port in {STARTUP_S} s:\n{log.read_text()}")
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -133,33 +146,32 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None
 
 @contextlib.contextmanager
 def running_server(state_dir: Path) -> Iterator[str]:
-    """`rlpure serve` on a free loopback port (as tests/serve/server.py); yields its URL."""
-    port = _free_port()
+    """`rlpure serve` on a loopback port it chooses (as tests/serve/server.py); yields its URL."""
     rlpure = Path(sys.executable).with_name("rlpure")
-    command = [str(rlpure), "serve", "--port", str(port), "--state-dir", str(state_dir / "state")]
+    command = [str(rlpure), "serve", "--port", "0", "--state-dir", str(state_dir / "state")]
     command += ["-v"] if os.environ.get("BENCH_SERVE_LOG") else []
     log = Path(os.environ.get("BENCH_SERVE_LOG") or state_dir / "serve.log")
-    with _server_process(command, port, log) as url:
+    with _server_process(command, log) as url:
         yield url
 
 
 @contextlib.contextmanager
 def floor_server(directory: Path) -> Iterator[str]:
-    """The floor app (`floor_app`) in a subprocess on a free loopback port; yields its URL."""
-    port = _free_port()
-    command = [sys.executable, __file__, "--floor-server", str(port)]
-    with _server_process(command, port, directory / "floor.log") as url:
+    """The floor app (`floor_app`) in a subprocess on a loopback port it chooses; yields its URL."""
+    command = [sys.executable, __file__, "--floor-server"]
+    with _server_process(command, directory / "floor.log") as url:
         yield url
 
 
 @contextlib.contextmanager
-def _server_process(command: list[str], port: int, log: Path) -> Iterator[str]:
-    """Runs `command` (a server on loopback `port`, output to `log`) until it answers
-    `/api/v1/healthz`, yields its URL, then stops it (killed if it does not exit in 60 s)."""
+def _server_process(command: list[str], log: Path) -> Iterator[str]:
+    """Runs `command` (a server that binds a loopback port and prints it, output to `log`)
+    until it answers `/api/v1/healthz`, yields its URL, then stops it (killed if it does not
+    exit in 60 s)."""
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
+        url = _bound_url(process, log)
         _wait_healthy(url, process, log)
         yield url
     finally:
@@ -307,14 +319,16 @@ def floor_app() -> Starlette:
     return Starlette(routes=routes)
 
 
-def serve_floor(port: int) -> None:
-    """Runs `floor_app` on `port` as `rlpure serve` runs its app (uvicorn, `TCP_NODELAY`)."""
+def serve_floor() -> None:
+    """Runs `floor_app` on a loopback port of its choosing as `rlpure serve` runs its app
+    (uvicorn, `TCP_NODELAY`), after printing `floor: <url> ` for `floor_server`."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", port))
+    sock.bind(("127.0.0.1", 0))
+    print(f"floor: http://127.0.0.1:{sock.getsockname()[1]} ", flush=True)
     config = uvicorn.Config(floor_app(), log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -634,10 +648,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--model", default=MODEL, help=f"base model (default {MODEL}; e.g. rlpure/small)"
     )
-    parser.add_argument("--floor-server", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.floor_server is not None:  # the floor's own process (`floor_server`)
-        serve_floor(args.floor_server)
+    if args.floor_server:  # the floor's own process (`floor_server`)
+        serve_floor()
         return 0
     sizes = QUICK if args.quick else Sizes()
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)

@@ -1,34 +1,37 @@
-"""Starts `rlpure serve` in a subprocess on a free loopback port, for tests that drive it.
+"""Starts `rlpure serve` in a subprocess on a loopback port, for tests that drive it.
 
 `running_server(state_dir, ...)` yields a `Server` (its URL, process and log) once
 `/api/v1/healthz` answers, and stops it (SIGTERM, then SIGKILL after a grace period) on exit.
-The tests run in parallel pytest-xdist workers, so a port `free_port` picked may be taken by
-another process before the server binds it: `running_server` waits for its own server's
-banner (printed once its socket is bound) before asking `/healthz` (another process's server
-on that port must not pass for it), and picks another port when the bind failed, up to
-`BIND_TRIES` times. `sdk_env(server)` is the environment an SDK client needs (`TINKER_BASE_URL`, a `tml-` key,
-telemetry off), for `monkeypatch.setenv` or a child process. The server inherits the test
-session's `RLPURE_HOME` (tests/conftest.py), so nothing is written under the user's home.
+Without a `port`, the server binds one of its own choosing (`--port 0`) and the helper reads
+it from the banner `rlpure serve` prints once bound: a port picked here and handed over could
+be taken by another process first (the suite runs in parallel pytest-xdist workers), and
+whatever answered `/healthz` there would pass for this server. `free_port` is for tests that
+need a port nobody listens on. `sdk_env(server)` is the environment an SDK client needs
+(`TINKER_BASE_URL`, a `tml-` key, telemetry off), for `monkeypatch.setenv` or a child
+process. The server inherits the test session's `RLPURE_HOME` (tests/conftest.py), so nothing
+is written under the user's home.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 RLPURE = str(Path(sys.executable).with_name("rlpure"))
 STARTUP_S = 120.0
-BIND_TRIES = 3
+_BANNER = re.compile(r"rlpure serve: http://127\.0\.0\.1:(\d+) ")
 
 
 def free_port() -> int:
@@ -61,26 +64,31 @@ class Server:
         return int(self.process.returncode)
 
 
-class PortTaken(RuntimeError):
-    """The server exited because it could not bind its port (another process holds it)."""
+def _bound_port(process: subprocess.Popen[bytes], log: Path) -> int:
+    """The port in the server's banner, once it has bound one; RuntimeError when it exits
+    first (a taken `--port`: "cannot listen there") or stays silent for `STARTUP_S`."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        found = _BANNER.search(log.read_text(errors="replace"))
+        if found:
+            return int(found.group(1))
+        if process.poll() is not None:
+            text = log.read_text(errors="replace")
+            raise RuntimeError(f"rlpure serve exited ({process.returncode}):\n{text}")
+        time.sleep(0.1)
+    raise RuntimeError(f"rlpure serve bound no port in {STARTUP_S} s:\n{log.read_text()}")
 
 
 def _wait_healthy(server: Server, api_key: str | None) -> None:
-    """Returns once this server has bound its port (its banner is in the log) and `/healthz`
-    answers; raises `PortTaken` when it exited unable to bind, RuntimeError otherwise."""
     deadline = time.monotonic() + STARTUP_S
-    banner = f"rlpure serve: {server.url} "
     request = urllib.request.Request(f"{server.url}/api/v1/healthz")
     if api_key:
         request.add_header("X-API-Key", api_key)
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            log = server.log_text()
-            failure = PortTaken if "cannot listen there" in log else RuntimeError
-            raise failure(f"rlpure serve exited ({server.process.returncode}):\n{log}")
-        if banner not in server.log_text():
-            time.sleep(0.2)
-            continue
+            raise RuntimeError(
+                f"rlpure serve exited ({server.process.returncode}):\n{server.log_text()}"
+            )
         try:
             with urllib.request.urlopen(request, timeout=2):
                 return
@@ -89,35 +97,25 @@ def _wait_healthy(server: Server, api_key: str | None) -> None:
     raise RuntimeError(f"rlpure serve did not answer in {STARTUP_S} s:\n{server.log_text()}")
 
 
-def _start(state_dir: Path, port: int, args: tuple[str, ...], api_key: str | None) -> Server:
-    log = state_dir.parent / f"serve-{port}.log"
-    command = [RLPURE, "serve", "--port", str(port), "--state-dir", str(state_dir), *args]
-    if api_key:
-        command += ["--api-key", api_key]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    return Server(f"http://127.0.0.1:{port}", port, state_dir, process, log)
-
-
 @contextmanager
 def running_server(
     state_dir: Path, *args: str, api_key: str | None = None, port: int | None = None
 ) -> Iterator[Server]:
-    """`rlpure serve --state-dir state_dir [args]` on `port` (else a free loopback port, another
-    one if that was taken before the server bound it), healthy."""
-    for attempt in range(1, BIND_TRIES + 1):
-        server = _start(state_dir, port or free_port(), args, api_key)
-        try:
-            _wait_healthy(server, api_key)
-            break
-        except PortTaken:
-            server.stop()
-            if port is not None or attempt == BIND_TRIES:
-                raise
-        except BaseException:
-            server.stop()
-            raise
+    """`rlpure serve --state-dir state_dir [args]` on `port`, else on a loopback port it
+    chooses itself (read from its banner), healthy."""
+    handle, name = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=state_dir.parent)
+    os.close(handle)
+    log = Path(name)
+    command = [RLPURE, "serve", "--port", str(port or 0), "--state-dir", str(state_dir), *args]
+    if api_key:
+        command += ["--api-key", api_key]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    server = Server("", 0, state_dir, process, log)
     try:
+        bound = _bound_port(process, log)
+        server = replace(server, url=f"http://127.0.0.1:{bound}", port=bound)
+        _wait_healthy(server, api_key)
         yield server
     finally:
         server.stop()
