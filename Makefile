@@ -27,8 +27,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # pytest-xdist runs the suite in TEST_WORKERS processes, one test file per worker at a time (so
-# a file's compiled programs and fixtures stay in one process). Most of the suite's time is XLA
-# compiles, which use one core: two workers on CI's 2 cores cut pytest's time by about a third.
+# a file's compiled programs and fixtures stay in one process). Most of the suite keeps one core
+# busy (XLA compiles, small programs, subprocesses starting): two workers on CI's 2 cores cut
+# pytest's time by a quarter (JAX's compilation cache empty, as on a fresh machine) to a third
+# (cache warm); benchmarks/README.md, "The test suite".
 TEST_WORKERS ?= 2
 
 test: lint typecheck
