@@ -1,9 +1,11 @@
 """`LocalSandbox`: a `SandboxInterface` that runs commands as local subprocesses under limits.
 
 Each `run_command` starts `/bin/sh -c <command>` in its own session (process group) in the
-sandbox's working directory, with resource limits set in the child before `exec`
-(`resource.setrlimit`): address space (`memory_limit_bytes`, RLIMIT_AS), CPU seconds
-(RLIMIT_CPU, the timeout rounded up plus one), file size (RLIMIT_FSIZE), no core files. A
+sandbox's working directory, with resource limits set before it: address space
+(`memory_limit_bytes`, RLIMIT_AS), CPU seconds (RLIMIT_CPU, the timeout rounded up plus one),
+file size (RLIMIT_FSIZE), no core files. A small `python -I -S` launcher sets them and `exec`s
+the command (`_limits_argv`): no Python code runs between `fork` and `exec` in this process,
+which JAX's threads make unsafe (`subprocess`'s `preexec_fn` could deadlock there). A
 command still running at its wall-clock `timeout` has its whole process group killed
 (SIGKILL) and comes back with `exit_code` 124 and `metrics["timed_out"] = True`; stdout and
 stderr are each kept up to `max_output_bytes` (the rest is drained and dropped,
@@ -40,10 +42,10 @@ import functools
 import logging
 import math
 import os
-import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -96,13 +98,30 @@ def _namespace_prefix(*, isolate_network: bool) -> tuple[tuple[str, ...], bool]:
     return (), False
 
 
-def _limit_child(memory_limit_bytes: int | None, cpu_seconds: int, file_size_bytes: int) -> None:
-    """Runs in the child between fork and exec: the resource limits."""
-    if memory_limit_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_bytes, file_size_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+_SET_LIMITS_AND_EXEC = """
+import os, resource, sys
+for name, limit in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:5]):
+    if limit != "none":
+        resource.setrlimit(getattr(resource, name), (int(limit), int(limit)))
+os.execvp(sys.argv[5], sys.argv[5:])
+"""
+"""The launcher's program: `argv[1:5]` the limits (bytes, seconds, bytes, bytes; `none`: keep
+the inherited one), then the command's argv."""
+
+
+def _limits_argv(
+    argv: list[str], memory_limit_bytes: int | None, cpu_seconds: int, file_size_bytes: int
+) -> list[str]:
+    """`argv` run under the resource limits by a fresh Python (`-I -S`: no site, no user
+    environment; ~10 ms) that sets them and `exec`s it, keeping the pid.
+
+    Examples:
+        >>> _limits_argv(["true"], None, 3, 10)[5:]
+        ['none', '3', '10', '0', 'true']
+    """
+    memory = "none" if memory_limit_bytes is None else str(memory_limit_bytes)
+    limits = [memory, str(cpu_seconds), str(file_size_bytes), "0"]
+    return [sys.executable, "-I", "-S", "-c", _SET_LIMITS_AND_EXEC, *limits, *argv]
 
 
 class _Capture:
@@ -202,14 +221,13 @@ class LocalSandbox:
         if not self.network and not isolated:
             _warn_no_network_isolation()
         prefix, contained = _namespace_prefix(isolate_network=isolated)
-        argv = [*prefix, "/bin/sh", "-c", command]
-        cwd = self._path(workdir) if workdir is not None else self._workdir
-        limits = functools.partial(
-            _limit_child,
+        argv = _limits_argv(
+            [*prefix, "/bin/sh", "-c", command],
             self.memory_limit_bytes,
             math.ceil(timeout) + 1,
             self.file_size_limit_bytes,
         )
+        cwd = self._path(workdir) if workdir is not None else self._workdir
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _Protocol(loop),
@@ -219,7 +237,6 @@ class LocalSandbox:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=limits,
         )
         process = asyncio.subprocess.Process(transport, protocol, loop)
         out, err = _Capture(cap), _Capture(cap)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import doctest
 import os
 import signal
 import sys
@@ -36,6 +37,11 @@ def make_sandbox() -> Iterator[MakeSandbox]:
     yield make
     for sandbox in made:
         asyncio.run(sandbox.cleanup())
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(_local)
+    assert result.attempted and not result.failed
 
 
 def test_captures_stdout_stderr_and_exit_code(tmp_path: Path) -> None:
@@ -82,6 +88,44 @@ def test_memory_limit_makes_allocation_fail(make_sandbox: MakeSandbox) -> None:
         sandbox.run_command(f'{sys.executable} -S -c "print(len(bytearray(10**6)))"')
     )
     assert (fine.exit_code, fine.stdout) == (0, "1000000\n")
+
+
+def _limits(text: str) -> dict[str, str]:
+    """`/proc/<pid>/limits`' soft limit per resource name ("Max cpu time": "3")."""
+    return {line[:26].strip(): line[26:].split()[0] for line in text.splitlines()[1:]}
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs Linux /proc")
+def test_every_limit_reaches_the_command_exactly(make_sandbox: MakeSandbox) -> None:
+    sandbox = make_sandbox(memory_limit_bytes=300_000_000, file_size_limit_bytes=12_345)
+    result = asyncio.run(sandbox.run_command("cat /proc/self/limits", timeout=3))
+    assert result.exit_code == 0, result.stderr
+    limits = _limits(result.stdout)
+    assert limits["Max address space"] == "300000000"
+    assert limits["Max cpu time"] == "4"  # the timeout plus one
+    assert limits["Max file size"] == "12345"
+    assert limits["Max core file size"] == "0"
+    unlimited = make_sandbox(memory_limit_bytes=None)
+    inherited = _limits(Path("/proc/self/limits").read_text())["Max address space"]
+    result = asyncio.run(unlimited.run_command("cat /proc/self/limits"))
+    assert _limits(result.stdout)["Max address space"] == inherited
+
+
+def test_a_file_past_the_size_limit_is_cut_there(make_sandbox: MakeSandbox) -> None:
+    sandbox = make_sandbox(file_size_limit_bytes=4096)
+    result = asyncio.run(sandbox.run_command("head -c 10000 /dev/zero > big; wc -c < big"))
+    assert result.exit_code == 0
+    assert result.stdout.strip() == "4096"
+
+
+def test_no_python_runs_in_this_process_between_fork_and_exec(make_sandbox: MakeSandbox) -> None:
+    """`preexec_fn` runs the interpreter's before-fork hooks (JAX's warns that a deadlock is
+    likely, its threads holding locks the child needs); a command must start without them."""
+    forks: list[int] = []
+    os.register_at_fork(before=lambda: forks.append(1))  # stays registered: only counts
+    result = asyncio.run(make_sandbox().run_command("echo ran"))
+    assert (result.exit_code, result.stdout) == (0, "ran\n")
+    assert forks == []
 
 
 def test_files_round_trip_and_cleanup_terminates() -> None:
