@@ -660,10 +660,11 @@ def test_sigterm_mid_training_exits_0_soon_and_keeps_the_saves_a_client_got(
         trainer.optim_step(adam).result(SDK_TIMEOUT_S)
         loss_at_save = _probe_loss(trainer)
         kept = trainer.save_state("kept").result(SDK_TIMEOUT_S).path
+        queued: list[tinker.APIFuture[Any]] = []
         for _ in range(6):  # queued back to back, changing the weights after the save
-            trainer.forward_backward(BATCH, "cross_entropy")
-            trainer.optim_step(adam)
-        trainer.save_state("late")
+            queued.append(trainer.forward_backward(BATCH, "cross_entropy"))
+            queued.append(trainer.optim_step(adam))
+        queued.append(trainer.save_state("late"))
         started = time.monotonic()
         first.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)  # the handler has run: the engine refuses work from now on
@@ -687,6 +688,11 @@ def test_sigterm_mid_training_exits_0_soon_and_keeps_the_saves_a_client_got(
         assert code == 0, first.log_text()
         assert "stopped after" in first.log_text()
         assert "Traceback" not in first.log_text()
+        # Else the SDK retries them against the dead server for minutes each, in its thread,
+        # through the tests that follow in this process (Hypothesis then sees the global
+        # `random` move under its strategies: the SDK's retry jitter).
+        for future in queued:
+            future.future().cancel()
         service.holder.close()
 
     with running_server(state_dir) as second:
