@@ -288,6 +288,8 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     rolling_ttl_seconds: PositiveInt = 7200
     num_groups_to_log: NonNegativeInt = 1
     progress: bool = True
+    enable_trace: bool = False
+    span_chart_every: NonNegativeInt = 0
     stream_minibatch_config: StreamMinibatchConfig | None = None
     async_config: AsyncConfig | None = None
     price_table: NonEmptyStr | None = None
@@ -708,6 +710,11 @@ FIELD_HELP: Mapping[str, str] = {
     "its deletion fails (Tinker only).",
     "num_groups_to_log": "Groups per step whose decoded rollouts go to samples.jsonl.",
     "progress": "Show the progress bar and the per-step line.",
+    "enable_trace": "Write a Perfetto / chrome://tracing trace of the run's phase spans to "
+    "trace_events.jsonl in the log dir (a resumed run appends to it); "
+    "`python -m shell.cookbook.utils.trace trace_events.jsonl trace.json` makes it a JSON array.",
+    "span_chart_every": "Every N steps, a Gantt chart of the step's phase spans in "
+    "iteration_NNNNNN/timing_gantt.html (0: never).",
     "stream_minibatch_config": "Streaming minibatches (the cookbook's StreamMinibatchConfig), "
     "a table {groups_per_batch, num_minibatches}: each minibatch of a step's groups goes to "
     "forward_backward as soon as its groups have rolled out, one optim_step per substep. "

@@ -8,11 +8,14 @@ Conventions:
   points marks each point.
 - A curve's points are the rows holding a finite number (not a bool) under its key; rows are
   `metrics.jsonl` objects with an integer `step`.
-- Each `plot_*` writes one PNG (creating its folder) and returns its path.
+- Each `plot_*` writes one PNG (creating its folder) and returns its path;
+  `write_span_gantt_html` an HTML page holding one.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ __all__ = [
     "metric_curve",
     "plot_span_gantt",
     "plot_step_curves",
+    "write_span_gantt_html",
 ]
 
 DPI = 110
@@ -151,6 +155,31 @@ def plot_span_gantt(step: int, spans: Sequence[Mapping[str, Any]], png_path: str
         spans: the step's spans, each with `name`, `wall_start` and `wall_end` (at least one).
         png_path: the file to write.
     """
+    return _save(_span_gantt(step, spans), png_path)
+
+
+def write_span_gantt_html(
+    step: int, spans: Sequence[Mapping[str, Any]], html_path: str | Path
+) -> Path:
+    """Writes `plot_span_gantt`'s chart as a self-contained HTML page (the PNG inline), the
+    cookbook's `timing_gantt.html`; creates its folder. Same arguments, `html_path` the page."""
+    buffer = io.BytesIO()
+    fig = _span_gantt(step, spans)
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    image = base64.b64encode(buffer.getvalue()).decode("ascii")
+    out = Path(html_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Iteration {step} — Span "
+        f"Timeline</title></head><body><img alt='spans of iteration {step}' "
+        f"src='data:image/png;base64,{image}'></body></html>\n",
+        encoding="utf-8",
+    )
+    return out
+
+
+def _span_gantt(step: int, spans: Sequence[Mapping[str, Any]]) -> Figure:
     ordered = sorted(spans, key=lambda s: (float(s["wall_start"]), -float(s["wall_end"])))
     names: list[str] = []
     for span in ordered:
@@ -175,4 +204,4 @@ def plot_span_gantt(step: int, spans: Sequence[Mapping[str, Any]], png_path: str
     ax.set_xlabel("seconds from the step's first span")
     ax.set_title(f"step {step}: phase timing ({end - start:.3g} s, {len(ordered)} spans)")
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, png_path)
+    return fig

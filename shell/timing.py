@@ -11,7 +11,8 @@ Conventions:
   the running context (a `ContextVar`, so the asyncio tasks a step gathers record into it as
   well) and measures the whole block as the step's total; `span(name)` times a block into the
   current timer, and does nothing outside one, so library code can mark its phases without
-  taking a timer argument.
+  taking a timer argument; while a Perfetto trace is open (`shell.trace_events`, a run's
+  `enable_trace`) it also writes the block there, timer or not.
 - Metrics (`timing_metrics`, the cookbook's `IterationWindow.get_timing_metrics`): a name seen
   once gives `time/<name>` (seconds); a name seen `n > 1` times gives `time/<name>:total`,
   `:count`, `:mean` and `:max`; the whole block is `time/total`.
@@ -24,6 +25,7 @@ Conventions:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +33,8 @@ from contextvars import ContextVar
 from typing import Any
 
 import msgspec
+
+from shell.trace_events import active_trace, traced
 
 __all__ = [
     "MATMUL_N",
@@ -152,14 +156,17 @@ def step_timer(timer: StepTimer | None = None) -> Iterator[StepTimer]:
 
 
 @contextmanager
-def span(name: str) -> Iterator[None]:
-    """Times the block as a span `name` of the current `step_timer`; a no-op outside one (the
-    cookbook's `scope_span`)."""
-    timer = _current.get()
-    if timer is None:
-        yield
-        return
-    with timer.span(name):
+def span(name: str, *, trace: bool = True) -> Iterator[None]:
+    """Times the block as a span `name` of the current `step_timer` (nothing outside one) and,
+    while a trace is open (`shell.trace_events.start_tracing`), records it there too, its
+    attributes left to the enclosing traced span (the cookbook's `scope_span`). `trace=False`:
+    the caller traces the block itself."""
+    with contextlib.ExitStack() as stack:
+        if trace and active_trace() is not None:
+            stack.enter_context(traced(name, own_attributes=False))
+        timer = _current.get()
+        if timer is not None:
+            stack.enter_context(timer.span(name))
         yield
 
 

@@ -13,7 +13,7 @@ Conventions:
   `thread` names; the end event's `args` also hold the attributes the span's code added
   (`current_attributes`; a span without attributes of its own leaves them to the enclosing one).
 - Each track and thread is named once by metadata events (`"ph": "M"`, `thread_name` /
-  `process_name`), written before its first span.
+  `process_name`), written right after its first begin event.
 - Events are written as they happen, under a lock, to a file opened for appending (a resumed
   run adds to its trace); `stop_tracing` closes it. Tracing is per process: `start_tracing`
   replaces the current trace.
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "TRACE_EVENTS_FILE",
     "TraceWriter",
     "active_trace",
     "current_attributes",
@@ -41,6 +42,10 @@ __all__ = [
     "trace_json_from_jsonl",
     "traced",
 ]
+
+TRACE_EVENTS_FILE = "trace_events.jsonl"
+"""The trace a training run writes in its log dir (`TrainConfig.enable_trace`), the cookbook's
+name."""
 
 
 class TraceWriter:

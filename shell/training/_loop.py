@@ -81,6 +81,7 @@ test-set evaluation at step `i` samples with a seed derived from `config.seed` a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -105,6 +106,7 @@ from shell.errors import ConfigError
 from shell.evaluation import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import RolloutErrorCounter, RolloutStrategy
 from shell.timing import TIMING_SPANS_FILE, StepTimer, recording, step_timer
+from shell.trace_events import TRACE_EVENTS_FILE, start_tracing, stop_tracing
 from shell.training._async import check_async_dataset, run_async
 from shell.training._checkpoints import CheckpointRecord, prng_key_from_data
 from shell.training._dynamic_sampling import check_dynamic_sampling_dataset
@@ -623,6 +625,7 @@ def _run_logs(
         JsonlWriter(log_dir / METRICS_FILE) as metrics_writer,
         JsonlWriter(log_dir / SAMPLES_FILE) as samples_writer,
         JsonlWriter(log_dir / TIMING_SPANS_FILE) as spans_writer,
+        _run_trace(log_dir if config.enable_trace else None),
         open_trackers(config, recipe_options=recipe_options, log_dir=log_dir) as trackers,
         progress,
     ):
@@ -633,6 +636,24 @@ def _run_logs(
             trackers=trackers,
             progress=progress,
         )
+
+
+@contextmanager
+def _run_trace(log_dir: Path | None) -> Iterator[None]:
+    """With a log dir (`config.enable_trace`), the run's spans traced into its
+    `trace_events.jsonl` (appended on resume) for the block, the running task named `main` as
+    in the cookbook's; without, nothing."""
+    if log_dir is None:
+        yield
+        return
+    task = asyncio.current_task()
+    if task is not None:
+        task.set_name("main")
+    start_tracing(log_dir / TRACE_EVENTS_FILE)
+    try:
+        yield
+    finally:
+        stop_tracing()
 
 
 def _what_is_evaluated(ctx: RunContext) -> str:

@@ -83,6 +83,8 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
         "rolling_ttl_seconds",
         "num_groups_to_log",
         "progress",
+        "enable_trace",
+        "span_chart_every",
         "max_concurrent_groups",
         "rollout_strategy",
         "max_retries",

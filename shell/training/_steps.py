@@ -15,7 +15,8 @@ Each mode of `shell.training._loop.train` (the sync step `_sync`, the streaming 
 4. `finish_step`: its samples, its metrics row (file, trackers), its progress line, then its
    checkpoint when due (`save_checkpoint_due`, timed as `save_checkpoint_async`), then its
    `timing_spans.jsonl` row (with the checkpoint's span, which the metrics row, written first
-   so that a run killed while saving keeps the step's row, does not hold).
+   so that a run killed while saving keeps the step's row, does not hold) and, when
+   `span_chart_every` divides the step, their Gantt chart (`iteration_NNNNNN/timing_gantt.html`).
 
 Evaluation seeds: the test-set evaluation at step `i` samples with a seed derived from
 `config.seed` and `i` alone (`eval_seed`), so evaluating changes no training seed.
@@ -35,6 +36,7 @@ from shell.clients import SamplingClient
 from shell.completion import TinkerTokenCompleter
 from shell.config import TrainConfig
 from shell.env import EnvGroupBuilder
+from shell.plots import write_span_gantt_html
 from shell.timing import StepTimer, recording, span, span_dicts
 from shell.training._checkpoints import CheckpointRecord, prng_key_data
 from shell.training._logs import (
@@ -45,11 +47,12 @@ from shell.training._logs import (
     format_progress_line,
 )
 from shell.training._policy_update import PolicyUpdate, train_on_groups
-from shell.training._rollout_pages import write_rollout_report
+from shell.training._rollout_pages import iteration_dir, write_rollout_report
 from shell.training._run import RunContext, RunState, TokenTotals, count_tokens
 from shell.training._trackers import Trackers
 
 __all__ = [
+    "GANTT_FILE",
     "RunLogs",
     "StepResult",
     "StepStart",
@@ -102,6 +105,10 @@ class StepResult(NamedTuple):
     metrics: dict[str, Any]
     groups: list[TrajectoryGroup]
     state: RunState
+
+
+GANTT_FILE = "timing_gantt.html"
+"""A charted step's span Gantt page, in its `iteration_NNNNNN/` (the cookbook's name)."""
 
 
 class RunLogs(NamedTuple):
@@ -332,3 +339,8 @@ async def finish_step(
     with recording(timer):
         await save_checkpoint_due(ctx, state, step + 1)
     write_spans(logs, step, timer)
+    every = config.span_chart_every
+    if every and step % every == 0 and timer.spans:
+        write_span_gantt_html(
+            step, span_dicts(timer.spans), iteration_dir(ctx.log_dir, step) / GANTT_FILE
+        )

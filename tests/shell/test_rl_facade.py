@@ -150,6 +150,64 @@ def test_a_cookbook_style_env_trains_two_steps_through_main_then_resumes(tmp_pat
     assert "final_totals" in _metrics(log_path)[-1]
 
 
+def _trace_spans(path: Path) -> list[tuple[str, str, int, int]]:
+    """The begin and end events of a JSONL trace: `(phase, name, pid, tid)` in file order."""
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(e["ph"], e["name"], e["pid"], e["tid"]) for e in events if e["ph"] in "BE"]
+
+
+def _balanced(spans: list[tuple[str, str, int, int]]) -> bool:
+    """Every track's begin and end events nest (a stack per `(pid, tid)`), none left open."""
+    stacks: dict[tuple[int, int], list[str]] = {}
+    for phase, name, pid, tid in spans:
+        stack = stacks.setdefault((pid, tid), [])
+        if phase == "B":
+            stack.append(name)
+        elif not stack or stack.pop() != name:
+            return False
+    return not any(stacks.values())
+
+
+def test_enable_trace_and_span_chart_every_write_the_cookbooks_files_and_a_resume_appends(
+    tmp_path,
+) -> None:
+    log_path = tmp_path / "run"
+    service = micro_service(log_path / "local_states")
+    config = _config(log_path, max_steps=3, enable_trace=True, span_chart_every=2)
+    asyncio.run(train.main(config, service_client=service))
+    trace = log_path / "trace_events.jsonl"
+    spans = _trace_spans(trace)
+    assert _balanced(spans)
+    begun = [name for phase, name, _, _ in spans if phase == "B"]
+    # the loop's spans, named as the cookbook's, once per step where it times them
+    for name in ("sampling", "do_train_step_and_get_sampling_client", "train_step"):
+        assert begun.count(name) == 3, name
+    assert begun.count("env_step") == 3 * 2 * 2  # steps × groups × envs, one turn each
+    rows = [json.loads(line) for line in (log_path / "timing_spans.jsonl").read_text().splitlines()]
+    timed = [span["name"] for row in rows for span in row["spans"]]
+    assert sorted(begun) == sorted(timed)  # the trace holds exactly the spans the steps timed
+    charts = sorted(p.parent.name for p in log_path.glob("iteration_*/timing_gantt.html"))
+    assert charts == ["iteration_000000", "iteration_000002"]
+    page = (log_path / "iteration_000002" / "timing_gantt.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
+
+    resumed = _config(log_path, max_steps=4, enable_trace=True, span_chart_every=2)
+    asyncio.run(train.main(resumed, service_client=service))
+    again = _trace_spans(trace)
+    assert again[: len(spans)] == spans and _balanced(again)
+    assert [name for phase, name, _, _ in again if phase == "B"].count("train_step") == 4
+
+
+def test_without_enable_trace_nothing_is_traced_or_charted(tmp_path) -> None:
+    log_path = tmp_path / "run"
+    asyncio.run(
+        train.main(_config(log_path, max_steps=1), service_client=micro_service(log_path / "s"))
+    )
+    assert not (log_path / "trace_events.jsonl").exists()
+    assert not list(log_path.glob("iteration_*/timing_gantt.html"))
+    assert (log_path / "timing_spans.jsonl").exists()
+
+
 def _is_step(row: dict) -> bool:
     """A step's row: not the final evaluation's nor the final totals row (the cookbook's
     `cumulative_metrics()` row after the last step)."""
@@ -190,6 +248,7 @@ def _is_step(row: dict) -> bool:
         ({"rollout_error_tolerance": 3}, "Invalid rollout_error_tolerance"),
         ({"base_url": "http://x"}, "Config.base_url"),
         ({"loss_fn": "custom"}, "custom"),
+        ({"rollout_json_export": False}, "rollout_json_export=False: not supported"),
     ],
 )
 def test_main_refuses_unsupported_or_bad_config_before_anything_runs(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import doctest
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from shell.timing import (
     step_timer,
     timing_metrics,
 )
+from shell.trace_events import start_tracing, stop_tracing
 from shell.training._logs import read_jsonl
 from tests.shell.test_train import _config, _dataset, _metric_lines, _train
 
@@ -58,6 +60,24 @@ def test_span_is_a_no_op_outside_a_step_timer_and_records_into_the_current_one()
     with span("nowhere again"):  # the timer is no longer current
         pass
     assert len(timer.spans) == 1
+
+
+def test_span_is_traced_while_a_trace_is_open_timer_or_not(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    with span("before"):  # no trace open: nothing to write
+        pass
+    start_tracing(path)
+    try:
+        with span("free"), step_timer() as timer, span("timed"), span("untraced", trace=False):
+            pass
+    finally:
+        stop_tracing()
+    with span("after"):
+        pass
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    spans = [(e["ph"], e["name"]) for e in events if e["ph"] in "BE"]
+    assert spans == [("B", "free"), ("B", "timed"), ("E", "timed"), ("E", "free")]
+    assert [s.name for s in timer.spans] == ["untraced", "timed"]
 
 
 def test_tasks_gathered_inside_a_step_record_into_its_timer() -> None:

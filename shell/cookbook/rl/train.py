@@ -9,7 +9,7 @@ is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
 What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
 1. checks the whole config before anything runs: a field this loop does not implement yet set
-   to a non-default value (`enable_trace`, ...), or the cookbook's own errors
+   to a non-default value (`rollout_json_export=False`), or the cookbook's own errors
    (`kl_penalty_coef > 0` without `kl_reference_config`, `Config.loss_fn` conflicting with
    `AsyncConfig.loss_fn`, `stable_reinforce` with `kl_discount_factor > 0`), or what
    `TrainConfig` refuses for the backend (e.g. `stable_reinforce`, the async default, on the
@@ -37,8 +37,10 @@ How the fields map onto `TrainConfig`: `log_path` → `log_dir`, `model_name` �
 `kl_reference_checkpoint`, `async_config` and `stream_minibatch_config` → the
 `shell.config.AsyncConfig` / `StreamMinibatchConfig` records (async and streaming training,
 `shell.training._async` and `shell.training._stream`); the optimizer, loss, sampling, KL,
-cadence, epoch and step fields keep their names (`save_every`, `ttl_seconds`, `rolling_save_every` and `rolling_ttl_seconds`
-save as the cookbook's `CheckpointManager`, see `shell.training._saves`); `wandb_project`
+cadence, epoch, step and timing fields keep their names (`save_every`, `ttl_seconds`,
+`rolling_save_every` and `rolling_ttl_seconds` save as the cookbook's `CheckpointManager`, see
+`shell.training._saves`; `enable_trace` writes `trace_events.jsonl` and `span_chart_every` the
+`iteration_NNNNNN/timing_gantt.html` charts, as the cookbook's, from the loop's spans); `wandb_project`
 and `wandb_name` log to W&B as the cookbook's `WandbLogger`
 (`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
 and the dataset builder's class are recorded as recipe options, so a resume with another recipe
@@ -289,8 +291,6 @@ class Config:
 
 # (field, its default, why it is refused when set to anything else)
 _NOT_YET: tuple[tuple[str, Any, str], ...] = (
-    ("enable_trace", False, "trace events are not recorded"),
-    ("span_chart_every", 0, "timing Gantt charts are not drawn"),
     ("rollout_json_export", True, "samples.jsonl is always written"),
 )
 
@@ -349,6 +349,8 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "rolling_save_every": config.rolling_save_every,
         "rolling_ttl_seconds": config.rolling_ttl_seconds,
         "num_groups_to_log": config.num_groups_to_log,
+        "enable_trace": config.enable_trace,
+        "span_chart_every": config.span_chart_every,
         "stream_minibatch_config": (
             None
             if config.stream_minibatch_config is None

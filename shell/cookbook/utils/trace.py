@@ -3,7 +3,7 @@
 The cookbook 0.6.1 names over the project's own rooms: an iteration's spans and their `time/*`
 metrics are `shell.timing` (`trace_iteration` is its `step_timer`, `IterationWindow` wraps its
 `StepTimer`, `scope` / `scope_span` time into it), the Perfetto trace (`trace_init`) is
-`shell.trace_events`, and `save_gantt_chart_html` draws `shell.plots.plot_span_gantt`.
+`shell.trace_events`, and `save_gantt_chart_html` is `shell.plots.write_span_gantt_html`.
 
 Deliberate differences: `trace_init` does not patch the tinker SDK's client classes (SDK calls
 are traced where the code marks them with `scope`); trace events are written as they happen
@@ -14,19 +14,17 @@ the HTML file (the cookbook's is a Plotly chart, drawn only when plotly is insta
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import datetime
 import functools
 import inspect
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shell.plots import plot_span_gantt
+from shell.plots import write_span_gantt_html
 from shell.timing import SpanRecord, StepTimer, span, span_dicts, step_timer, timing_metrics
 from shell.trace_events import (
     current_attributes,
@@ -90,14 +88,14 @@ def scope(func: Callable[..., Any]) -> Callable[..., Any]:
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with span(name), traced(name):
+            with span(name, trace=False), traced(name):
                 return await func(*args, **kwargs)
 
         return async_wrapper
 
     @functools.wraps(func)
     def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-        with span(name), traced(name):
+        with span(name, trace=False), traced(name):
             return func(*args, **kwargs)
 
     return sync_wrapper
@@ -107,7 +105,7 @@ def scope(func: Callable[..., Any]) -> Callable[..., Any]:
 async def scope_span(name: str) -> AsyncIterator[None]:
     """Times the block as a span `name` (`async with`); attributes added inside go to the
     enclosing `scope`'s span."""
-    with span(name), traced(name, own_attributes=False):
+    with span(name):
         yield
 
 
@@ -115,7 +113,7 @@ async def scope_span(name: str) -> AsyncIterator[None]:
 def scope_span_sync(name: str) -> Iterator[None]:
     """Times the block as a span `name` (`with`); attributes added inside go to the enclosing
     `scope`'s span."""
-    with span(name), traced(name, own_attributes=False):
+    with span(name):
         yield
 
 
@@ -203,17 +201,8 @@ def trace_iteration(step: int) -> Iterator[IterationWindow]:
 def save_gantt_chart_html(window: IterationWindow, step: int, path: Path | str) -> None:
     """Writes an HTML page with the window's Gantt chart (nothing without spans)."""
     dicts = window.get_span_dicts()
-    if not dicts:
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        png = plot_span_gantt(step, dicts, Path(scratch) / "gantt.png").read_bytes()
-    image = base64.b64encode(png).decode("ascii")
-    Path(path).write_text(
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Iteration {step} — Span "
-        f"Timeline</title></head><body><img alt='spans of iteration {step}' "
-        f"src='data:image/png;base64,{image}'></body></html>\n",
-        encoding="utf-8",
-    )
+    if dicts:
+        write_span_gantt_html(step, dicts, path)
 
 
 def convert_jsonl_to_json_main() -> None:
@@ -231,3 +220,7 @@ def convert_jsonl_to_json_main() -> None:
         "To view the trace:\n1. Navigate to chrome://tracing or https://ui.perfetto.dev/\n"
         f"2. Load the trace file: {args.output_json_file}"
     )
+
+
+if __name__ == "__main__":
+    convert_jsonl_to_json_main()
