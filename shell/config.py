@@ -287,6 +287,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     rolling_save_every: NonNegativeInt = 0
     rolling_ttl_seconds: PositiveInt = 7200
     num_groups_to_log: NonNegativeInt = 1
+    rollout_json_export: bool = True
     progress: bool = True
     enable_trace: bool = False
     span_chart_every: NonNegativeInt = 0
@@ -709,6 +710,9 @@ FIELD_HELP: Mapping[str, str] = {
     "rolling_ttl_seconds": "Seconds the backend keeps a rolling checkpoint, a safety net if "
     "its deletion fails (Tinker only).",
     "num_groups_to_log": "Groups per step whose decoded rollouts go to samples.jsonl.",
+    "rollout_json_export": "Write each step's iteration_NNNNNN/train_rollout_summaries.jsonl "
+    "(and the test set's eval_<name>_rollout_summaries.jsonl): every trajectory's lengths, "
+    "rewards and metrics.",
     "progress": "Show the progress bar and the per-step line.",
     "enable_trace": "Write a Perfetto / chrome://tracing trace of the run's phase spans to "
     "trace_events.jsonl in the log dir (a resumed run appends to it); "

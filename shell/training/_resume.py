@@ -82,6 +82,7 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
         "rolling_save_every",
         "rolling_ttl_seconds",
         "num_groups_to_log",
+        "rollout_json_export",
         "progress",
         "enable_trace",
         "span_chart_every",

@@ -10,7 +10,8 @@ Conventions: for step `i` the loop writes, in `<log_dir>/iteration_NNNNNN/` (`it
   totals and the group metrics;
 - `{base}_logtree.json`: the same tree as JSON (`Trace.to_dict()`);
 - `{base}_rollout_summaries.jsonl`: one record per trajectory of every successful group, the
-  cookbook's schema (`serialize_rollout_summaries`): lengths, rewards and metrics, no text.
+  cookbook's schema (`serialize_rollout_summaries`): lengths, rewards and metrics, no text
+  (unless the run's `rollout_json_export` is off).
 
 `base` is `train` for a training step and `eval_<name>` for an `RLTestSetEvaluator` named
 `name`. The page is built after the rollouts, from the trajectory groups; the advantage shown is
@@ -380,12 +381,12 @@ class RolloutReport(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         html: the page (None when `num_groups_to_log` is 0).
         logtree_json: the page's tree as JSON (None with `html`).
-        summaries: the rollout-summary JSONL.
+        summaries: the rollout-summary JSONL (None when not exported).
     """
 
     html: str | None
     logtree_json: str | None
-    summaries: str
+    summaries: str | None
 
 
 def _advantages(
@@ -412,6 +413,7 @@ def write_rollout_report(
     split: str = "train",
     title: str | None = None,
     advantage_estimator: Estimator | None = None,
+    export_summaries: bool = True,
 ) -> RolloutReport:
     """Writes step `step`'s report files (see the module docstring) and returns their paths.
 
@@ -426,6 +428,8 @@ def write_rollout_report(
         split: the summaries' `split` (`train`, `eval/test`).
         title: the page title (default: the cookbook's `RL Iteration {step}`).
         advantage_estimator: computes the advantages shown (None: shown as `n/a`).
+        export_summaries: write `{base}_rollout_summaries.jsonl` (the cookbook's
+            `rollout_json_export`).
 
     Raises:
         ValueError: `tags_P` and `groups_P` differ in length, or `num_groups_to_log < 0`.
@@ -436,17 +440,20 @@ def write_rollout_report(
         )
     directory = iteration_dir(log_dir, step)
     directory.mkdir(parents=True, exist_ok=True)
-    records = serialize_rollout_summaries(
-        split=split,
-        iteration=step,
-        trajectory_groups_P=groups_P,
-        taglist_P=tags_P,
-        sampling_client_steps_P=[step] * len(groups_P),
-    )
-    summaries = rollout_summaries_jsonl_path(directory, base_name)
-    summaries.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in records))
+    summaries = None
+    if export_summaries:
+        records = serialize_rollout_summaries(
+            split=split,
+            iteration=step,
+            trajectory_groups_P=groups_P,
+            taglist_P=tags_P,
+            sampling_client_steps_P=[step] * len(groups_P),
+        )
+        path = rollout_summaries_jsonl_path(directory, base_name)
+        path.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in records))
+        summaries = str(path)
     if num_groups_to_log == 0:
-        return RolloutReport(html=None, logtree_json=None, summaries=str(summaries))
+        return RolloutReport(html=None, logtree_json=None, summaries=summaries)
     advantages_P_G = _advantages(groups_P, advantage_estimator)
     page = directory / f"{base_name}.html"
     with logtree.init_trace(title or f"RL Iteration {step}", path=page) as trace:
@@ -461,4 +468,4 @@ def write_rollout_report(
             )
     tree = directory / f"{base_name}_logtree.json"
     logtree.write_trace_json(trace, tree)
-    return RolloutReport(html=str(page), logtree_json=str(tree), summaries=str(summaries))
+    return RolloutReport(html=str(page), logtree_json=str(tree), summaries=summaries)

@@ -182,6 +182,7 @@ async def run_evaluators(ctx: RunContext, sampler: SamplingClient, step: int) ->
             base_name=f"eval_{ctx.test_evaluator.name}",
             split=f"eval/{ctx.test_evaluator.name}",
             title=f"Running evaluation {ctx.test_evaluator.name} {step}",
+            export_summaries=ctx.config.rollout_json_export,
         )
     return merged
 
@@ -240,6 +241,7 @@ def record_rollouts(
         decode=ctx.decode,
         num_groups_to_log=ctx.config.num_groups_to_log,
         advantage_estimator=ctx.config.advantage_estimator,
+        export_summaries=ctx.config.rollout_json_export,
     )
 
 

@@ -105,10 +105,9 @@ def _rows(log_path: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (log_path / name).read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def both_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """The two runs' log dirs (once for the module): the cookbook's, then ours."""
-    root = tmp_path_factory.mktemp("metric_names")
+def _run_both(root: Path, **overrides: Any) -> tuple[Path, Path]:
+    """The cookbook's `main` and ours on the same config (`_options` and `overrides`): their
+    log dirs under `root`."""
     theirs, ours = root / "cookbook", root / "rlpure"
     tokenizer_utils.register_tokenizer(MODEL, ByteTokenizer)
     try:
@@ -117,16 +116,43 @@ def both_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
             # offline: the cookbook's one network call (it fails soft without a network)
             patch.setattr(cookbook_train, "fetch_model_pricing", lambda model_name: None)
             builder = ArithmeticDatasetBuilder(**_builder_options())
-            config = cookbook_train.Config(dataset_builder=builder, **_options(theirs))
+            config = cookbook_train.Config(
+                dataset_builder=builder, **{**_options(theirs), **overrides}
+            )
             asyncio.run(cookbook_train.main(config))
     finally:
         tokenizer_utils.unregister_tokenizer(MODEL)
     port = ported_module("recipes/math_rl/arithmetic_env.py")
     ours_config = our_train.Config(
-        dataset_builder=port.ArithmeticDatasetBuilder(**_builder_options()), **_options(ours)
+        dataset_builder=port.ArithmeticDatasetBuilder(**_builder_options()),
+        **{**_options(ours), **overrides},
     )
     asyncio.run(our_train.main(ours_config, service_client=FakeServiceClient(vocab_size=VOCAB)))
-    yield theirs, ours
+    return theirs, ours
+
+
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """The two runs' log dirs (once for the module): the cookbook's, then ours."""
+    yield _run_both(tmp_path_factory.mktemp("metric_names"))
+
+
+def _iteration_files(log_path: Path) -> set[str]:
+    return {p.relative_to(log_path).as_posix() for p in log_path.glob("iteration_*/*")}
+
+
+def test_both_write_the_same_iteration_files_and_rollout_json_export_false_drops_the_same(
+    both_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    theirs, ours = (_iteration_files(path) for path in both_runs)
+    assert "iteration_000000/train_rollout_summaries.jsonl" in theirs
+    assert theirs == ours
+    without = [_iteration_files(p) for p in _run_both(tmp_path, rollout_json_export=False)]
+    assert (
+        without[0]
+        == without[1]
+        == {name for name in theirs if not name.endswith("_rollout_summaries.jsonl")}
+    )
 
 
 def test_step_rows_have_the_cookbooks_keys_for_everything_both_compute(

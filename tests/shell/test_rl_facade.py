@@ -198,6 +198,17 @@ def test_enable_trace_and_span_chart_every_write_the_cookbooks_files_and_a_resum
     assert [name for phase, name, _, _ in again if phase == "B"].count("train_step") == 4
 
 
+def test_rollout_json_export_false_writes_the_pages_without_the_rollout_summaries(
+    tmp_path,
+) -> None:
+    log_path = tmp_path / "run"
+    config = _config(log_path, max_steps=1, rollout_json_export=False)
+    asyncio.run(train.main(config, service_client=micro_service(log_path / "s")))
+    written = {p.name for p in (log_path / "iteration_000000").iterdir()}
+    assert written == {"train.html", "train_logtree.json"}
+    assert (log_path / "samples.jsonl").exists()
+
+
 def test_without_enable_trace_nothing_is_traced_or_charted(tmp_path) -> None:
     log_path = tmp_path / "run"
     asyncio.run(
@@ -248,7 +259,6 @@ def _is_step(row: dict) -> bool:
         ({"rollout_error_tolerance": 3}, "Invalid rollout_error_tolerance"),
         ({"base_url": "http://x"}, "Config.base_url"),
         ({"loss_fn": "custom"}, "custom"),
-        ({"rollout_json_export": False}, "rollout_json_export=False: not supported"),
     ],
 )
 def test_main_refuses_unsupported_or_bad_config_before_anything_runs(

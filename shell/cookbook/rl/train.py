@@ -8,8 +8,8 @@ is not a second loop: it maps `Config` onto `shell.config.TrainConfig` and runs
 
 What `main(config, rollout_executor=None, service_client=None)` does, in order:
 
-1. checks the whole config before anything runs: a field this loop does not implement yet set
-   to a non-default value (`rollout_json_export=False`), or the cookbook's own errors
+1. checks the whole config before anything runs: a custom loss (`loss_fn="custom"`, which this
+   loop does not implement yet), or the cookbook's own errors
    (`kl_penalty_coef > 0` without `kl_reference_config`, `Config.loss_fn` conflicting with
    `AsyncConfig.loss_fn`, `stable_reinforce` with `kl_discount_factor > 0`), or what
    `TrainConfig` refuses for the backend (e.g. `stable_reinforce`, the async default, on the
@@ -55,8 +55,8 @@ set `async_config.loss_fn` (or `loss_fn`) to another loss to use it.
 Deliberate differences: `main` returns the `shell.training.TrainResult` (the cookbook returns
 None); `renderer_name` is accepted and not used (the renderer is the dataset builder's
 business); the TTLs are passed to the backend, which on the local one keeps every checkpoint
-until it is deleted;
-`rollout_json_export=True` is what `samples.jsonl` already records.
+until it is deleted. `rollout_json_export=False` leaves out the `iteration_NNNNNN/`
+`*_rollout_summaries.jsonl` files, as the cookbook's (rlpure's `samples.jsonl` is still written).
 
 `run_evaluations_parallel(evaluators, sampling_client, config, i_batch, store=None)` and
 `run_single_evaluation` are the cookbook's (recipes call them after `main`, e.g. forecasting's
@@ -289,18 +289,8 @@ class Config:
         return rollout_strategy_from_config(self.rollout_error_tolerance)
 
 
-# (field, its default, why it is refused when set to anything else)
-_NOT_YET: tuple[tuple[str, Any, str], ...] = (
-    ("rollout_json_export", True, "samples.jsonl is always written"),
-)
-
-
 def _check_supported(config: Config) -> None:
     """Refuses what `main` cannot honour, before anything runs (see the module docstring)."""
-    for name, default, why in _NOT_YET:
-        value = getattr(config, name)
-        if value != default:
-            raise ConfigError(f"Config.{name}={value!r}: not supported ({why})")
     if config.training_loss_fn() == "custom":
         where = "AsyncConfig.loss_fn" if config.async_config is not None else "Config.loss_fn"
         raise ConfigError(f"{where}='custom': custom losses are not supported")
@@ -349,6 +339,7 @@ def to_train_config(config: Config, *, backend: Literal["local", "tinker", "fake
         "rolling_save_every": config.rolling_save_every,
         "rolling_ttl_seconds": config.rolling_ttl_seconds,
         "num_groups_to_log": config.num_groups_to_log,
+        "rollout_json_export": config.rollout_json_export,
         "enable_trace": config.enable_trace,
         "span_chart_every": config.span_chart_every,
         "stream_minibatch_config": (
