@@ -59,14 +59,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import jax
+from rlpure_launch import ALLOCATOR_ENVIRON, start_with_allocator_environ
+
+if __name__ == "__main__":  # restart as `rlpure` runs (rlpure_launch), before JAX is imported
+    start_with_allocator_environ()  # RLPURE_MALLOC=default: glibc's defaults
+
+import jax  # after the restart, so imported once
 import jax.numpy as jnp
 import numpy as np
 from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.packing import GroupedPlan, plan_grouped_chunks, prefix_tree_size
-from rlpure_launch import ALLOCATOR_ENVIRON, start_with_allocator_environ
 from shell.local import LocalServiceClient
 from shell.local._inputs import (
     check_data,
@@ -799,5 +803,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    start_with_allocator_environ()  # as `rlpure` runs (rlpure_launch); RLPURE_MALLOC=default not
     main()
