@@ -99,14 +99,38 @@ def _namespace_prefix(*, isolate_network: bool) -> tuple[tuple[str, ...], bool]:
 
 
 _SET_LIMITS_AND_EXEC = """
-import os, resource, sys
+import os, resource, signal, sys
 for name, limit in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:5]):
     if limit != "none":
         resource.setrlimit(getattr(resource, name), (int(limit), int(limit)))
-os.execvp(sys.argv[5], sys.argv[5:])
+for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; an ignored signal survives exec
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
+try:
+    os.execvp(sys.argv[5], sys.argv[5:])
+except OSError as error:
+    print(f"LocalSandbox: cannot run {sys.argv[5]!r}: {error}", file=sys.stderr)
+    os._exit(127)
 """
 """The launcher's program: `argv[1:5]` the limits (bytes, seconds, bytes, bytes; `none`: keep
-the inherited one), then the command's argv."""
+the inherited one), then the command's argv; SIGPIPE and SIGXFSZ back to their default action
+(as `subprocess` restores them), so a write to a closed pipe or past the file-size limit kills
+the writer as in a shell; a command that cannot be executed exits 127 after one line."""
+
+
+@functools.cache
+def _python() -> str:
+    """The interpreter that runs the launcher: this one, else `python3` on the PATH.
+
+    Raises:
+        RuntimeError: neither is known.
+    """
+    found = sys.executable or shutil.which("python3")
+    if not found:
+        raise RuntimeError(
+            "LocalSandbox: no Python to set the resource limits with (sys.executable is "
+            "empty and python3 is not on the PATH)"
+        )
+    return found
 
 
 def _limits_argv(
@@ -121,7 +145,7 @@ def _limits_argv(
     """
     memory = "none" if memory_limit_bytes is None else str(memory_limit_bytes)
     limits = [memory, str(cpu_seconds), str(file_size_bytes), "0"]
-    return [sys.executable, "-I", "-S", "-c", _SET_LIMITS_AND_EXEC, *limits, *argv]
+    return [_python(), "-I", "-S", "-c", _SET_LIMITS_AND_EXEC, *limits, *argv]
 
 
 class _Capture:

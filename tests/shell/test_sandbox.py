@@ -6,6 +6,7 @@ import asyncio
 import doctest
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -111,11 +112,34 @@ def test_every_limit_reaches_the_command_exactly(make_sandbox: MakeSandbox) -> N
     assert _limits(result.stdout)["Max address space"] == inherited
 
 
-def test_a_file_past_the_size_limit_is_cut_there(make_sandbox: MakeSandbox) -> None:
+def test_a_write_past_the_size_limit_is_killed_by_sigxfsz_and_the_file_cut_there(
+    make_sandbox: MakeSandbox,
+) -> None:
     sandbox = make_sandbox(file_size_limit_bytes=4096)
-    result = asyncio.run(sandbox.run_command("head -c 10000 /dev/zero > big; wc -c < big"))
+    command = "head -c 10000 /dev/zero > big; echo $?; wc -c < big"
+    result = asyncio.run(sandbox.run_command(command))
     assert result.exit_code == 0
-    assert result.stdout.strip() == "4096"
+    assert result.stdout.split() == [str(128 + signal.SIGXFSZ), "4096"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_commands_start_with_no_signal_ignored_and_a_closed_pipe_stops_its_writer(
+    make_sandbox: MakeSandbox,
+) -> None:
+    sandbox = make_sandbox()
+    status = asyncio.run(sandbox.run_command("grep SigIgn /proc/self/status"))
+    assert status.stdout.split() == ["SigIgn:", "0" * 16]
+    start = time.monotonic()
+    endless = asyncio.run(sandbox.run_command("while :; do echo y; done | head -1", timeout=20))
+    assert (endless.exit_code, endless.stdout) == (0, "y\n")  # SIGPIPE ended the loop
+    assert time.monotonic() - start < 10
+
+
+def test_a_command_that_cannot_be_executed_exits_127_with_one_line(tmp_path: Path) -> None:
+    argv = _local._limits_argv([str(tmp_path / "missing")], None, 5, 1 << 20)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 127
+    assert done.stderr.startswith("LocalSandbox: cannot run") and done.stderr.count("\n") == 1
 
 
 def test_no_python_runs_in_this_process_between_fork_and_exec(make_sandbox: MakeSandbox) -> None:
