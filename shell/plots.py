@@ -181,24 +181,30 @@ def write_span_gantt_html(
 
 def _span_gantt(step: int, spans: Sequence[Mapping[str, Any]]) -> Figure:
     ordered = sorted(spans, key=lambda s: (float(s["wall_start"]), -float(s["wall_end"])))
-    names: list[str] = []
-    for span in ordered:
-        if str(span["name"]) not in names:
-            names.append(str(span["name"]))
+    rows: dict[str, list[tuple[float, float]]] = {}  # name -> (left, width), first start first
     start = min(float(s["wall_start"]) for s in ordered)
     end = max(float(s["wall_end"]) for s in ordered)
-    fig = _figure(_GANTT_WIDTH, 1.2 + 0.38 * len(names))
-    ax = fig.add_subplot()
     for span in ordered:
-        row = names.index(str(span["name"]))
         left = float(span["wall_start"]) - start
         width = max(float(span["wall_end"]) - float(span["wall_start"]), 0.0)
+        rows.setdefault(str(span["name"]), []).append((left, width))
+    names = list(rows)
+    fig = _figure(_GANTT_WIDTH, 1.2 + 0.38 * len(names))
+    ax = fig.add_subplot()
+    for row, name in enumerate(names):  # one artist per row: thousands of spans draw fast
+        bars = rows[name]
         colour = f"C{row % 10}"
-        ax.barh(row, width, left=left, height=0.6, color=colour, edgecolor="black", linewidth=0.4)
-        if width >= 0.04 * max(end - start, 1e-9):
-            ax.text(
-                left + width / 2, row, f"{width:.3g}s", ha="center", va="center", fontsize="x-small"
-            )
+        ax.broken_barh(bars, (row - 0.3, 0.6), facecolors=colour, edgecolor="black", linewidth=0.4)
+        for left, width in bars:
+            if width >= 0.04 * max(end - start, 1e-9):  # at most 25 labels a row
+                ax.text(
+                    left + width / 2,
+                    row,
+                    f"{width:.3g}s",
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                )
     ax.set_yticks(range(len(names)), labels=names, fontsize="small")
     ax.invert_yaxis()  # first phase on top
     ax.set_xlabel("seconds from the step's first span")

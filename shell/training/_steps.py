@@ -343,6 +343,6 @@ async def finish_step(
     write_spans(logs, step, timer)
     every = config.span_chart_every
     if every and step % every == 0 and timer.spans:
-        write_span_gantt_html(
-            step, span_dicts(timer.spans), iteration_dir(ctx.log_dir, step) / GANTT_FILE
-        )
+        chart = iteration_dir(ctx.log_dir, step) / GANTT_FILE
+        # off the event loop: the async mode's rollouts go on while it draws
+        await asyncio.to_thread(write_span_gantt_html, step, span_dicts(timer.spans), chart)
