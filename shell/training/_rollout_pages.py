@@ -11,7 +11,7 @@ Conventions: for step `i` the loop writes, in `<log_dir>/iteration_NNNNNN/` (`it
 - `{base}_logtree.json`: the same tree as JSON (`Trace.to_dict()`);
 - `{base}_rollout_summaries.jsonl`: one record per trajectory of every successful group, the
   cookbook's schema (`serialize_rollout_summaries`): lengths, rewards and metrics, no text
-  (unless the run's `rollout_json_export` is off).
+  (not written when the run's `rollout_json_export` is off).
 
 `base` is `train` for a training step and `eval_<name>` for an `RLTestSetEvaluator` named
 `name`. The page is built after the rollouts, from the trajectory groups; the advantage shown is
@@ -418,7 +418,8 @@ def write_rollout_report(
     """Writes step `step`'s report files (see the module docstring) and returns their paths.
 
     Args:
-        log_dir: the run's log directory (`iteration_dir(log_dir, step)` is created).
+        log_dir: the run's log directory (`iteration_dir(log_dir, step)` is created when
+            something is written there).
         step: the iteration (also the summaries' `iteration` and `sampling_client_step`).
         groups_P: the successful groups of the step, in batch order.
         tags_P: each group's `logging_tags()`.
@@ -439,7 +440,8 @@ def write_rollout_report(
             f"write_rollout_report: num_groups_to_log must be >= 0, got {num_groups_to_log}"
         )
     directory = iteration_dir(log_dir, step)
-    directory.mkdir(parents=True, exist_ok=True)
+    if export_summaries or num_groups_to_log:  # nothing to write: no folder, as the cookbook
+        directory.mkdir(parents=True, exist_ok=True)
     summaries = None
     if export_summaries:
         records = serialize_rollout_summaries(

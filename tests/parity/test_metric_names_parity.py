@@ -153,6 +153,8 @@ def test_both_write_the_same_iteration_files_and_rollout_json_export_false_drops
         == without[1]
         == {name for name in theirs if not name.endswith("_rollout_summaries.jsonl")}
     )
+    quiet = _run_both(tmp_path / "quiet", rollout_json_export=False, num_groups_to_log=0)
+    assert [list(path.glob("iteration_*")) for path in quiet] == [[], []]  # not even folders
 
 
 def test_step_rows_have_the_cookbooks_keys_for_everything_both_compute(

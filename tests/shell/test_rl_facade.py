@@ -207,6 +207,10 @@ def test_rollout_json_export_false_writes_the_pages_without_the_rollout_summarie
     written = {p.name for p in (log_path / "iteration_000000").iterdir()}
     assert written == {"train.html", "train_logtree.json"}
     assert (log_path / "samples.jsonl").exists()
+    quiet = tmp_path / "quiet"
+    config = _config(quiet, max_steps=1, rollout_json_export=False, num_groups_to_log=0)
+    asyncio.run(train.main(config, service_client=micro_service(quiet / "s")))
+    assert not list(quiet.glob("iteration_*"))  # nothing to write there: no folder either
 
 
 def test_without_enable_trace_nothing_is_traced_or_charted(tmp_path) -> None:
