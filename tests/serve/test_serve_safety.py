@@ -661,39 +661,43 @@ def test_sigterm_mid_training_exits_0_soon_and_keeps_the_saves_a_client_got(
         loss_at_save = _probe_loss(trainer)
         kept = trainer.save_state("kept").result(SDK_TIMEOUT_S).path
         queued: list[tinker.APIFuture[Any]] = []
-        for _ in range(6):  # queued back to back, changing the weights after the save
-            queued.append(trainer.forward_backward(BATCH, "cross_entropy"))
-            queued.append(trainer.optim_step(adam))
-        queued.append(trainer.save_state("late"))
-        started = time.monotonic()
-        first.process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)  # the handler has run: the engine refuses work from now on
-        step = types.OptimStepRequest(model_id=trainer.model_id, seq_id=1000, optim_params=adam)
-        late = urllib.request.Request(
-            f"{first.url}/api/v1/optim_step",
-            data=step.model_dump_json(exclude_none=True).encode(),
-            headers=JSON_HEADERS,
-        )
-        with pytest.raises((urllib.error.URLError, ConnectionError)) as refused:  # 503 or closed
-            urllib.request.urlopen(late, timeout=10)
-        assert time.monotonic() - started < 10.0  # refused, not left hanging
-        if isinstance(refused.value, urllib.error.HTTPError):
-            assert refused.value.code == 503
-            assert "shutting down" in _detail_5xx(refused.value.read())
         try:
-            code = first.process.wait(15.0)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"still running 15 s after SIGTERM:\n{first.log_text()}")
-        assert time.monotonic() - started < 15.0
-        assert code == 0, first.log_text()
-        assert "stopped after" in first.log_text()
-        assert "Traceback" not in first.log_text()
-        # Else the SDK retries them against the dead server for minutes each, in its thread,
-        # through the tests that follow in this process (Hypothesis then sees the global
-        # `random` move under its strategies: the SDK's retry jitter).
-        for future in queued:
-            future.future().cancel()
-        service.holder.close()
+            for _ in range(6):  # queued back to back, changing the weights after the save
+                queued.append(trainer.forward_backward(BATCH, "cross_entropy"))
+                queued.append(trainer.optim_step(adam))
+            queued.append(trainer.save_state("late"))
+            started = time.monotonic()
+            first.process.send_signal(signal.SIGTERM)
+            time.sleep(0.2)  # the handler has run: the engine refuses work from now on
+            step = types.OptimStepRequest(model_id=trainer.model_id, seq_id=1000, optim_params=adam)
+            late = urllib.request.Request(
+                f"{first.url}/api/v1/optim_step",
+                data=step.model_dump_json(exclude_none=True).encode(),
+                headers=JSON_HEADERS,
+            )
+            with pytest.raises(
+                (urllib.error.URLError, ConnectionError)
+            ) as refused:  # 503 or closed
+                urllib.request.urlopen(late, timeout=10)
+            assert time.monotonic() - started < 10.0  # refused, not left hanging
+            if isinstance(refused.value, urllib.error.HTTPError):
+                assert refused.value.code == 503
+                assert "shutting down" in _detail_5xx(refused.value.read())
+            try:
+                code = first.process.wait(15.0)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running 15 s after SIGTERM:\n{first.log_text()}")
+            assert time.monotonic() - started < 15.0
+            assert code == 0, first.log_text()
+            assert "stopped after" in first.log_text()
+            assert "Traceback" not in first.log_text()
+        finally:  # passed or not: else the SDK retries them against the dead server for
+            # minutes each, in its thread, through the tests that follow in this process
+            # (Hypothesis then sees the global `random` move under its strategies: the SDK's
+            # retry jitter)
+            for future in queued:
+                future.future().cancel()
+            service.holder.close()
 
     with running_server(state_dir) as second:
         _sdk_env(monkeypatch, second)
