@@ -40,8 +40,8 @@ How the fields map onto `TrainConfig`: `log_path` â†’ `log_dir`, `model_name` â†
 cadence, epoch, step and timing fields keep their names (`save_every`, `ttl_seconds`,
 `rolling_save_every` and `rolling_ttl_seconds` save as the cookbook's `CheckpointManager`, see
 `shell.training._saves`; `enable_trace` writes `trace_events.jsonl` and `span_chart_every` the
-`iteration_NNNNNN/timing_gantt.html` charts, as the cookbook's, from the loop's spans); `wandb_project`
-and `wandb_name` log to W&B as the cookbook's `WandbLogger`
+`iteration_NNNNNN/timing_gantt.html` charts, as the cookbook's, from the loop's spans);
+`wandb_project` and `wandb_name` log to W&B as the cookbook's `WandbLogger`
 (`shell.training._trackers`). The evaluation temperature is the cookbook's 1.0. `recipe_name`
 and the dataset builder's class are recorded as recipe options, so a resume with another recipe
 or builder class is refused.
