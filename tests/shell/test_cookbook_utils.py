@@ -11,6 +11,7 @@ import doctest
 import json
 import logging
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -385,6 +386,24 @@ def test_spans_are_traced_only_while_tracing(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert events[-1]["args"]["k"] == "v" and events[-1]["args"]["j"] == 2
     assert events[0]["ts"] <= events[-1]["ts"] and events[0]["tid"] == events[-1]["tid"]
+
+
+@pytest.mark.parametrize("content", [None, "{not json\n"])
+def test_the_trace_converter_says_what_is_wrong_with_its_input_in_one_line(
+    tmp_path: Path, content: str | None
+) -> None:
+    source = tmp_path / "trace_events.jsonl"
+    if content is not None:
+        source.write_text(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "shell.cookbook.utils.trace", str(source), str(tmp_path / "t.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"convert: {source}: ") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_an_iteration_window_times_scopes_into_the_step_timer() -> None:

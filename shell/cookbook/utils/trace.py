@@ -207,7 +207,8 @@ def save_gantt_chart_html(window: IterationWindow, step: int, path: Path | str) 
 
 def convert_jsonl_to_json_main() -> None:
     """Command line: `trace_events_jsonl_file output_json_file` → a JSON array for the trace
-    viewers."""
+    viewers (`python -m shell.cookbook.utils.trace`); a file it cannot read, parse or write is
+    one line and exit status 1 (the cookbook's raises)."""
     parser = argparse.ArgumentParser(
         description="Convert trace events from JSONL format to JSON format for visualization "
         "in chrome://tracing or https://ui.perfetto.dev/"
@@ -215,7 +216,10 @@ def convert_jsonl_to_json_main() -> None:
     parser.add_argument("trace_events_jsonl_file", type=str)
     parser.add_argument("output_json_file", type=str)
     args = parser.parse_args()
-    trace_json_from_jsonl(args.trace_events_jsonl_file, args.output_json_file)
+    try:
+        trace_json_from_jsonl(args.trace_events_jsonl_file, args.output_json_file)
+    except (OSError, ValueError) as error:  # unreadable, unwritable, or not JSON lines
+        raise SystemExit(f"convert: {args.trace_events_jsonl_file}: {error}") from None
     print(
         "To view the trace:\n1. Navigate to chrome://tracing or https://ui.perfetto.dev/\n"
         f"2. Load the trace file: {args.output_json_file}"
