@@ -338,17 +338,37 @@ def _final_eval(log_dir: str) -> str | None:
 def summary_line(result: TrainResult) -> str:
     """The last line `rlpure train` prints: what ran, the log dir, the final eval, the checkpoint.
 
-    A rerun of a finished run trains nothing and says so.
+    A rerun of a finished run trains nothing and says so; a run whose data ran out before its
+    last step (async mode) counts the steps that ran, not the planned ones, and steps that
+    trained on nothing are named.
     """
-    if result.end_step == result.start_step:
-        head = f"Nothing to do: {result.log_dir} already trained {result.end_step} steps"
-    else:
-        ran = result.end_step - result.start_step
+    start, end = result.start_step, result.end_step
+    if end == start:
+        head = f"Nothing to do: {result.log_dir} already trained {end} steps"
+    elif result.ran_out_at is None:
+        ran = end - start
         head = (
-            f"Trained steps {result.start_step}..{result.end_step - 1} "
-            f"({ran} step{'s' * (ran != 1)}, {result.end_step} in total) in {result.log_dir}"
+            f"Trained steps {start}..{end - 1} ({ran} step{'s' * (ran != 1)}, {end} in total) "
+            f"in {result.log_dir}"
+        )
+    elif result.ran_out_at == start:
+        head = (
+            f"Trained no step in {result.log_dir}: the data ran out at step {start} of {end} "
+            "(every group was filtered out or failed)"
+        )
+    else:
+        ran = result.ran_out_at - start
+        head = (
+            f"Trained steps {start}..{result.ran_out_at - 1} ({ran} of the {end - start} "
+            f"planned: the data ran out, groups were filtered out or failed) in {result.log_dir}"
         )
     parts = [head]
+    if result.skipped_steps:
+        n, shown = len(result.skipped_steps), ", ".join(map(str, result.skipped_steps[:10]))
+        more = ", …" if n > 10 else ""
+        parts.append(
+            f"{n} step{'s' * (n != 1)} trained on nothing, every group failed: {shown}{more}"
+        )
     final_eval = _final_eval(result.log_dir)
     if final_eval:
         parts.append(f"final eval: {final_eval}")

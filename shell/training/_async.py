@@ -382,7 +382,12 @@ async def _training_loop(
             ctx.num_steps - shared.start,
             groups_per_batch,
         )
-    return StepsDone(state=shared.state, last_metrics=last_metrics, skipped=())
+    return StepsDone(
+        state=shared.state,
+        last_metrics=last_metrics,
+        skipped=(),
+        ran_out_at=step if step < ctx.num_steps else None,
+    )
 
 
 def _resumed_data(log_dir: Path, start: int) -> tuple[Position, tuple[Position, ...]]:

@@ -163,8 +163,13 @@ class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         log_dir: the run's log directory.
         start_step: first step this call ran (> 0 when it resumed).
-        end_step: steps completed in total.
+        end_step: steps completed in total (the final checkpoint's step, also when the data ran
+            out before it).
         skipped_steps: steps that trained on nothing because every group failed.
+        ran_out_at: the step at which the data ran out, before `end_step` (async mode, when
+            groups are filtered or fail: steps `ran_out_at .. end_step − 1` never ran, as in the
+            cookbook, whose final checkpoint also carries the planned step); None when every
+            step ran.
         last_metrics: the metrics of the last step this call ran (empty if none ran).
         checkpoint: the last checkpoint record (None if none was written).
         reward_curve: path of the reward-curve PNG, if one was drawn.
@@ -177,6 +182,7 @@ class TrainResult(msgspec.Struct, frozen=True, kw_only=True):
     last_metrics: dict[str, Any]
     checkpoint: CheckpointRecord | None
     reward_curve: str | None
+    ran_out_at: int | None = None
 
 
 async def evaluate(
@@ -428,6 +434,7 @@ async def _locked_train(
         start_step=start,
         end_step=num_steps,
         skipped_steps=done.skipped,
+        ran_out_at=done.ran_out_at,
         last_metrics=done.last_metrics,
         checkpoint=checkpoint,
         reward_curve=None if curve is None else str(curve),

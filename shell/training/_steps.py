@@ -128,11 +128,14 @@ class StepsDone(NamedTuple):
         state: the run's state after its last step.
         last_metrics: the metrics of the last step run (empty if none ran).
         skipped: steps that trained on nothing because every group failed.
+        ran_out_at: the step the data ran out at, before the run's last (async mode: steps
+            from there on never ran); None when every step ran.
     """
 
     state: RunState
     last_metrics: dict[str, Any]
     skipped: tuple[int, ...]
+    ran_out_at: int | None = None
 
 
 _EVAL_STREAM = 0x6576616C

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shell.cli import summary_line
 from shell.config import AsyncConfig, StreamMinibatchConfig, TrainConfig
 from shell.errors import ConfigError, EnvFailure
 from shell.fakes import (
@@ -97,8 +99,9 @@ class Stop(BaseException):
 
 
 class _Group(ScriptedGroupBuilder):
-    """Group `(batch, problem)`: prompt `[1, 100 + batch, 200 + problem]`, rewards `index % 2`,
-    env latency `latency`; logs `("start", where)` / `("done", where)` in `log`."""
+    """Group `(batch, problem)`: prompt `[1, 100 + batch, 200 + problem]`, rewards `index % 2`
+    (all 1 when `constant`), env latency `latency`; logs `("start", where)` / `("done", where)`
+    in `log`."""
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class _Group(ScriptedGroupBuilder):
         log: list[tuple[Any, ...]],
         latency: float = 0.0,
         error: BaseException | None = None,
+        constant: bool = False,
     ) -> None:
         self.where = (batch, problem)
         self.log = log
@@ -115,7 +119,7 @@ class _Group(ScriptedGroupBuilder):
         def make(index: int) -> ScriptedEnv:
             return ScriptedEnv(
                 prompt=[1, 100 + batch, 200 + problem],
-                rewards=(float(index % 2),),
+                rewards=(1.0 if constant else float(index % 2),),
                 latency=latency,
                 stop=(),
                 fail_at_step=None if error is None else 0,
@@ -189,6 +193,47 @@ def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: P
     assert {e[2] for e in fb} == {"stable_reinforce"}
     assert all(
         d.loss_fn_input_spans is not None for c in service.training_clients[0].sent_data for d in c
+    )
+
+
+def test_a_run_whose_groups_are_filtered_out_reports_the_steps_it_ran(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # batch 0's two groups train step 0; every later group has one reward and is dropped, so
+    # the data runs out at step 1 of 4: the result and the summary say so, not "4 steps"
+    log: list[tuple[Any, ...]] = []
+    dataset = ScriptedDataset(
+        lambda b, p: _Group(b, p, log=log, constant=b > 0), num_batches=4, groups_per_batch=2
+    )
+    service = FakeServiceClient()
+    config = _config(
+        tmp_path,
+        async_config=_async(max_steps_off_policy=1, groups_per_batch=2),
+        remove_constant_reward_groups=True,
+    )
+    with caplog.at_level(logging.WARNING):
+        result = asyncio.run(train(config, dataset=dataset, service_client=service))
+    assert (result.start_step, result.ran_out_at, result.end_step) == (0, 1, 4)
+    assert _trained(service) == [[(0, 0), (0, 1)]]
+    assert "ran out of data after 1 of 4 steps" in caplog.text
+    line = summary_line(result)
+    assert line.startswith(
+        "Trained steps 0..0 (1 of the 4 planned: the data ran out, groups were filtered out or "
+        f"failed) in {tmp_path / 'run'}"
+    ), line
+
+    every = ScriptedDataset(
+        lambda b, p: _Group(b, p, log=log, constant=True), num_batches=2, groups_per_batch=2
+    )
+    config = _config(
+        tmp_path / "none",
+        async_config=_async(max_steps_off_policy=1, groups_per_batch=2),
+        remove_constant_reward_groups=True,
+    )
+    result = asyncio.run(train(config, dataset=every, service_client=FakeServiceClient()))
+    assert (result.ran_out_at, result.end_step) == (0, 2)
+    assert summary_line(result).startswith(
+        f"Trained no step in {tmp_path / 'none' / 'run'}: the data ran out at step 0 of 2"
     )
 
 

@@ -22,6 +22,7 @@ import shell.rollouts
 from rlpure.advantages import compute_advantages
 from rlpure.packing import assemble_batch
 from rlpure.records import ModelInput, TokensWithLogprobs, Trajectory, TrajectoryGroup, Transition
+from shell.cli import summary_line
 from shell.clients import TrainingClient
 from shell.config import TrainConfig, build_config, config_to_dict
 from shell.datums import to_tinker_datums
@@ -637,6 +638,7 @@ def test_a_step_where_every_group_failed_is_skipped_with_a_warning(
         result = _train(config, service, _dataset(3, failing_batches=[1]))
     assert result.skipped_steps == (1,)
     assert "Step 1: every group failed" in caplog.text
+    assert "; 1 step trained on nothing, every group failed: 1;" in summary_line(result)
     lines = _metric_lines(tmp_path / "run")
     assert [r["step"] for r in lines] == [0, 1, 2]
     assert lines[1]["progress/skipped"] == 1
