@@ -17,7 +17,9 @@ call's buffers between calls) and its threads share one arena.
 glibc reads these variables only when a process starts, so `main` starts the command again
 (`os.execve`, the same process id) with them set when any is missing; values already in the
 environment win; `RLPURE_MALLOC=default` keeps glibc's defaults. Other C libraries (macOS,
-musl) run the command as it is.
+musl) run the command as it is. The restart names the variables it added in
+`RLPURE_MALLOC_ADDED`, so that programs the run starts for the user (a sandbox's commands)
+get the environment the user started `rlpure` in (`user_environ`).
 """
 
 from __future__ import annotations
@@ -27,13 +29,23 @@ import platform
 import sys
 from collections.abc import Mapping
 
-__all__ = ["ALLOCATOR_ENVIRON", "allocator_environ", "main", "start_with_allocator_environ"]
+__all__ = [
+    "ADDED_VARIABLE",
+    "ALLOCATOR_ENVIRON",
+    "allocator_environ",
+    "main",
+    "start_with_allocator_environ",
+    "user_environ",
+]
 
 ALLOCATOR_ENVIRON = {
     "MALLOC_ARENA_MAX": "1",
     "MALLOC_MMAP_MAX_": "0",
     "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
 }
+
+ADDED_VARIABLE = "RLPURE_MALLOC_ADDED"
+"""Set by the restart: the `ALLOCATOR_ENVIRON` variables it added, comma-separated."""
 
 
 def allocator_environ(environ: Mapping[str, str], libc: str) -> dict[str, str] | None:
@@ -42,8 +54,9 @@ def allocator_environ(environ: Mapping[str, str], libc: str) -> dict[str, str] |
     already set).
 
     Examples:
-        >>> allocator_environ({"MALLOC_ARENA_MAX": "4"}, "glibc")["MALLOC_ARENA_MAX"]
-        '4'
+        >>> started = allocator_environ({"MALLOC_ARENA_MAX": "4"}, "glibc")
+        >>> started["MALLOC_ARENA_MAX"], started[ADDED_VARIABLE]
+        ('4', 'MALLOC_MMAP_MAX_,MALLOC_TRIM_THRESHOLD_')
         >>> allocator_environ(ALLOCATOR_ENVIRON, "glibc") is None
         True
         >>> allocator_environ({}, "") is None
@@ -51,9 +64,24 @@ def allocator_environ(environ: Mapping[str, str], libc: str) -> dict[str, str] |
     """
     if libc != "glibc" or environ.get("RLPURE_MALLOC") == "default":
         return None
-    if ALLOCATOR_ENVIRON.keys() <= environ.keys():
+    added = [name for name in ALLOCATOR_ENVIRON if name not in environ]
+    if not added:
         return None
-    return {**ALLOCATOR_ENVIRON, **environ}
+    return {**ALLOCATOR_ENVIRON, **environ, ADDED_VARIABLE: ",".join(added)}
+
+
+def user_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without what the restart added (`ADDED_VARIABLE` and the variables it names):
+    the environment the user started the command in, for the programs it runs for them.
+
+    Examples:
+        >>> user_environ({"PATH": "/bin", **allocator_environ({"PATH": "/bin"}, "glibc")})
+        {'PATH': '/bin'}
+        >>> user_environ({"MALLOC_ARENA_MAX": "4"})  # the user's own: kept
+        {'MALLOC_ARENA_MAX': '4'}
+    """
+    added = set(environ.get(ADDED_VARIABLE, "").split(",")) & ALLOCATOR_ENVIRON.keys()
+    return {k: v for k, v in environ.items() if k not in added and k != ADDED_VARIABLE}
 
 
 def start_with_allocator_environ() -> None:

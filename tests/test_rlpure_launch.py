@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rlpure_launch as launch
-from rlpure_launch import ALLOCATOR_ENVIRON, allocator_environ
+from rlpure_launch import ADDED_VARIABLE, ALLOCATOR_ENVIRON, allocator_environ, user_environ
 from tests.serve.server import running_server
 
 
@@ -26,8 +26,15 @@ def test_doctests() -> None:
 
 def test_the_missing_variables_are_added_and_the_users_win() -> None:
     environ = allocator_environ({"PATH": "/bin", "MALLOC_ARENA_MAX": "8"}, "glibc")
-    assert environ == {**ALLOCATOR_ENVIRON, "PATH": "/bin", "MALLOC_ARENA_MAX": "8"}
+    assert environ == {
+        **ALLOCATOR_ENVIRON,
+        "PATH": "/bin",
+        "MALLOC_ARENA_MAX": "8",
+        ADDED_VARIABLE: "MALLOC_MMAP_MAX_,MALLOC_TRIM_THRESHOLD_",
+    }
     assert allocator_environ(environ, "glibc") is None  # started again: nothing left to add
+    # what the run starts for the user gets the user's environment back, their own value kept
+    assert user_environ(environ) == {"PATH": "/bin", "MALLOC_ARENA_MAX": "8"}
 
 
 def test_rlpure_malloc_default_keeps_glibcs_defaults() -> None:

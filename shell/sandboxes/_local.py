@@ -19,6 +19,9 @@ shell exits or is killed every descendant dies with it, even one that left the p
 after every run, and reading the output after a kill waits at most `_DRAIN_SECONDS` (a
 descendant that left the group and keeps a pipe open cannot hold the call).
 
+Commands get this process's environment less the allocator variables the `rlpure` script added
+for XLA (`rlpure_launch.user_environ`): what the user started `rlpure` with.
+
 What is and is not enforced (Linux, no container):
 - Network: with `network=False` (the default) commands run under
   `unshare --user --map-root-user --net`, a fresh network namespace with only a down loopback,
@@ -49,6 +52,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlpure_launch import user_environ
 from shell.sandboxes._interface import SandboxResult, SandboxTerminatedError
 
 __all__ = ["DEFAULT_MAX_OUTPUT_BYTES", "LocalSandbox", "network_namespaces_available"]
@@ -257,6 +261,7 @@ class LocalSandbox:
             lambda: _Protocol(loop),
             *argv,
             cwd=cwd,
+            env=user_environ(os.environ),  # not the allocator variables `rlpure` added for XLA
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from rlpure_launch import ADDED_VARIABLE
 from shell.sandboxes import (
     LocalSandbox,
     SandboxInterface,
@@ -142,6 +143,21 @@ def test_a_command_that_cannot_be_executed_exits_127_with_one_line(tmp_path: Pat
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 127
     assert done.stderr.startswith("LocalSandbox: cannot run") and done.stderr.count("\n") == 1
+
+
+def test_commands_get_the_users_environment_not_the_allocator_variables_rlpure_added(
+    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlpure` starts itself again with glibc's allocator variables for XLA
+    (`rlpure_launch`); the user's code in the sandbox runs in the user's environment."""
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")  # added by the restart
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "7")  # the user's own
+    monkeypatch.setenv(ADDED_VARIABLE, "MALLOC_ARENA_MAX")
+    monkeypatch.setenv("RLPURE_TEST_MARK", "kept")
+    result = asyncio.run(make_sandbox().run_command("env"))
+    environ = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert environ["RLPURE_TEST_MARK"] == "kept" and environ["MALLOC_MMAP_MAX_"] == "7"
+    assert "MALLOC_ARENA_MAX" not in environ and ADDED_VARIABLE not in environ
 
 
 def test_no_python_runs_in_this_process_between_fork_and_exec(make_sandbox: MakeSandbox) -> None:
