@@ -7,11 +7,12 @@ Conventions:
   tick inside one. Rows (one per sample) are padded to power-of-two buckets (rows, prompt
   length, new tokens, stop sequences and their window) and served in order, in chunks of at
   most the runtime's `sampling_rows(...)` rows; a request's samples may span chunks. Within a
-  chunk the samples of one request share one prefill of its prompt (`P` prompts, padded to
-  a power of two), as on Tinker: laid out as a grid of `P` prompts × `Y = B / P` samples
-  (`SampleBatch.rows_per_prompt`, each prompt's cache then read once per decode step for its
-  samples) when no request has more than `Y` samples in the chunk, else flat
-  (`prompt_index_B`).
+  chunk the rows of one prompt share one prefill (`P` distinct prompts, padded to a power of
+  two), whether they are the samples of one request or of several requests with the same
+  tokens (the cookbook's rollouts send one request per sample of a group): laid out as a
+  grid of `P` prompts × `Y = B / P` samples (`SampleBatch.rows_per_prompt`, each prompt's
+  cache then read once per decode step for its samples) when no prompt has more than `Y`
+  rows in the chunk, else flat (`prompt_index_B`).
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
@@ -475,24 +476,29 @@ def _sample_batch(
     """The padded `SampleBatch` of `rows` (request, sample index), `B`, `P`, `T`, `Q`, `W`
     bucketed, and the batch row of each of `rows`.
 
-    One prompt per request: its samples share the prefill. The rows are bucketed (`B`, a power
-    of two) and so are the prompts (`P`); when some request has several samples in `rows` and
-    none has more than `Y = B / P`, rows go on a grid of `P` prompts × `Y` rows
-    (`rows_per_prompt = Y`, a function of the two buckets, so no new compile: each prompt's
-    cache is read once per decode step for its rows); otherwise they are laid out flat in
-    order, each copying its prompt's cache (`prompt_index_B`).
+    One prefill per distinct prompt: the rows of every request with the same prompt tokens
+    share it (a GRPO group sent as one request per sample, as the cookbook's rollouts send it,
+    is prefilled once, not once per sample). The rows are bucketed (`B`, a power of two) and
+    so are the prompts (`P`); when some prompt has several rows and none more than `Y = B /
+    P`, rows go on a grid of `P` prompts × `Y` rows (`rows_per_prompt = Y`, a function of the
+    two buckets, so no new compile: each prompt's cache is read once per decode step for its
+    rows); otherwise they are laid out flat in order, each copying its prompt's cache
+    (`prompt_index_B`).
     """
     requests = [r for r, _ in rows]
     prompt_of_row: list[int] = []
-    prompts: list[np.ndarray] = []
     sample_of_row: list[int] = []
-    for row, (r, _) in enumerate(rows):
-        if row == 0 or r is not rows[row - 1][0]:
+    prompts: list[np.ndarray] = []
+    index_of_prompt: dict[bytes, int] = {}  # the tokens (int32) of each distinct prompt
+    rows_of_prompt: list[int] = []
+    for r, _ in rows:
+        q = index_of_prompt.setdefault(r.prompt_T.tobytes(), len(prompts))
+        if q == len(prompts):
             prompts.append(r.prompt_T)
-            sample_of_row.append(0)
-        else:
-            sample_of_row.append(sample_of_row[-1] + 1)
-        prompt_of_row.append(len(prompts) - 1)
+            rows_of_prompt.append(0)
+        prompt_of_row.append(q)
+        sample_of_row.append(rows_of_prompt[q])
+        rows_of_prompt[q] += 1
     b = row_bucket(len(rows))
     # prompt rows bucket from 1: the prefill's cost is per prompt row (quadratic in `T`)
     p = min(b, row_bucket(len(prompts), minimum=1))

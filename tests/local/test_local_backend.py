@@ -334,6 +334,24 @@ def test_concurrent_requests_are_served_in_one_batched_call(
         for s, t in zip(x.sequences, y.sequences, strict=True):
             np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-6)
 
+    # a group sent as one request per sample (the cookbook's rollouts): 2 requests of 1 sample
+    # for each of 4 prompts, interleaved, are 4 prefills on a grid of 4 × 2, not 8 prefills;
+    # each request alone samples the same tokens
+    single = [
+        (p, 1, types.SamplingParams(max_tokens=16, temperature=1.0, seed=10 * i + k, stop=[]))
+        for k in range(2)
+        for i, p in enumerate(prompts)
+    ]
+    calls.clear()
+    singles = asyncio.run(_gather_samples(sampler, single))
+    assert len(calls) == 1 and calls[0][0][0] == 4 and calls[0][2].rows_per_prompt == 2
+    assert calls[0][2].prompt_index_B is None
+    for (p, n, sp), y in zip(single, singles, strict=True):
+        x = sampler.sample(p, n, sp).result()
+        assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
+        for s, t in zip(x.sequences, y.sequences, strict=True):
+            np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-6)
+
     async def blocking_result() -> types.SampleResponse:
         return sampler.sample(prompts[0], 2, params[0]).result()  # flushes, no deadlock
 
