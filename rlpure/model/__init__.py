@@ -47,6 +47,7 @@ from rlpure.model._config import (
 from rlpure.model._grouped_forward import (
     GroupedRows,
     grouped_target_logprobs_fn,
+    prefill_shared_prefix,
     suffix_attention_mask,
 )
 from rlpure.model._hf_names import config_from_hf, params_from_hf
@@ -119,6 +120,7 @@ __all__ = [
     "merge_lora",
     "params_from_hf",
     "prefill",
+    "prefill_shared_prefix",
     "prefix_attention_mask",
     "prefix_target_logprobs_fn",
     "rope_inv_freq",

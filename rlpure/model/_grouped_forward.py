@@ -43,9 +43,14 @@ from rlpure.model._config import ModelConfig
 from rlpure.model._layers import _attend, _dtype, _embed, _finish_block, _qkv, _unembed
 from rlpure.model._lora import LoraConfig
 from rlpure.model._prefix_forward import _gathered_logprobs
-from rlpure.model._transformer import Params, _lora_parts
+from rlpure.model._transformer import KVCache, Params, PrefillOutput, _lora_parts
 
-__all__ = ["GroupedRows", "grouped_target_logprobs_fn", "suffix_attention_mask"]
+__all__ = [
+    "GroupedRows",
+    "grouped_target_logprobs_fn",
+    "prefill_shared_prefix",
+    "suffix_attention_mask",
+]
 
 
 class GroupedRows(NamedTuple):
@@ -105,9 +110,12 @@ def _run_grouped_blocks(
     config: ModelConfig,
     layer_adapters: Params,
     scale: float,
-) -> jax.Array:
+    *,
+    keep_kv: bool = False,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """Every block over the prefix and suffix positions: the final stream float32
-    `[1, P · S + D · U, E]` (prefix positions first)."""
+    `[1, P · S + D · U, E]` (prefix positions first) and, with `keep_kv`, every layer's
+    RoPE'd keys and values `[L, 1, P · S + D · U, N, C]` (`config.dtype`; else None)."""
     dtype = _dtype(config)
     prefix_tokens_P_S = jnp.asarray(rows.prefix_tokens_P_S)
     suffix_tokens_D_U = jnp.asarray(rows.suffix_tokens_D_U)
@@ -126,7 +134,7 @@ def _run_grouped_blocks(
 
     def block(
         x_1_M_E: jax.Array, layer_and_adapters: tuple[Params, Params]
-    ) -> tuple[jax.Array, None]:
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         layer, ad = layer_and_adapters
         q, k, v = _qkv(layer, x_1_M_E, positions_1_M, config, ad, scale)
         k, v = k.astype(dtype), v.astype(dtype)
@@ -143,12 +151,13 @@ def _run_grouped_blocks(
         attn_1_M_H_C = jnp.concatenate(
             [attn_P_S_H_C.reshape(p * s, h, c), attn_D_U_H_C.reshape(d * u, h, c)]
         )[None]
-        return _finish_block(layer, x_1_M_E, attn_1_M_H_C, config, ad, scale), None
+        kept = (k, v) if keep_kv else None
+        return _finish_block(layer, x_1_M_E, attn_1_M_H_C, config, ad, scale), kept
 
-    x_1_M_E, _ = jax.lax.scan(
+    x_1_M_E, kv = jax.lax.scan(
         block, _embed(params, tokens_1_M[None, :]), (params["layers"], layer_adapters)
     )
-    return x_1_M_E
+    return x_1_M_E, kv
 
 
 def _check_grouped_rows(rows: GroupedRows, target_tokens_D_T: Any) -> None:
@@ -196,6 +205,96 @@ def grouped_target_logprobs_fn(
     """
     _check_grouped_rows(rows, target_tokens_D_T)
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
-    x_1_M_E = _run_grouped_blocks(params, rows, config, layer_adapters, scale)
+    x_1_M_E, _ = _run_grouped_blocks(params, rows, config, layer_adapters, scale)
     logits_M_V = _unembed(params, x_1_M_E, config, top_adapters, scale)[0]
     return _gathered_logprobs(logits_M_V, jnp.asarray(rows.gather_D_T), target_tokens_D_T)
+
+
+def prefill_shared_prefix(
+    params: Params,
+    tokens_P_T: jax.Array | np.ndarray,
+    length_P: jax.Array | np.ndarray,
+    shared: jax.Array | np.ndarray | int,
+    *,
+    config: ModelConfig,
+    cache_len: int,
+    prefix_width: int,
+    suffix_width: int,
+    adapters: Params | None = None,
+    lora: LoraConfig | None = None,
+) -> PrefillOutput:
+    """`rlpure.model.prefill` of prompts that begin with the same `shared` tokens, those
+    computed once (not jitted; the sampler's prefill when its prompts share a long prefix).
+
+    The first `prefix_width` (`S`) tokens of prompt 0 are a prefix row, each prompt's tokens
+    `[shared, shared + suffix_width)` a suffix row reading the prefix row's keys `j < shared`
+    (the grouped layout of this module), and the cache rows are the prefix row's keys and
+    values with each prompt's own written from position `shared` on: `S + P · U` positions
+    computed instead of `P · T`. The same logits and cache as `prefill` up to float32
+    reassociation (the suffix rows' attention sums the same terms in another order).
+
+    Args:
+        params: the params pytree.
+        tokens_P_T: int32 `[P, T]` right-padded prompts; the real ones agree on their first
+            `shared` tokens (the host's check; a padding prompt's row is garbage, but finite).
+        length_P: int32 `[P]` real lengths, each in `[shared + 1, shared + suffix_width]`
+            for a real prompt.
+        shared: int32 scalar, `1 ≤ shared ≤ prefix_width` and `shared + suffix_width ≤ T`
+            (traced: any shared length of the same widths reuses the compile).
+        config: model shape (static).
+        cache_len: `≥ T` (static), as `prefill`'s.
+        prefix_width: `S ≤ T` (static).
+        suffix_width: `U ≤ T` (static).
+        adapters: optional LoRA adapters.
+        lora: their config (static).
+
+    Returns:
+        `PrefillOutput` as `prefill`'s: logits float32 `[P, V]` after each prompt, and a
+        `KVCache` (keys `[P, N, C, cache_len]`, values `[P, N, cache_len, C]`) holding each
+        prompt's positions `[0, length_P[p])`.
+
+    Raises:
+        ValueError: widths out of range (static).
+    """
+    tokens_P_T = jnp.asarray(tokens_P_T, jnp.int32)
+    (p, t), s, u = tokens_P_T.shape, prefix_width, suffix_width
+    if not (1 <= s <= t and 1 <= u <= t <= cache_len):
+        raise ValueError(
+            f"prefill_shared_prefix: need 1 <= prefix_width {s} <= T {t}, 1 <= suffix_width "
+            f"{u} <= T and T <= cache_len {cache_len}"
+        )
+    layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
+    shared = jnp.asarray(shared, jnp.int32)
+    rows = GroupedRows(
+        prefix_tokens_P_S=tokens_P_T[:1, :s],
+        suffix_tokens_D_U=jax.lax.dynamic_slice_in_dim(tokens_P_T, shared, u, axis=1),
+        suffix_positions_D_U=shared + jnp.broadcast_to(jnp.arange(u, dtype=jnp.int32), (p, u)),
+        group_D=jnp.zeros((p,), jnp.int32),
+        prefix_length_D=jnp.full((p,), shared),
+        gather_D_T=jnp.zeros((p, 1), jnp.int32),  # no targets here
+    )
+    x_1_M_E, kv = _run_grouped_blocks(params, rows, config, layer_adapters, scale, keep_kv=True)
+    assert kv is not None
+    offset_P = jnp.clip(jnp.asarray(length_P, jnp.int32) - shared - 1, 0, u - 1)
+    x_P_1_E = x_1_M_E[0, s + jnp.arange(p) * u + offset_P][:, None, :]
+
+    def rows_of(kv_1_M_N_C: jax.Array) -> jax.Array:
+        """One layer's keys or values as the prompts' `[P, T, N, C]`."""
+        n, c = kv_1_M_N_C.shape[2:]
+        prefix_1_T_N_C = jnp.pad(kv_1_M_N_C[:, :s], ((0, 0), (0, t - s), (0, 0), (0, 0)))
+        own_P_U_N_C = kv_1_M_N_C[0, s:].reshape(p, u, n, c)
+        base_P_T_N_C = jnp.broadcast_to(prefix_1_T_N_C, (p, t, n, c))
+        return jax.lax.dynamic_update_slice(base_P_T_N_C, own_P_U_N_C, (0, shared, 0, 0))
+
+    room = cache_len - t
+    k_L, v_L = kv
+    keys_L = tuple(  # [P, T, N, C] -> [P, N, C, S]
+        jnp.pad(rows_of(k).transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, room))) for k in k_L
+    )
+    values_L = tuple(  # [P, T, N, C] -> [P, N, S, C]
+        jnp.pad(rows_of(v).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, room), (0, 0))) for v in v_L
+    )
+    return PrefillOutput(
+        logits_B_V=_unembed(params, x_P_1_E, config, top_adapters, scale)[:, 0],
+        cache=KVCache(k_L_B_N_C_S=keys_L, v_L_B_N_S_C=values_L),
+    )

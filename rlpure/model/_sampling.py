@@ -27,7 +27,9 @@ Conventions:
   `SampleBatch.rows_per_prompt = Y > 1` their cache `[P, …, T]` is read once per step by
   their `Y` rows each and the loop carries only the generated tokens' `[B, …, M]`
   (`decode_layers_shared_prompts`); otherwise each row holds its own `[B, …, T + M]`, its
-  prompt's copied in (`prompt_index_B`).
+  prompt's copied in (`prompt_index_B`). Prompts that begin with the same
+  `SampleBatch.shared_prefix_length` tokens have that prefix computed once
+  (`prefill_shared_prefix`; the same cache up to float32 reassociation).
 - Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
   logprob is unfiltered. Each row's randomness depends on its own key material and the step
   index only, never on the rest of the batch.
@@ -47,6 +49,7 @@ import msgspec
 import numpy as np
 
 from rlpure.model._config import ModelConfig
+from rlpure.model._grouped_forward import prefill_shared_prefix
 from rlpure.model._layers import NEG_INF
 from rlpure.model._lora import LoraConfig
 from rlpure.model._transformer import (
@@ -96,6 +99,13 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             and rows `[p·Y, (p+1)·Y)` continue prompt `p` (`prompt_index_B` must be `None`):
             each prompt is prefilled once and its cache read once per decode step for all
             its rows, not copied to each (the layout for GRPO's samples of one prompt).
+        shared_prefix_length: optional int32 scalar `shared ≥ 1`: the real prompts agree on
+            their first `shared` tokens, which are then prefilled once
+            (`rlpure.model.prefill_shared_prefix`; every real prompt at least `shared + 1`
+            and at most `shared + U` tokens long, `shared ≤ S`, `shared + U ≤ T`); requires
+            `prefix_widths`. `None`: each prompt prefilled whole.
+        prefix_widths: static `(S, U)`, the prefix row's and the suffix rows' widths of that
+            prefill (part of the `jit` cache key; `(0, 0)` without `shared_prefix_length`).
     """
 
     prompt_tokens_B_T: jax.Array | np.ndarray
@@ -110,6 +120,8 @@ class SampleBatch(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     stop_seq_valid_B_Q: jax.Array | np.ndarray
     prompt_index_B: jax.Array | np.ndarray | None = None
     rows_per_prompt: int = 1
+    shared_prefix_length: jax.Array | np.ndarray | None = None
+    prefix_widths: tuple[int, int] = (0, 0)
 
 
 class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -129,10 +141,11 @@ class SampleOutput(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     stopped_B: jax.Array
 
 
+_SAMPLE_BATCH_META = ("rows_per_prompt", "prefix_widths")
 jax.tree_util.register_dataclass(
     SampleBatch,
-    data_fields=[name for name in SampleBatch.__struct_fields__ if name != "rows_per_prompt"],
-    meta_fields=["rows_per_prompt"],
+    data_fields=[name for name in SampleBatch.__struct_fields__ if name not in _SAMPLE_BATCH_META],
+    meta_fields=list(_SAMPLE_BATCH_META),
 )
 jax.tree_util.register_dataclass(
     SampleOutput, data_fields=list(SampleOutput.__struct_fields__), meta_fields=[]
@@ -290,15 +303,18 @@ def _decoder(
     length_P = jnp.asarray(batch.prompt_length_B, jnp.int32)
     y = batch.rows_per_prompt
     t = tokens_P_T.shape[1]
-    prefilled = prefill(
-        params,
-        tokens_P_T,
-        length_P,
-        config=config,
-        cache_len=t if y > 1 else t + max_new_tokens,
-        adapters=adapters,
-        lora=lora,
-    )
+    cache_len = t if y > 1 else t + max_new_tokens
+    if batch.shared_prefix_length is None:
+        prefilled = prefill(
+            params, tokens_P_T, length_P, config=config, cache_len=cache_len, adapters=adapters,
+            lora=lora,
+        )  # fmt: skip
+    else:
+        prefilled = prefill_shared_prefix(
+            params, tokens_P_T, length_P, jnp.asarray(batch.shared_prefix_length, jnp.int32),
+            config=config, cache_len=cache_len, prefix_width=batch.prefix_widths[0],
+            suffix_width=batch.prefix_widths[1], adapters=adapters, lora=lora,
+        )  # fmt: skip
     layers_L = split_layers(params["layers"], config.n_layers)  # once, not every step
     layer_adapters = (adapters or {}).get("layers")
     layer_adapters_L = split_layers(layer_adapters, config.n_layers) if layer_adapters else None
@@ -484,7 +500,14 @@ def _record_tokens(
 
 
 def _check_layout(batch: SampleBatch) -> None:
-    """Refuses a `rows_per_prompt` that does not describe `batch`'s rows (static shapes)."""
+    """Refuses a `rows_per_prompt` that does not describe `batch`'s rows, and prefix widths
+    without a shared length or the reverse (static shapes)."""
+    if (batch.shared_prefix_length is None) != (batch.prefix_widths == (0, 0)):
+        raise ValueError(
+            "SampleBatch: shared_prefix_length and prefix_widths go together, got "
+            f"prefix_widths {batch.prefix_widths} and shared_prefix_length "
+            f"{'None' if batch.shared_prefix_length is None else 'set'}"
+        )
     y = batch.rows_per_prompt
     if y < 1:
         raise ValueError(f"SampleBatch.rows_per_prompt must be at least 1, got {y}")

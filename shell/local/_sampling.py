@@ -12,11 +12,16 @@ Conventions:
   tokens (the cookbook's rollouts send one request per sample of a group): laid out as a
   grid of `P` prompts × `Y = B / P` samples (`SampleBatch.rows_per_prompt`, each prompt's
   cache then read once per decode step for its samples) when no prompt has more than `Y`
-  rows in the chunk, else flat (`prompt_index_B`).
+  rows in the chunk, else flat (`prompt_index_B`). Prompts that begin alike (a system prompt,
+  few-shot examples) have their common prefix computed once when that halves the prefill's
+  positions (`shared_prefix_plan`, `rlpure.model.prefill_shared_prefix`); their logits equal
+  whole prefills' up to float32 reassociation, so a request batched with others that share
+  its prefix may, rarely, draw another token than it would alone at a near tie.
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
-  the client. It never depends on the batch, so batching does not change any result.
+  the client. It never depends on the batch, so batching does not change a sample's
+  randomness (with a shared prefix, only the last bits of the logits it is drawn from).
 - Returned logprobs are the sampled tokens' log-probabilities under the tempered
   distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
   as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training
@@ -62,7 +67,7 @@ from shell.local._train_steps import model_forward_vjp
 if TYPE_CHECKING:
     from shell.local._runtime import Tokenizer
 
-__all__ = ["LocalSamplingClient", "sampler_params"]
+__all__ = ["LocalSamplingClient", "sampler_params", "shared_prefix_plan"]
 
 _UINT32 = 1 << 32
 
@@ -516,13 +521,58 @@ def _sample_batch(
         length_P[index] = prompt.size
     prompt_index_B = np.zeros(b, np.int32)
     prompt_index_B[: len(rows)] = prompt_of_row
+    plan = shared_prefix_plan(prompts, t=t, p=p)
     return model_lib.SampleBatch(
         prompt_tokens_B_T=prompt_P_T,
         prompt_length_B=length_P,
         prompt_index_B=None if grid else prompt_index_B,
         rows_per_prompt=y if grid else 1,
+        shared_prefix_length=None if plan is None else np.asarray(plan[0], np.int32),
+        prefix_widths=(0, 0) if plan is None else plan[1:],
         **_row_fields(rows, slot_of_row, b=b, vocab_size=vocab_size),
     ), slot_of_row
+
+
+def shared_prefix_plan(prompts: list[np.ndarray], *, t: int, p: int) -> tuple[int, int, int] | None:
+    """`(shared, S, U)` for prefilling `prompts`' common first tokens once
+    (`rlpure.model.prefill_shared_prefix`: a prefix row of `S` positions and `p` suffix rows of
+    `U`), or None when that would not halve the prefill's `p · t` positions.
+
+    `shared` is the prompts' longest common prefix, short of the shortest prompt's last token
+    (each prompt keeps at least one token of its own) and shortened until `shared + U ≤ t`;
+    `S` and `U` are power-of-two buckets (from 16), so a new prefix length of the same buckets
+    reuses the compile.
+
+    Examples:
+        >>> system = np.arange(100)
+        >>> questions = [np.r_[system, np.arange(1 + i % 3) + 200 * i] for i in range(8)]
+        >>> shared_prefix_plan(questions, t=128, p=8)
+        (100, 128, 16)
+        >>> shared_prefix_plan(questions[:2], t=128, p=2) is None  # 160 of 256 positions
+        True
+        >>> shared_prefix_plan([np.arange(5), np.arange(6)], t=16, p=2) is None  # too short
+        True
+    """
+    if len(prompts) < 2:
+        return None
+    shared = min(x.size for x in prompts) - 1
+    for x in prompts[1:]:
+        differ = np.flatnonzero(prompts[0][:shared] != x[:shared])
+        if differ.size:
+            shared = int(differ[0])
+    longest = max(x.size for x in prompts)
+    u = t
+    while shared >= 1:
+        u = row_bucket(longest - shared, minimum=16)
+        if shared + u <= t:
+            break
+        shared = t - u
+    if shared < 1:
+        return None
+    s = row_bucket(shared, minimum=16)
+    if 2 * (s + p * u) > p * t:
+        return None
+    return shared, s, u
 
 
 def _row_fields(

@@ -129,7 +129,8 @@ def test_a_mixed_batch_samples_each_row_as_its_own_settings_do() -> None:
     rows: dict[str, Any] = {
         name: np.stack([getattr(batches[k], name)[row] for row, k in enumerate(row_settings)])
         for name in M.SampleBatch.__struct_fields__
-        if name not in ("prompt_index_B", "rows_per_prompt")
+        if name
+        not in ("prompt_index_B", "rows_per_prompt", "shared_prefix_length", "prefix_widths")
     }
     mixed = M.SampleBatch(**rows)
     out = M.sample_tokens(PARAMS, mixed, config=CONFIG, max_new_tokens=NEW)

@@ -604,6 +604,45 @@ def test_second_forward_backward_in_the_same_bucket_does_not_retrace() -> None:
     assert [compiled.traces_of(stage) for stage in stages] == [0, 0, 0]
 
 
+def test_prompts_that_begin_alike_are_prefilled_with_their_common_prefix_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 8 concurrent requests whose prompts share a 36-token system text: one call, the prefix
+    # computed once (a 64-position prefix row and 8 suffix rows of 16, not 8 rows of 64); each
+    # request alone (no one to share with) samples the same tokens, logprobs to reassociation
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    system = "You add numbers. Reply with the sum only."[:36]
+    questions = [f"{i}+{i * 3}=" for i in range(8)]
+    prompts = [_prompt(system + q) for q in questions]
+    params = [
+        types.SamplingParams(max_tokens=8, temperature=1.0, seed=i, stop=[]) for i in range(8)
+    ]
+    alone = [sampler.sample(p, 1, sp).result() for p, sp in zip(prompts, params, strict=True)]
+    calls = []
+    real = model_lib.sample_tokens
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_lib, "sample_tokens", counting)
+    batched = asyncio.run(
+        _gather_samples(sampler, [(p, 1, sp) for p, sp in zip(prompts, params, strict=True)])
+    )
+    [batch] = calls
+    assert int(batch.shared_prefix_length) == 37 and batch.prefix_widths == (64, 16)  # BOS too
+    for x, y in zip(alone, batched, strict=True):
+        assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
+        for s, t in zip(x.sequences, y.sequences, strict=True):
+            np.testing.assert_allclose(_lps(s), _lps(t), atol=1e-4)
+    # another common length in the same buckets: the same program
+    other = [_prompt(system[:33] + q) for q in questions]
+    with count_compiles() as compiled:
+        asyncio.run(_gather_samples(sampler, [(p, 1, params[0]) for p in other]))
+    assert int(calls[-1].shared_prefix_length) == 34 and calls[-1].prefix_widths == (64, 16)
+    assert compiled.traces_of(real) == 0
+
+
 def test_sampling_one_to_eight_samples_needs_two_sampler_programs() -> None:
     # 2..8 samples of one prompt go on the grid of the 8-row bucket (rows_per_prompt = 8 / 1),
     # 1 sample flat: two programs for eight request sizes, not one per size
