@@ -230,8 +230,9 @@ def prefill_shared_prefix(
     `[shared, shared + suffix_width)` a suffix row reading the prefix row's keys `j < shared`
     (the grouped layout of this module), and the cache rows are the prefix row's keys and
     values with each prompt's own written from position `shared` on: `S + P · U` positions
-    computed instead of `P · T`. The same logits and cache as `prefill` up to float32
-    reassociation (the suffix rows' attention sums the same terms in another order).
+    computed instead of `P · T`. The same logits and cache as `prefill` up to rounding (the
+    suffix rows' attention sums the same terms in another order: float32 reassociation, and
+    with a bfloat16 `config.dtype` a bfloat16 rounding of the keys and values).
 
     Args:
         params: the params pytree.
@@ -239,8 +240,8 @@ def prefill_shared_prefix(
             `shared` tokens (the host's check; a padding prompt's row is garbage, but finite).
         length_P: int32 `[P]` real lengths, each in `[shared + 1, shared + suffix_width]`
             for a real prompt.
-        shared: int32 scalar, `1 ≤ shared ≤ prefix_width` and `shared + suffix_width ≤ T`
-            (traced: any shared length of the same widths reuses the compile).
+        shared: int32 scalar, `1 ≤ shared ≤ prefix_width` (traced: any shared length of the
+            same widths reuses the compile; a concrete one is checked).
         config: model shape (static).
         cache_len: `≥ T` (static), as `prefill`'s.
         prefix_width: `S ≤ T` (static).
@@ -254,7 +255,7 @@ def prefill_shared_prefix(
         prompt's positions `[0, length_P[p])`.
 
     Raises:
-        ValueError: widths out of range (static).
+        ValueError: widths out of range, or a concrete `shared` outside `[1, prefix_width]`.
     """
     tokens_P_T = jnp.asarray(tokens_P_T, jnp.int32)
     (p, t), s, u = tokens_P_T.shape, prefix_width, suffix_width
@@ -263,11 +264,19 @@ def prefill_shared_prefix(
             f"prefill_shared_prefix: need 1 <= prefix_width {s} <= T {t}, 1 <= suffix_width "
             f"{u} <= T and T <= cache_len {cache_len}"
         )
+    if not isinstance(shared, jax.core.Tracer) and not 1 <= int(shared) <= s:
+        raise ValueError(f"prefill_shared_prefix: shared {int(shared)} is not in [1, {s}]")
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     shared = jnp.asarray(shared, jnp.int32)
+    # `u` columns of room after the prompts, so that the slice and the write at `shared` are
+    # never moved back by XLA's clamping (a move would misplace the suffix against its RoPE
+    # positions); what lands past `T` is cut off
+    room_P_U = jnp.zeros((p, u), jnp.int32)
     rows = GroupedRows(
         prefix_tokens_P_S=tokens_P_T[:1, :s],
-        suffix_tokens_D_U=jax.lax.dynamic_slice_in_dim(tokens_P_T, shared, u, axis=1),
+        suffix_tokens_D_U=jax.lax.dynamic_slice_in_dim(
+            jnp.concatenate([tokens_P_T, room_P_U], axis=1), shared, u, axis=1
+        ),
         suffix_positions_D_U=shared + jnp.broadcast_to(jnp.arange(u, dtype=jnp.int32), (p, u)),
         group_D=jnp.zeros((p,), jnp.int32),
         prefix_length_D=jnp.full((p,), shared),
@@ -281,10 +290,11 @@ def prefill_shared_prefix(
     def rows_of(kv_1_M_N_C: jax.Array) -> jax.Array:
         """One layer's keys or values as the prompts' `[P, T, N, C]`."""
         n, c = kv_1_M_N_C.shape[2:]
-        prefix_1_T_N_C = jnp.pad(kv_1_M_N_C[:, :s], ((0, 0), (0, t - s), (0, 0), (0, 0)))
+        prefix_1_X_N_C = jnp.pad(kv_1_M_N_C[:, :s], ((0, 0), (0, t + u - s), (0, 0), (0, 0)))
         own_P_U_N_C = kv_1_M_N_C[0, s:].reshape(p, u, n, c)
-        base_P_T_N_C = jnp.broadcast_to(prefix_1_T_N_C, (p, t, n, c))
-        return jax.lax.dynamic_update_slice(base_P_T_N_C, own_P_U_N_C, (0, shared, 0, 0))
+        base_P_X_N_C = jnp.broadcast_to(prefix_1_X_N_C, (p, t + u, n, c))  # X = T + U
+        rows_P_X_N_C = jax.lax.dynamic_update_slice(base_P_X_N_C, own_P_U_N_C, (0, shared, 0, 0))
+        return rows_P_X_N_C[:, :t]
 
     room = cache_len - t
     k_L, v_L = kv

@@ -29,7 +29,7 @@ Conventions:
   (`decode_layers_shared_prompts`); otherwise each row holds its own `[B, …, T + M]`, its
   prompt's copied in (`prompt_index_B`). Prompts that begin with the same
   `SampleBatch.shared_prefix_length` tokens have that prefix computed once
-  (`prefill_shared_prefix`; the same cache up to float32 reassociation).
+  (`prefill_shared_prefix`; the same cache up to rounding).
 - Top-k/top-p filtering masks logits to `NEG_INF` and only shapes the draw; the reported
   logprob is unfiltered. Each row's randomness depends on its own key material and the step
   index only, never on the rest of the batch.
@@ -290,7 +290,8 @@ def _decoder(
     adapters: Params | None,
     lora: LoraConfig | None,
 ) -> _Decoder:
-    """Prefills `batch`'s prompts once (one causal pass) and returns the decode step on them.
+    """Prefills `batch`'s prompts once (one causal pass; with `shared_prefix_length`, their
+    common prefix once and each prompt's rest after it) and returns the decode step on them.
 
     With `rows_per_prompt = Y > 1` the prompts' cache stays one row per prompt, read once per
     step for its `Y` rows, and the loop carries only the generated tokens' cache
@@ -502,7 +503,14 @@ def _record_tokens(
 def _check_layout(batch: SampleBatch) -> None:
     """Refuses a `rows_per_prompt` that does not describe `batch`'s rows, and prefix widths
     without a shared length or the reverse (static shapes)."""
-    if (batch.shared_prefix_length is None) != (batch.prefix_widths == (0, 0)):
+    widths = batch.prefix_widths
+    if not (
+        isinstance(widths, tuple)
+        and len(widths) == 2
+        and all(isinstance(w, int | np.integer) for w in widths)
+    ):
+        raise ValueError(f"SampleBatch.prefix_widths: expected a tuple of 2 ints, got {widths!r}")
+    if (batch.shared_prefix_length is None) != (widths == (0, 0)):
         raise ValueError(
             "SampleBatch: shared_prefix_length and prefix_widths go together, got "
             f"prefix_widths {batch.prefix_widths} and shared_prefix_length "

@@ -15,7 +15,7 @@ Conventions:
   rows in the chunk, else flat (`prompt_index_B`). Prompts that begin alike (a system prompt,
   few-shot examples) have their common prefix computed once when that halves the prefill's
   positions (`shared_prefix_plan`, `rlpure.model.prefill_shared_prefix`); their logits equal
-  whole prefills' up to float32 reassociation, so a request batched with others that share
+  whole prefills' up to float32 rounding, so a request batched with others that share
   its prefix may, rarely, draw another token than it would alone at a near tie.
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpure import model as M
-from rlpure.model import _grouped_forward
+from rlpure.model import _grouped_forward, _sampling
 
 CONFIG = M.get_model_config("rlpure/tiny")
 PARAMS = M.init_params(jax.random.key(0), CONFIG)
@@ -74,8 +74,8 @@ def test_the_prefix_computed_once_gives_prefills_logits_and_cache(
 
 @pytest.mark.parametrize(
     ("shared", "s", "u"),
-    [(1, 1, 31), (31, 32, 1), (16, 16, 16), (5, 8, 27)],
-    ids=["one shared token", "one own token", "widths exact", "widths loose"],
+    [(1, 1, 31), (31, 32, 1), (16, 16, 16), (5, 8, 27), (20, 32, 16)],
+    ids=["one shared token", "one own token", "widths exact", "widths loose", "U past T"],
 )
 def test_edges_of_the_widths(shared: int, s: int, u: int) -> None:
     rng = np.random.default_rng(shared)
@@ -110,10 +110,17 @@ def test_widths_out_of_range_are_refused() -> None:
             PARAMS, tokens, lengths, 4, config=CONFIG, cache_len=T,
             prefix_width=33, suffix_width=4,
         )  # fmt: skip
+    with pytest.raises(ValueError, match=r"shared 9 is not in \[1, 8\]"):
+        M.prefill_shared_prefix(
+            PARAMS, tokens, lengths, 9, config=CONFIG, cache_len=T,
+            prefix_width=8, suffix_width=8,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("y", [1, 4], ids=["flat", "grid of 4 samples"])
-def test_sample_tokens_with_the_prefix_computed_once_draws_the_same_tokens(y: int) -> None:
+def test_sample_tokens_with_the_prefix_computed_once_draws_the_same_tokens(
+    y: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p, shared, new = 4, 14, 8
     tokens, lengths = _prompts(np.random.default_rng(3), p, shared, 10)
     b = p * y
@@ -135,7 +142,20 @@ def test_sample_tokens_with_the_prefix_computed_once_draws_the_same_tokens(y: in
     shared_batch = msgspec.structs.replace(
         batch, shared_prefix_length=np.int32(shared), prefix_widths=(16, 16)
     )
-    once = M.sample_tokens(PARAMS, shared_batch, config=CONFIG, max_new_tokens=new)
+    calls = []
+    real = M.prefill_shared_prefix  # the function `_sampling` imported
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["prefix_width"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_sampling, "prefill_shared_prefix", counted)
+    jax.clear_caches()  # traced afresh, so a sampler that ignored the prefix would show here
+    try:
+        once = M.sample_tokens(PARAMS, shared_batch, config=CONFIG, max_new_tokens=new)
+    finally:
+        jax.clear_caches()
+    assert calls == [16]
     np.testing.assert_array_equal(once.tokens_B_M, whole.tokens_B_M)
     np.testing.assert_allclose(once.logprobs_B_M, whole.logprobs_B_M, atol=5e-5)
     with pytest.raises(ValueError, match="go together"):
