@@ -284,8 +284,22 @@ async def _gather_samples(
     )
 
 
+@pytest.fixture
+def sampled_batches(monkeypatch: pytest.MonkeyPatch) -> list[model_lib.SampleBatch]:
+    """The `SampleBatch` of every `rlpure.model.sample_tokens` call the test makes, in order."""
+    batches: list[model_lib.SampleBatch] = []
+    real = model_lib.sample_tokens
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        batches.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_lib, "sample_tokens", recording)
+    return batches
+
+
 def test_concurrent_requests_are_served_in_one_batched_call(
-    monkeypatch: pytest.MonkeyPatch,
+    sampled_batches: list[model_lib.SampleBatch],
 ) -> None:
     sampler = _trainer().save_weights_and_get_sampling_client().result()
     prompts = [_prompt(t) for t in ("a", "bb", "ccc", "dddd")]
@@ -293,16 +307,8 @@ def test_concurrent_requests_are_served_in_one_batched_call(
         types.SamplingParams(max_tokens=16, temperature=1.0, seed=i, stop=[]) for i in range(4)
     ]
     alone = [sampler.sample(p, 2, sp).result() for p, sp in zip(prompts, params, strict=True)]
-
-    calls = []
-    real = model_lib.sample_tokens
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        batch = args[1]
-        calls.append((batch.prompt_tokens_B_T.shape, batch.max_new_tokens_B.shape, batch))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model_lib, "sample_tokens", counting)
+    calls = sampled_batches
+    calls.clear()
 
     async def main() -> list[types.SampleResponse]:
         async def one(p: types.ModelInput, sp: types.SamplingParams) -> types.SampleResponse:
@@ -314,8 +320,9 @@ def test_concurrent_requests_are_served_in_one_batched_call(
     batched = asyncio.run(main())
     # one call: 8 sample rows over 4 prompts, each prefilled once for its 2 samples, whose
     # cache both read (a grid of 4 prompts × 2 rows)
-    assert len(calls) == 1 and calls[0][0][0] == 4 and calls[0][1] == (8,)
-    assert calls[0][2].rows_per_prompt == 2 and calls[0][2].prompt_index_B is None
+    assert len(calls) == 1 and calls[0].prompt_tokens_B_T.shape[0] == 4
+    assert calls[0].max_new_tokens_B.shape == (8,)
+    assert calls[0].rows_per_prompt == 2 and calls[0].prompt_index_B is None
     for x, y in zip(alone, batched, strict=True):
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
         for s, t in zip(x.sequences, y.sequences, strict=True):
@@ -326,8 +333,8 @@ def test_concurrent_requests_are_served_in_one_batched_call(
     counts = [3, 1, 1, 1]
     calls.clear()
     uneven = asyncio.run(_gather_samples(sampler, list(zip(prompts, counts, params, strict=True))))
-    assert len(calls) == 1 and calls[0][2].rows_per_prompt == 1
-    assert np.asarray(calls[0][2].prompt_index_B).tolist() == [0, 0, 0, 1, 2, 3, 0, 0]
+    assert len(calls) == 1 and calls[0].rows_per_prompt == 1
+    assert np.asarray(calls[0].prompt_index_B).tolist() == [0, 0, 0, 1, 2, 3, 0, 0]
     for p, n, sp, y in zip(prompts, counts, params, uneven, strict=True):
         x = sampler.sample(p, n, sp).result()
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
@@ -344,8 +351,8 @@ def test_concurrent_requests_are_served_in_one_batched_call(
     ]
     calls.clear()
     singles = asyncio.run(_gather_samples(sampler, single))
-    assert len(calls) == 1 and calls[0][0][0] == 4 and calls[0][2].rows_per_prompt == 2
-    assert calls[0][2].prompt_index_B is None
+    assert len(calls) == 1 and calls[0].prompt_tokens_B_T.shape[0] == 4
+    assert calls[0].rows_per_prompt == 2 and calls[0].prompt_index_B is None
     for (p, n, sp), y in zip(single, singles, strict=True):
         x = sampler.sample(p, n, sp).result()
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
@@ -605,7 +612,7 @@ def test_second_forward_backward_in_the_same_bucket_does_not_retrace() -> None:
 
 
 def test_prompts_that_begin_alike_are_prefilled_with_their_common_prefix_once(
-    monkeypatch: pytest.MonkeyPatch,
+    sampled_batches: list[model_lib.SampleBatch],
 ) -> None:
     # 8 concurrent requests whose prompts share a 36-token system text: one call, the prefix
     # computed once (a 64-position prefix row and 8 suffix rows of 16, not 8 rows of 64); each
@@ -618,19 +625,14 @@ def test_prompts_that_begin_alike_are_prefilled_with_their_common_prefix_once(
         types.SamplingParams(max_tokens=8, temperature=1.0, seed=i, stop=[]) for i in range(8)
     ]
     alone = [sampler.sample(p, 1, sp).result() for p, sp in zip(prompts, params, strict=True)]
-    calls = []
-    real = model_lib.sample_tokens
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[1])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model_lib, "sample_tokens", counting)
+    calls = sampled_batches
+    calls.clear()
     batched = asyncio.run(
         _gather_samples(sampler, [(p, 1, sp) for p, sp in zip(prompts, params, strict=True)])
     )
     [batch] = calls
-    assert int(batch.shared_prefix_length) == 37 and batch.prefix_widths == (64, 16)  # BOS too
+    assert np.asarray(batch.shared_prefix_length).tolist() == 37  # BOS too
+    assert batch.prefix_widths == (64, 16)
     for x, y in zip(alone, batched, strict=True):
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
         for s, t in zip(x.sequences, y.sequences, strict=True):
@@ -639,8 +641,9 @@ def test_prompts_that_begin_alike_are_prefilled_with_their_common_prefix_once(
     other = [_prompt(system[:33] + q) for q in questions]
     with count_compiles() as compiled:
         asyncio.run(_gather_samples(sampler, [(p, 1, params[0]) for p in other]))
-    assert int(calls[-1].shared_prefix_length) == 34 and calls[-1].prefix_widths == (64, 16)
-    assert compiled.traces_of(real) == 0
+    assert np.asarray(calls[-1].shared_prefix_length).tolist() == 34
+    assert calls[-1].prefix_widths == (64, 16)
+    assert compiled.traces_of(model_lib._sampling.sample_tokens) == 0
 
 
 def test_sampling_one_to_eight_samples_needs_two_sampler_programs() -> None:
