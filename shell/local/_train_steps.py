@@ -44,9 +44,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlpure import model as model_lib
 from rlpure.losses import compute_loss
+from shell.local._inputs import PackedData
 
 __all__ = [
     "CHUNKS_PER_CALL",
@@ -57,6 +59,8 @@ __all__ = [
     "merge_metrics",
     "model_backward",
     "model_forward_vjp",
+    "stacked",
+    "stacked_model_inputs",
     "target_logprobs_of",
     "zeros_like_tree",
 ]
@@ -86,6 +90,24 @@ def target_logprobs_of(
             params, model_input, target_D_T, config, adapters, lora
         )
     return model_lib.target_logprobs_fn(params, model_input, target_D_T, config, adapters, lora)
+
+
+def stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """Chunk arrays of one shape stacked `[CHUNKS_PER_CALL, ...]`, zeros after the last: the
+    inputs one looped call (`lora_loss_and_grad`, `lora_logprobs`) runs over."""
+    out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
+    out_X[: len(arrays)] = arrays
+    return out_X
+
+
+def stacked_model_inputs(packs: list[PackedData]) -> ModelInput | np.ndarray:
+    """The chunks' model inputs (tokens, prefix rows or grouped rows) stacked as `stacked`
+    does."""
+    first = packs[0].prefix
+    if first is None:
+        return stacked([packed.input_D_T for packed in packs])
+    fields = [[getattr(packed.prefix, name) for packed in packs] for name in first._fields]
+    return type(first)(*(stacked(arrays) for arrays in fields))
 
 
 def _chunk_of(tree_X: Any, x: jax.Array) -> Any:
@@ -185,18 +207,19 @@ def lora_loss_and_grad(
 
 @partial(jax.jit, static_argnames=("config", "lora"))
 def lora_logprobs(
-    adapters: model_lib.Params,
+    adapters: model_lib.Params | None,
     base: model_lib.Params,
-    input_X_D_T: ModelInput,
-    target_X_D_T: jax.Array,
-    n_chunks: jax.Array,
+    input_X_D_T: ModelInput | np.ndarray,
+    target_X_D_T: jax.Array | np.ndarray,
+    n_chunks: jax.Array | np.ndarray,
     *,
     config: model_lib.ModelConfig,
-    lora: model_lib.LoraConfig,
+    lora: model_lib.LoraConfig | None,
 ) -> jax.Array:
-    """float32 `lp_X_D_T` of the frozen `base` plus `adapters` on the first `n_chunks` of `X`
-    stacked chunks (zeros after), without any VJP residuals (for `forward`): one call loops
-    over them as `lora_loss_and_grad` does. `config` and `lora` are static under `jit`."""
+    """float32 `lp_X_D_T` of the frozen `base` plus `adapters` (None, with `lora` None: `base`
+    alone, as a sampler scores prompts) on the first `n_chunks` of `X` stacked chunks (zeros
+    after), without any VJP residuals (for `forward`): one call loops over them as
+    `lora_loss_and_grad` does. `config` and `lora` are static under `jit`."""
 
     def body(x: jax.Array, lp_X_D_T: jax.Array) -> jax.Array:
         lp_D_T = target_logprobs_of(

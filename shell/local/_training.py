@@ -77,6 +77,8 @@ from shell.local._train_steps import (
     merge_metrics,
     model_backward,
     model_forward_vjp,
+    stacked,
+    stacked_model_inputs,
     zeros_like_tree,
 )
 
@@ -84,26 +86,6 @@ if TYPE_CHECKING:
     from shell.local._runtime import Tokenizer
 
 __all__ = ["LocalTrainingClient"]
-
-
-def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
-    """Chunk arrays of one shape stacked `[CHUNKS_PER_CALL, ...]`, zeros after the last: the
-    inputs one LoRA call loops over."""
-    out_X = np.zeros((CHUNKS_PER_CALL, *arrays[0].shape), arrays[0].dtype)
-    out_X[: len(arrays)] = arrays
-    return out_X
-
-
-def _stacked_model_inputs(
-    packs: list[PackedData],
-) -> np.ndarray | model_lib.PrefixRows | model_lib.GroupedRows:
-    """The chunks' model inputs (tokens, prefix rows or grouped rows) stacked as `_stacked`
-    does."""
-    first = packs[0].prefix
-    if first is None:
-        return _stacked([packed.input_D_T for packed in packs])
-    fields = [[getattr(packed.prefix, name) for packed in packs] for name in first._fields]
-    return type(first)(*(_stacked(arrays) for arrays in fields))
 
 
 # `"auto"` changes layout only when the other one's estimated cost is at most this fraction of
@@ -419,9 +401,9 @@ class LocalTrainingClient:
         outs_X, grads = lora_loss_and_grad(
             self._params,
             base,
-            _stacked_model_inputs(packs),
-            {key: _stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
-            _stacked([packed.valid_D_T for packed in packs]),
+            stacked_model_inputs(packs),
+            {key: stacked([packed.inputs[key] for packed in packs]) for key in packs[0].inputs},
+            stacked([packed.valid_D_T for packed in packs]),
             np.int32(len(packs)),
             grads,
             config=self._config,
@@ -451,8 +433,8 @@ class LocalTrainingClient:
         lp_X_D_T = lora_logprobs(
             self._params,
             base,
-            _stacked_model_inputs(packs),
-            _stacked([packed.inputs["target_tokens"] for packed in packs]),
+            stacked_model_inputs(packs),
+            stacked([packed.inputs["target_tokens"] for packed in packs]),
             np.int32(len(packs)),
             config=self._config,
             lora=self._lora,

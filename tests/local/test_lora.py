@@ -10,6 +10,7 @@ module-scoped service keeps the compiled shapes shared across the tests.
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tinker import types
 from rlpure import model as model_lib
 from rlpure.losses import LOSSES
 from shell.errors import CheckpointError
-from shell.local import LocalServiceClient, LocalTrainingClient
+from shell.local import LocalServiceClient, LocalTrainingClient, _sampling
 from shell.local._inputs import check_data, loss_config_key, pack_rows, plan_chunks
 from shell.local._train_steps import (
     CHUNKS_PER_CALL,
@@ -360,3 +361,43 @@ def test_lora_chunks_looped_in_one_call_equal_one_call_per_datum(
         trainer.forward(data[:5] + data[-1:], "ppo").result()
     assert compiled.traces_of(lora_loss_and_grad) == 0
     assert compiled.traces_of(lora_logprobs) == 0
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["common prefix", "nothing shared"])
+def test_concurrent_compute_logprobs_are_scored_in_one_call(
+    service: LocalServiceClient, llama_dir: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """A KL reference scores every datum of a batch at once (`reference_logprobs_D_T`): one
+    jitted call for all of them, their common prefix computed once, the values of one request
+    at a time (a 2-token and a 1-token sequence among them; `prompt_logprobs_last_n` kept)."""
+    sampler = _trainer(service, llama_dir).save_weights_and_get_sampling_client().result()
+    rng = np.random.default_rng(4)
+    vocab = sampler._config.vocab_size
+    head = rng.integers(5, vocab, 40).tolist() if shared else []
+    sequences = [head + rng.integers(5, vocab, 3 + i % 5).tolist() for i in range(12)]
+    sequences += [sequences[0][:2], sequences[1][:1]]
+    alone = [sampler.compute_logprobs(types.ModelInput.from_ints(s)).result() for s in sequences]
+    calls = []
+    real = lora_logprobs  # the function `_sampling` imported
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(type(args[2]).__name__)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_sampling, "lora_logprobs", counting)
+
+    async def together() -> list[list[float | None]]:
+        futures = [sampler.compute_logprobs(types.ModelInput.from_ints(s)) for s in sequences]
+        last = sampler.compute_logprobs(types.ModelInput.from_ints(sequences[2]), 3)
+        return [await f.result_async() for f in [*futures, last]]
+
+    *batched, last_three = asyncio.run(together())
+    assert calls == ["GroupedRows" if shared else "ndarray"]
+    for x, y in zip(alone, batched, strict=True):
+        assert x[0] is None and y[0] is None and len(x) == len(y)
+        np.testing.assert_allclose(np.asarray(x[1:], float), np.asarray(y[1:], float), atol=2e-5)
+    n = len(sequences[2])
+    assert last_three[: n - 3] == [None] * (n - 3)
+    np.testing.assert_allclose(
+        np.asarray(last_three[n - 3 :], float), np.asarray(alone[2][n - 3 :], float), atol=2e-5
+    )
