@@ -11,6 +11,7 @@ Conventions:
   once an event-loop tick passes with no new request, on the loop's thread, so what lands in a
   batch depends only on the order coroutines run, never on wall time. A queued request's
   `QueuedFuture.result()` flushes the queue at once instead of deadlocking the loop.
+  `Batched` picks between the two for a client's request.
 - `timeout` (seconds, `None` = no limit) raises the builtin `TimeoutError`, as the SDK's
   futures do (`concurrent.futures.Future.result`, `asyncio.timeout`). A batch served by
   `result()` runs on the calling thread and cannot be pre-empted: `timeout <= 0` raises at once
@@ -31,7 +32,14 @@ from typing import Any, Generic, TypeVar
 
 import tinker
 
-__all__ = ["ClientFuture", "QueuedFuture", "ReadyFuture", "TickBatcher", "running_loop"]
+__all__ = [
+    "Batched",
+    "ClientFuture",
+    "QueuedFuture",
+    "ReadyFuture",
+    "TickBatcher",
+    "running_loop",
+]
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -166,6 +174,24 @@ class TickBatcher(Generic[R, T]):
         for (_, fut), response in zip(live, responses, strict=True):
             if not fut.done():
                 fut.set_result(response)
+
+
+class Batched(Generic[R, T]):
+    """Serves requests with `run`: at once outside an event loop (a `ReadyFuture`), else queued
+    on a `TickBatcher` of the running loop (a new one when the loop changed)."""
+
+    def __init__(self, run: Callable[[list[R]], list[T]]) -> None:
+        self._run = run
+        self._batcher: TickBatcher[R, T] | None = None
+
+    def submit(self, request: R) -> ReadyFuture[T] | QueuedFuture[T]:
+        """`request`'s future (see the class docstring)."""
+        loop = running_loop()
+        if loop is None:
+            return ReadyFuture(self._run([request])[0])
+        if self._batcher is None or self._batcher.loop is not loop:
+            self._batcher = TickBatcher(loop, self._run)
+        return self._batcher.submit(request)
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:

@@ -55,7 +55,7 @@ from tinker import types
 from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
 from rlpure.packing import plan_grouped_chunks
-from shell.local._futures import ReadyFuture, TickBatcher, running_loop
+from shell.local._futures import Batched
 from shell.local._inputs import (
     PREFIX_SHARING_FRACTION,
     check_data,
@@ -155,10 +155,8 @@ class LocalSamplingClient:
         self._requests = 0
         self._model = model
         self._tokenizer = model.tokenizer
-        self._batcher: TickBatcher[_SampleRequest, types.SampleResponse] | None = None
-        self._logprob_batcher: (
-            TickBatcher[tuple[np.ndarray, int | None], list[float | None]] | None
-        ) = None
+        self._samples = Batched(self._run_requests)
+        self._scores = Batched(self._run_logprob_requests)
 
     # -- SDK surface --
 
@@ -220,12 +218,7 @@ class LocalSamplingClient:
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             request_number=request_number,
         )
-        loop = running_loop()
-        if loop is None:
-            return ReadyFuture(self._run_requests([request])[0])
-        if self._batcher is None or self._batcher.loop is not loop:
-            self._batcher = TickBatcher(loop, self._run_requests)
-        return self._batcher.submit(request)
+        return self._samples.submit(request)
 
     async def sample_async(
         self,
@@ -273,13 +266,7 @@ class LocalSamplingClient:
         # unseeded samples after it draw what they draw through `rlpure serve`
         self._runtime.next_sample_request_index()
         self._requests += 1
-        request = (tokens, prompt_logprobs_last_n)
-        loop = running_loop()
-        if loop is None:
-            return ReadyFuture(self._run_logprob_requests([request])[0])
-        if self._logprob_batcher is None or self._logprob_batcher.loop is not loop:
-            self._logprob_batcher = TickBatcher(loop, self._run_logprob_requests)
-        return self._logprob_batcher.submit(request)
+        return self._scores.submit((tokens, prompt_logprobs_last_n))
 
     def _run_logprob_requests(
         self, requests: list[tuple[np.ndarray, int | None]]

@@ -17,7 +17,7 @@ import pytest
 from tinker import types
 
 from rlpure.model import ByteTokenizer
-from shell.local._futures import QueuedFuture, TickBatcher
+from shell.local._futures import Batched, QueuedFuture, ReadyFuture, TickBatcher
 from tests.local.micro import (
     MICRO_NAME,
     micro_service,
@@ -110,3 +110,23 @@ def test_a_run_answering_too_few_requests_fails_them_instead_of_hanging() -> Non
                 await asyncio.wait_for(future.result_async(), timeout=5)
 
     asyncio.run(scenario())
+
+
+def test_batched_serves_at_once_outside_a_loop_and_per_tick_inside_one() -> None:
+    runs: list[list[int]] = []
+
+    def run(requests: list[int]) -> list[int]:
+        runs.append(requests)
+        return [2 * r for r in requests]
+
+    batched = Batched(run)
+    ready = batched.submit(1)
+    assert isinstance(ready, ReadyFuture) and ready.result() == 2 and runs == [[1]]
+
+    async def tick() -> list[int]:
+        futures = [batched.submit(r) for r in (3, 4, 5)]
+        return [await f.result_async() for f in futures]
+
+    assert asyncio.run(tick()) == [6, 8, 10]
+    assert asyncio.run(tick()) == [6, 8, 10]  # a new loop: a new queue, not the closed one's
+    assert runs == [[1], [3, 4, 5], [3, 4, 5]]
