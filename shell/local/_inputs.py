@@ -55,6 +55,7 @@ __all__ = [
     "PrefixChunk",
     "PrefixPlan",
     "TrainChunk",
+    "call_groups",
     "check_data",
     "check_token_range",
     "group_chunks",
@@ -62,6 +63,7 @@ __all__ = [
     "loss_config_key",
     "model_input_tokens",
     "pack_grouped_chunk",
+    "pack_grouped_chunks",
     "pack_prefix_chunk",
     "pack_rows",
     "plan_chunks",
@@ -338,6 +340,25 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
     )
 
 
+def call_groups(
+    checked: CheckedData,
+    packs: list[PackedData] | None,
+    *,
+    rows_for_width: Callable[[int], int],
+    per_call: int,
+) -> list[list[PackedData]]:
+    """`checked`'s chunks in the groups one jitted call runs, at most `per_call` each: `packs`
+    (a prefix-shared route's chunks, all of one shape) in order, or with None `plan_chunks`'
+    rows of the memory budget, grouped by shape (`group_chunks`)."""
+    if packs is not None:
+        return [packs[start : start + per_call] for start in range(0, len(packs), per_call)]
+    chunks = plan_chunks(checked.length_D, rows_for_width=rows_for_width)
+    return [
+        [pack_rows(checked, chunk) for chunk in group]
+        for group in group_chunks(chunks, limit=per_call)
+    ]
+
+
 # The prefix-shared route runs when the datums' tries hold at most this fraction of their
 # tokens (below, the longer rows' attention and the gather buy too little).
 PREFIX_SHARING_FRACTION = 0.8
@@ -551,3 +572,10 @@ def loss_config_key(loss_fn_config: Mapping[str, Any] | None) -> tuple[tuple[str
     return tuple(
         sorted((str(k), to_float(v, f"loss_fn_config[{k!r}]")) for k, v in loss_fn_config.items())
     )
+
+
+def pack_grouped_chunks(checked: CheckedData, plan: GroupedPlan) -> list[PackedData]:
+    """Every chunk of `plan` packed (`pack_grouped_chunk`), the loss inputs right-padded to the
+    `length_bucket` of the longest datum."""
+    length = length_bucket(int(checked.length_D.max()))
+    return [pack_grouped_chunk(checked, plan, chunk, length=length) for chunk in plan.chunks]

@@ -58,14 +58,12 @@ from rlpure.packing import plan_grouped_chunks
 from shell.local._futures import Batched
 from shell.local._inputs import (
     PREFIX_SHARING_FRACTION,
-    check_data,
+    CheckedData,
+    call_groups,
     check_token_range,
-    group_chunks,
     length_bucket,
     model_input_tokens,
-    pack_grouped_chunk,
-    pack_rows,
-    plan_chunks,
+    pack_grouped_chunks,
     prefix_key_weight,
     row_bucket,
     to_float,
@@ -536,56 +534,42 @@ def score_sequences(
     (`plan_chunks`); chunks of one shape loop in one jitted call (`lora_logprobs` without
     adapters). The same values as one sequence at a time up to float32 reassociation.
     """
-    checked = check_data(
-        [
-            types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1].tolist()),
-                loss_fn_inputs={  # the weights only make the datum well formed
-                    "target_tokens": types.TensorData.from_numpy(tokens[1:].astype(np.int64)),
-                    "weights": types.TensorData.from_numpy(np.zeros(tokens.size - 1, np.float32)),
-                },
-            )
-            for tokens in sequences
-        ],
-        "cross_entropy",
-        config,
+    checked = CheckedData(
+        tokens_D=tuple(tokens[:-1].astype(np.int64) for tokens in sequences),
+        inputs_D=tuple({"target_tokens": tokens[1:].astype(np.int64)} for tokens in sequences),
+        keys=("target_tokens",),
     )
     grouped = plan_grouped_chunks(
         checked.tokens_D,
         positions_for_keys=partial(runtime.training_positions, config),
         key_weight=prefix_key_weight(config),
     )
+    packs = None  # the grouped chunks when they share enough, else rows (`call_groups`)
     if grouped is not None and grouped.positions <= PREFIX_SHARING_FRACTION * int(
         checked.length_D.sum()
     ):
-        length = length_bucket(int(checked.length_D.max()))
-        packs = [
-            pack_grouped_chunk(checked, grouped, chunk, length=length) for chunk in grouped.chunks
-        ]
-        calls = [packs[i : i + CHUNKS_PER_CALL] for i in range(0, len(packs), CHUNKS_PER_CALL)]
-    else:
-        chunks = plan_chunks(
-            checked.length_D, rows_for_width=partial(runtime.training_rows, config)
-        )
-        calls = [
-            [pack_rows(checked, chunk) for chunk in group]
-            for group in group_chunks(chunks, limit=CHUNKS_PER_CALL)
-        ]
+        packs = pack_grouped_chunks(checked, grouped)
+    calls = call_groups(
+        checked,
+        packs,
+        rows_for_width=partial(runtime.training_rows, config),
+        per_call=CHUNKS_PER_CALL,
+    )
     out: list[np.ndarray] = [np.empty(0, np.float32)] * len(sequences)
-    for packs in calls:
+    for call in calls:
         lp_X_D_T = np.asarray(
             lora_logprobs(
                 None,
                 params,
-                stacked_model_inputs(packs),
-                stacked([packed.inputs["target_tokens"] for packed in packs]),
-                np.int32(len(packs)),
+                stacked_model_inputs(call),
+                stacked([packed.inputs["target_tokens"] for packed in call]),
+                np.int32(len(call)),
                 config=config,
                 lora=None,
             ),
             np.float32,
         )
-        for x, packed in enumerate(packs):
+        for x, packed in enumerate(call):
             for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
                 out[d] = lp_X_D_T[x, row, :n].copy()
     return out

@@ -55,14 +55,11 @@ from shell.local._inputs import (
     PREFIX_SHARING_FRACTION,
     CheckedData,
     PackedData,
+    call_groups,
     check_data,
-    group_chunks,
-    length_bucket,
     loss_config_key,
-    pack_grouped_chunk,
+    pack_grouped_chunks,
     pack_prefix_chunk,
-    pack_rows,
-    plan_chunks,
     plan_prefix_chunks,
     prefix_key_weight,
     to_float,
@@ -312,13 +309,7 @@ class LocalTrainingClient:
             return self._runtime.training_rows(self._config, width)
 
         packs = self._prefix_packs(checked, rows_for_width)
-        if packs is not None:
-            return [packs[start : start + per_call] for start in range(0, len(packs), per_call)]
-        chunks = plan_chunks(checked.length_D, rows_for_width=rows_for_width)
-        return [
-            [pack_rows(checked, chunk) for chunk in group]
-            for group in group_chunks(chunks, limit=per_call)
-        ]
+        return call_groups(checked, packs, rows_for_width=rows_for_width, per_call=per_call)
 
     def _prefix_packs(
         self, checked: CheckedData, rows_for_width: Callable[[int], int]
@@ -377,11 +368,7 @@ class LocalTrainingClient:
                 return None  # the groups' padded rows save too little as well
             self._auto_route = "grouped"  # the only layout that shares: the one it took last
         if grouped is not None:
-            length = length_bucket(int(checked.length_D.max()))
-            return [
-                pack_grouped_chunk(checked, grouped, chunk, length=length)
-                for chunk in grouped.chunks
-            ]
+            return pack_grouped_chunks(checked, grouped)
         if trie is None:  # no widths fit the groups' memory budget, nor (`"auto"`) the tries'
             return None
         return [pack_prefix_chunk(checked, trie, chunk) for chunk in trie.chunks]
