@@ -43,7 +43,7 @@ from rlpure.model._config import ModelConfig
 from rlpure.model._layers import _attend, _dtype, _embed, _finish_block, _qkv, _unembed
 from rlpure.model._lora import LoraConfig
 from rlpure.model._prefix_forward import _gathered_logprobs
-from rlpure.model._transformer import KVCache, Params, PrefillOutput, _lora_parts
+from rlpure.model._transformer import Params, PrefillOutput, _cache_of, _lora_parts
 
 __all__ = [
     "GroupedRows",
@@ -296,15 +296,8 @@ def prefill_shared_prefix(
         rows_P_X_N_C = jax.lax.dynamic_update_slice(base_P_X_N_C, own_P_U_N_C, (0, shared, 0, 0))
         return rows_P_X_N_C[:, :t]
 
-    room = cache_len - t
     k_L, v_L = kv
-    keys_L = tuple(  # [P, T, N, C] -> [P, N, C, S]
-        jnp.pad(rows_of(k).transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, room))) for k in k_L
-    )
-    values_L = tuple(  # [P, T, N, C] -> [P, N, S, C]
-        jnp.pad(rows_of(v).transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, room), (0, 0))) for v in v_L
-    )
     return PrefillOutput(
         logits_B_V=_unembed(params, x_P_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_N_C_S=keys_L, v_L_B_N_S_C=values_L),
+        cache=_cache_of(map(rows_of, k_L), map(rows_of, v_L), cache_len=cache_len),
     )

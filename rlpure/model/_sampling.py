@@ -312,7 +312,7 @@ def _decoder(
         )  # fmt: skip
     else:
         prefilled = prefill_shared_prefix(
-            params, tokens_P_T, length_P, jnp.asarray(batch.shared_prefix_length, jnp.int32),
+            params, tokens_P_T, length_P, batch.shared_prefix_length,
             config=config, cache_len=cache_len, prefix_width=batch.prefix_widths[0],
             suffix_width=batch.prefix_widths[1], adapters=adapters, lora=lora,
         )  # fmt: skip

@@ -48,6 +48,7 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -322,17 +323,25 @@ def prefill(
     )
     last_B = jnp.asarray(length_B, jnp.int32) - 1
     x_B_1_E = x_B_T_E[jnp.arange(b), last_B][:, None, :]
-    room = cache_len - t
-    keys_L = tuple(  # [B, T, N, C] -> [B, N, C, S]
-        jnp.pad(k.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, room))) for k in k_L_B_T_N_C
-    )
-    values_L = tuple(  # [B, T, N, C] -> [B, N, S, C]
-        jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, room), (0, 0))) for v in v_L_B_T_N_C
-    )
     return PrefillOutput(
         logits_B_V=_unembed(params, x_B_1_E, config, top_adapters, scale)[:, 0],
-        cache=KVCache(k_L_B_N_C_S=keys_L, v_L_B_N_S_C=values_L),
+        cache=_cache_of(k_L_B_T_N_C, v_L_B_T_N_C, cache_len=cache_len),
     )
+
+
+def _cache_of(
+    k_L_B_T_N_C: Iterable[jax.Array], v_L_B_T_N_C: Iterable[jax.Array], *, cache_len: int
+) -> KVCache:
+    """Each layer's prefilled keys and values `[B, T, N, C]` as a `KVCache` of `cache_len`
+    positions (keys `[B, N, C, S]`, values `[B, N, S, C]`, zeros after `T`)."""
+    keys_L, values_L = [], []
+    for k_B_T_N_C, v_B_T_N_C in zip(k_L_B_T_N_C, v_L_B_T_N_C, strict=True):
+        room = cache_len - k_B_T_N_C.shape[1]
+        keys_L.append(jnp.pad(k_B_T_N_C.transpose(0, 2, 3, 1), ((0, 0),) * 3 + ((0, room),)))
+        values_L.append(
+            jnp.pad(v_B_T_N_C.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, room), (0, 0)))
+        )
+    return KVCache(k_L_B_N_C_S=tuple(keys_L), v_L_B_N_S_C=tuple(values_L))
 
 
 def split_layers(layers: Params, n_layers: int) -> tuple[Params, ...]:
