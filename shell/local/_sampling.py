@@ -14,14 +14,17 @@ Conventions:
   cache then read once per decode step for its samples) when no prompt has more than `Y`
   rows in the chunk, else flat (`prompt_index_B`). Prompts that begin alike (a system prompt,
   few-shot examples) have their common prefix computed once when that halves the prefill's
-  positions (`shared_prefix_plan`, `rlpure.model.prefill_shared_prefix`); their logits equal
-  whole prefills' up to float32 rounding, so a request batched with others that share
-  its prefix may, rarely, draw another token than it would alone at a near tie.
+  positions (`shared_prefix_plan`, `rlpure.model.prefill_shared_prefix`). A request's logits
+  depend on its batch in their last bits (the layout, grid or flat, the padded row count and
+  a shared prefix each change XLA's summation order; logprobs about 1e-6 apart), so a request
+  batched with others may, rarely, draw another token than it would alone at a near tie.
+- Each request is checked when it is submitted, so a bad one fails alone and never the
+  batch it would have joined.
 - Random streams: a sample's key material is `(seed, 0, 0, 0, 0, i)` when
   `SamplingParams.seed` is set, else `(service seed, *stream, r, i)`, where `r` counts this
   client's requests, `i` is the sample's index and `stream` is given by the factory that made
   the client. It never depends on the batch, so batching does not change a sample's
-  randomness (with a shared prefix, only the last bits of the logits it is drawn from).
+  randomness (only the last bits of the logits it is drawn from, above).
 - Returned logprobs are the sampled tokens' log-probabilities under the tempered
   distribution `log_softmax(logits / temperature)` (float32; untempered at temperature 0),
   as Tinker's sampler reports them; `compute_logprobs` and prompt logprobs reuse the training
@@ -122,6 +125,33 @@ def sampler_params(
     assert model.params is not None
     merged: model_lib.Params = _merge_lora(model.params, params, config=model.config, lora=lora)
     return merged
+
+
+def _last_n(value: object, n: int, where: str) -> int | None:
+    """`prompt_logprobs_last_n` checked at submission for an `n`-token prompt: None, or a whole
+    number in `[1, n − 1]` (`2.0` is 2, as the SDK's request model makes it), so a bad value
+    fails its own request and never the batch it would join.
+
+    Examples:
+        >>> _last_n(None, 5, "sample"), _last_n(2.0, 5, "sample"), _last_n(4, 5, "sample")
+        (None, 2, 4)
+        >>> _last_n(2.5, 5, "sample")
+        Traceback (most recent call last):
+        ...
+        ValueError: sample.prompt_logprobs_last_n: expected a whole number in [1, 4], got 2.5
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not float(value).is_integer()
+        or not 1 <= value <= n - 1
+    ):
+        raise ValueError(
+            f"{where}.prompt_logprobs_last_n: expected a whole number in [1, {n - 1}], got {value!r}"
+        )
+    return int(value)
 
 
 class LocalSamplingClient:
@@ -254,17 +284,14 @@ class LocalSamplingClient:
                 f"compute_logprobs.prompt: length {tokens.size} exceeds max_seq_len "
                 f"{self._config.max_seq_len}"
             )
-        n = int(tokens.size)
-        if prompt_logprobs_last_n is not None and not 1 <= prompt_logprobs_last_n <= n - 1:
-            raise ValueError(
-                f"compute_logprobs: prompt_logprobs_last_n must be in [1, {n - 1}], "
-                f"got {prompt_logprobs_last_n}"
-            )
+        if tokens.size == 0:  # Tinker scores a prompt as a one-token sample request of it
+            raise ValueError("compute_logprobs.prompt: empty prompt")
+        last_n = _last_n(prompt_logprobs_last_n, int(tokens.size), "compute_logprobs")
         # the SDK sends compute_logprobs as a one-token sample request: count it as one, so the
         # unseeded samples after it draw what they draw through `rlpure serve`
         self._runtime.next_sample_request_index()
         self._requests += 1
-        return self._scores.submit((tokens, prompt_logprobs_last_n))
+        return self._scores.submit((tokens, last_n))
 
     def _run_logprob_requests(
         self, requests: list[tuple[np.ndarray, int | None]]
@@ -302,14 +329,9 @@ class LocalSamplingClient:
         tokens = model_input_tokens(prompt, "sample.prompt")
         if tokens.size == 0:
             raise ValueError("sample.prompt: empty prompt")
-        if prompt_logprobs_last_n is not None:
-            if not include_prompt_logprobs:
-                raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
-            if not 1 <= prompt_logprobs_last_n <= tokens.size - 1:
-                raise ValueError(
-                    f"sample.prompt_logprobs_last_n: must be in [1, {tokens.size - 1}], got "
-                    f"{prompt_logprobs_last_n}"
-                )
+        if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
+            raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
+        prompt_logprobs_last_n = _last_n(prompt_logprobs_last_n, int(tokens.size), "sample")
         check_token_range(tokens, config.vocab_size, "sample.prompt")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"sample.num_samples: expected an int >= 1, got {num_samples!r}")
@@ -336,7 +358,8 @@ class LocalSamplingClient:
         top_p = to_float(params.top_p, "SamplingParams.top_p")
         if not 0 < top_p <= 1:
             raise ValueError(f"SamplingParams.top_p: expected in (0, 1], got {top_p}")
-        top_k = int(params.top_k)
+        # `≤ 0` keeps every token and `≥ V` keeps them all too: clamped, any int fits the batch's int32
+        top_k = min(max(int(params.top_k), 0), config.vocab_size)
         stop_ids, stop_strings, stop_seqs = self._stop_conditions(params.stop)
         request_index = self._runtime.next_sample_request_index()
         if params.seed is not None:

@@ -385,6 +385,47 @@ def test_sampling_requests_are_validated_at_submission() -> None:
         sampler.sample(_prompt("a"), 1, SP16, topk_sample_logprobs=2)
 
 
+def test_a_bad_request_fails_alone_and_never_the_tick_it_would_join() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    prompt = _prompt("hello world")
+    n = len(prompt.to_ints())
+    with pytest.raises(
+        ValueError, match=r"prompt_logprobs_last_n: expected a whole number in \[1, "
+    ):
+        sampler.compute_logprobs(prompt, 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"compute_logprobs\.prompt: empty prompt"):
+        sampler.compute_logprobs(types.ModelInput.empty())
+    with pytest.raises(ValueError, match=r"sample.prompt_logprobs_last_n: expected .* got 0"):
+        sampler.sample(prompt, 1, SP16, include_prompt_logprobs=True, prompt_logprobs_last_n=0)
+    huge = types.SamplingParams(max_tokens=4, seed=3, top_k=2**31)
+    unfiltered = types.SamplingParams(max_tokens=4, seed=3, top_k=-1)
+
+    async def tick() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                sampler.compute_logprobs(prompt),
+                sampler.compute_logprobs(prompt, 2.0),  # type: ignore[arg-type]  # the SDK's model makes it 2
+                sampler.compute_logprobs(prompt),
+                sampler.sample(prompt, 1, SP16),
+                sampler.sample(
+                    prompt,
+                    1,
+                    SP16,
+                    include_prompt_logprobs=True,
+                    prompt_logprobs_last_n=2.0,  # type: ignore[arg-type]
+                ),
+                sampler.sample(prompt, 2, huge),
+                sampler.sample(prompt, 2, unfiltered),
+            )
+        )
+
+    whole, last_two, again, plain, with_last, big_k, no_k = asyncio.run(tick())
+    assert whole == again and len(whole) == n
+    assert last_two == [None] * (n - 2) + whole[-2:]
+    assert len(plain.sequences) == 1 and with_last.prompt_logprobs == last_two
+    assert [s.tokens for s in big_k.sequences] == [s.tokens for s in no_k.sequences]
+
+
 # --- training ---------------------------------------------------------------------------------
 
 
