@@ -242,6 +242,8 @@ class LocalRuntime:
         checkpoint_dir: Path | None,
     ) -> None:
         self.seed = seed
+        self.session_id = f"local-{uuid.uuid4().hex[:16]}"
+        """Names the service's session: a `LossHandle` works only with clients of its session."""
         self.model_configs = model_configs
         self.training_runs: dict[str, TrainingRunRecord] = {}
         self.max_batch_rows = max_batch_rows

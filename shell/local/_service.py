@@ -35,6 +35,7 @@ import jax
 import optax
 import tinker
 from tinker import types
+from tinker.lib.public_interfaces.custom_loss import LossHandle, PerDatumLossFn, trace_loss
 
 from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
@@ -373,6 +374,24 @@ class LocalServiceClient:
 
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
         return self.get_server_capabilities()
+
+    def create_custom_loss(
+        self, fn: PerDatumLossFn, input_ranks: Mapping[str, types.CustomLossInputRank]
+    ) -> tinker.APIFuture[LossHandle]:
+        """A `LossHandle` for `LocalTrainingClient.forward_backward_custom`: `fn` traced and
+        checked by the SDK's own `trace_loss` (torch.fx; torch and math only, a scalar loss,
+        metrics keyed `custom/<name>:sum` or `:mean`), for this session's clients. It runs in
+        this process, as the SDK runs a loss the server does not take.
+
+        `fn(logprobs, *inputs) -> (loss, metrics)` runs once per datum and the losses add;
+        `input_ranks` gives each parameter's rank (`logprobs` first: 0, 1 or 2).
+
+        Raises:
+            ImportError: torch is not installed.
+            ValueError: `fn` cannot be traced or breaks the rules above (the SDK's messages).
+        """
+        self._check_open()
+        return ReadyFuture(trace_loss(fn, input_ranks, self._runtime.session_id))
 
     def create_lora_training_client(
         self,

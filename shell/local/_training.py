@@ -37,19 +37,31 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import optax
 import tinker
 from tinker import types
+from tinker.lib.public_interfaces.custom_loss import LossHandle, check_loss_inputs
 
 from rlpure import model as model_lib
 from rlpure.packing import plan_grouped_chunks, prefix_tree_size
 from shell.errors import CheckpointError
 from shell.local._checkpoints import read_checkpoint, write_checkpoint
+from shell.local._custom_loss import (
+    SURROGATE_LOSS,
+    CustomLossFn,
+    custom_loss_gradients,
+    custom_metrics,
+    forward_data,
+    linear_loss_data,
+    require_torch,
+)
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._inputs import (
     PREFIX_SHARING_FRACTION,
@@ -254,11 +266,80 @@ class LocalTrainingClient:
     ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
         return self.forward_backward(data, loss_fn, loss_fn_config)
 
-    def forward_backward_custom(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError("the local backend does not support custom losses")
+    def forward_backward_custom(
+        self,
+        data: list[types.Datum],
+        loss_fn: CustomLossFn | LossHandle,
+        *,
+        loss_type_input: Literal["logprobs"] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        """`forward_backward` with a loss written in torch over each datum's logprobs, run in
+        this process as the SDK runs it client-side (`shell.local._custom_loss`): a forward
+        pass for the logprobs, the loss and its gradient in torch, then a `cross_entropy`
+        `forward_backward` with `weights = −∂loss/∂logprobs`. The gradient accumulates as
+        `forward_backward`'s does.
 
-    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError("the local backend does not support custom losses")
+        Args:
+            data: datums with `target_tokens` (and whatever else the loss reads).
+            loss_fn: `(data, logprobs_list) -> (loss, metrics)`, or a `LossHandle` from this
+                service's `create_custom_loss`.
+            loss_type_input: deprecated (the SDK's): None or `"logprobs"`.
+
+        Returns:
+            `APIFuture[ForwardBackwardOutput]`: the backward call's outputs (logprobs), its
+            `loss:sum` as `surrogate_loss:sum`, the custom loss's metrics, and `loss:sum` the
+            custom loss.
+
+        Raises:
+            ImportError: torch is not installed.
+            ValueError: a `LossHandle` of another session or whose inputs the data lack, a
+                datum without `target_tokens`, or no data.
+            NotImplementedError: a `LossHandle` uploaded to a Tinker server (`loss_id`).
+
+        Unlike the SDK, a loss that raises leaves the client usable (the SDK then rejects its
+        queued and later requests, whose ids it had reserved); nothing accumulates.
+        """
+        if loss_type_input is not None:
+            warnings.warn(
+                "The 'loss_type_input' parameter of forward_backward_custom() is deprecated: the "
+                "loss always receives logprobs. This parameter will be removed in a future "
+                "release; remove it from your call.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        if loss_type_input not in (None, "logprobs"):
+            raise ValueError(
+                f"Unsupported loss_type_input={loss_type_input!r}. Supported values are: logprobs"
+            )
+        require_torch("run custom forward_backward")
+        if isinstance(loss_fn, LossHandle):
+            if loss_fn.session_id != self._runtime.session_id:
+                raise ValueError(
+                    f"LossHandle {loss_fn.name!r} was created in session {loss_fn.session_id}; "
+                    "it can only be used by clients of that session"
+                )
+            if loss_fn.loss_id is not None:
+                raise NotImplementedError(
+                    f"LossHandle {loss_fn.name!r} runs on a Tinker server (loss_id "
+                    f"{loss_fn.loss_id}); the local backend runs losses client-side only"
+                )
+            check_loss_inputs(loss_fn, data)
+        if not data:
+            raise ValueError("No data provided")
+        forward = self._run(forward_data(data), SURROGATE_LOSS, None, backward=False)
+        grads_D, loss_metrics, loss_sum = custom_loss_gradients(data, loss_fn, forward)
+        out = self._run(linear_loss_data(data, grads_D), SURROGATE_LOSS, None, backward=True)
+        metrics = custom_metrics(out.metrics, loss_metrics, loss_sum)
+        return ReadyFuture(dataclasses.replace(out, metrics=metrics))
+
+    async def forward_backward_custom_async(
+        self,
+        data: list[types.Datum],
+        loss_fn: CustomLossFn | LossHandle,
+        *,
+        loss_type_input: Literal["logprobs"] | None = None,
+    ) -> tinker.APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
 
     def _run(
         self,

@@ -9,7 +9,8 @@ whatever answered `/healthz` there would pass for this server. `free_port` is fo
 need a port nobody listens on. `sdk_env(server)` is the environment an SDK client needs
 (`TINKER_BASE_URL`, a `tml-` key, telemetry off), for `monkeypatch.setenv` or a child
 process. The server inherits the test session's `RLPURE_HOME` (tests/conftest.py), so nothing
-is written under the user's home.
+is written under the user's home. `assert_same_output` compares two `forward_backward` results
+bit for bit (the server and an in-process client run the same programs on the same inputs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
+from tinker import types
 
 RLPURE = str(Path(sys.executable).with_name("rlpure"))
 STARTUP_S = 120.0
@@ -133,3 +137,15 @@ def sdk_env(server: Server, api_key: str = "tml-local") -> dict[str, str]:
 def child_env(server: Server, api_key: str = "tml-local") -> dict[str, str]:
     """This process's environment plus `sdk_env`, for a client subprocess."""
     return {**os.environ, **sdk_env(server, api_key)}
+
+
+def assert_same_output(
+    served: types.ForwardBackwardOutput, reference: types.ForwardBackwardOutput
+) -> None:
+    """Equal metrics and equal per-datum output arrays, bit for bit."""
+    assert served.metrics == reference.metrics
+    assert len(served.loss_fn_outputs) == len(reference.loss_fn_outputs)
+    for got, want in zip(served.loss_fn_outputs, reference.loss_fn_outputs, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key].to_numpy(), want[key].to_numpy(), err_msg=key)

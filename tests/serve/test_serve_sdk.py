@@ -46,7 +46,7 @@ import tinker
 from tinker import types
 
 from shell.local import LocalServiceClient
-from tests.serve.server import Server, child_env, running_server, sdk_env
+from tests.serve.server import Server, assert_same_output, child_env, running_server, sdk_env
 
 # The SDK 0.38 deprecates `sample_async` and the other `*_async` methods in favour of awaiting
 # the futures; the async style here uses both, as scripts written for the SDK do.
@@ -246,18 +246,6 @@ async def _grpo_async(service: Any, *, replay: Trace | None = None) -> Trace:
 # -- comparisons --
 
 
-def _assert_same_output(
-    served: types.ForwardBackwardOutput, reference: types.ForwardBackwardOutput
-) -> None:
-    """Equal metrics and equal per-datum output arrays, bit for bit."""
-    assert served.metrics == reference.metrics
-    assert len(served.loss_fn_outputs) == len(reference.loss_fn_outputs)
-    for got, want in zip(served.loss_fn_outputs, reference.loss_fn_outputs, strict=True):
-        assert got.keys() == want.keys()
-        for key in want:
-            np.testing.assert_array_equal(got[key].to_numpy(), want[key].to_numpy(), err_msg=key)
-
-
 def _assert_same_samples(
     served: Sequence[types.SampleResponse],
     reference: Sequence[types.SampleResponse],
@@ -282,7 +270,7 @@ def _assert_same_samples(
 def _assert_same_steps(served: Sequence[Step], reference: Sequence[Step]) -> None:
     assert len(served) == len(reference)
     for got, want in zip(served, reference, strict=True):
-        _assert_same_output(got.loss, want.loss)
+        assert_same_output(got.loss, want.loss)
         assert got.optim.metrics == want.optim.metrics
 
 
@@ -359,9 +347,9 @@ def test_each_loss_computes_what_it_computes_in_process(
 ) -> None:
     first, optim, after = _loss_steps(service, loss, config)
     want_first, want_optim, want_after = _loss_steps(local, loss, config)
-    _assert_same_output(first, want_first)
+    assert_same_output(first, want_first)
     assert optim.metrics == want_optim.metrics
-    _assert_same_output(after, want_after)
+    assert_same_output(after, want_after)
     assert first.metrics["loss:sum"] != after.metrics["loss:sum"]  # the step moved the weights
     if config is not None and loss == "ppo":  # the config reached the loss
         default = local.create_lora_training_client(MODEL, rank=RANK).result()
@@ -409,7 +397,7 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
     service: tinker.ServiceClient, local: LocalServiceClient
 ) -> None:
     served, reference = _probes(service), _probes(local)
-    _assert_same_output(served.forward, reference.forward)
+    assert_same_output(served.forward, reference.forward)
     assert served.logprobs == reference.logprobs
     assert served.logprobs_last == reference.logprobs_last
     assert served.sampled.prompt_logprobs == reference.sampled.prompt_logprobs
@@ -459,11 +447,11 @@ def test_save_state_resumes_exactly_with_the_optimizer_and_not_without(
 
     # Same weights everywhere at the save, so the same gradient.
     for index in (1, 2):
-        _assert_same_output(at_save[index], at_save[0])
-        _assert_same_output(steps[index].loss, steps[0].loss)
+        assert_same_output(at_save[index], at_save[0])
+        assert_same_output(steps[index].loss, steps[0].loss)
         assert steps[index].optim.metrics == steps[0].optim.metrics  # grad_norm
     # With Adam's moments (and step count) the update is the uninterrupted one ...
-    _assert_same_output(after[1], after[0])
+    assert_same_output(after[1], after[0])
     # ... without them it is a first Adam step from these weights: another update.
     assert after[2].metrics["loss:sum"] != after[0].metrics["loss:sum"]
     assert not np.array_equal(
@@ -528,7 +516,7 @@ def test_a_run_resumes_across_a_server_restart(
 
     uninterrupted = local.create_lora_training_client(MODEL, rank=RANK).result()
     _assert_same_steps(steps, [_train_step(uninterrupted, data_D) for _ in range(STEPS)])
-    _assert_same_output(final, uninterrupted.forward(data_D, RL_LOSS).result())
+    assert_same_output(final, uninterrupted.forward(data_D, RL_LOSS).result())
     assert run.training_run_id == run_id
     assert run.base_model == MODEL
     assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == saved
