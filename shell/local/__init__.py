@@ -110,8 +110,11 @@ Semantics and decisions:
   LoRA or not, `user_metadata`, creation time) makes a run with no checkpoint yet known to
   every process's REST client.
 - Clients are not thread-safe: use them from one thread (typically the event loop's).
-- Not supported (raise `NotImplementedError`): custom losses, `topk_*` logprobs,
-  `target_prompt_logprobs`, `prompt_alt_tokens_k`, non-Adam optimizers, multimodal chunks.
+- Custom losses run in this process, as the SDK runs them client-side
+  (`forward_backward_custom`, `create_custom_loss`; `_custom_loss`), with torch.
+- Not supported (raise `NotImplementedError`): losses uploaded to a server
+  (`loss_fn="custom"`), `topk_*` logprobs, `target_prompt_logprobs`, `prompt_alt_tokens_k`,
+  non-Adam optimizers, multimodal chunks.
 
 Layout (this module is the public entry point; import the clients from here, the private
 modules are its parts):
@@ -120,6 +123,7 @@ modules are its parts):
   memory budgets, checkpoint paths, the training runs opened and their `run.json`, the
   sample-request counter);
 - `_training`: `LocalTrainingClient`;
+- `_custom_loss`: `forward_backward_custom`'s surrogate datums, torch run and metrics;
 - `_sampling`: `LocalSamplingClient`, its request validation and batching;
 - `_rest`: `LocalRestClient` (training runs and checkpoints, read from `run.json` and the
   checkpoint files) and `LocalLookupError`;

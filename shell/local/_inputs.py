@@ -193,7 +193,10 @@ def check_data(
         raise ValueError("forward_backward: no data provided")
     if loss_fn not in LOSSES:
         if loss_fn == "custom":
-            raise NotImplementedError("the local backend does not support custom losses")
+            raise NotImplementedError(
+                "loss_fn='custom' runs a loss uploaded to a Tinker server; the local backend "
+                "runs custom losses client-side: pass the loss to forward_backward_custom"
+            )
         raise ValueError(f"unknown loss_fn {loss_fn!r}; known losses: {sorted(LOSSES)}")
     tokens_D: list[np.ndarray] = []
     inputs_D: list[dict[str, np.ndarray]] = []

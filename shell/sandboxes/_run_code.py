@@ -451,7 +451,7 @@ def _loopback_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as err:
+    except (OSError, OverflowError) as err:  # OverflowError: a port outside 0-65535
         sock.close()
         raise ConfigError(f"host {host!r}, port {port}: cannot listen there: {err}") from err
     return sock

@@ -114,8 +114,17 @@ def serve(
     """Runs the server until SIGINT/SIGTERM (see module doc); returns the exit code.
 
     Raises:
-        ConfigError: a non-loopback `host` without `api_key`, or a port that cannot be bound.
+        ConfigError: a non-loopback `host` without `api_key`, a port that cannot be bound, a
+            state dir that cannot be made, or a negative seed or non-positive size; each
+            before anything starts.
     """
+    for flag, value, least in (
+        ("--seed", seed, 0),
+        ("--max-samplers", max_samplers, 1),
+        ("--max-body-mb", max_body_mb, 1),
+    ):
+        if value < least:
+            raise ConfigError(f"{flag} {value}: expected an integer >= {least}")
     if not _is_loopback(host) and not api_key:
         raise ConfigError(
             f"--host {host}: serving beyond this machine needs --api-key (anyone who can reach "
@@ -130,8 +139,14 @@ def serve(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
-    except OSError as err:
+    except (OSError, OverflowError) as err:  # OverflowError: a port outside 0-65535
+        sock.close()
         raise ConfigError(f"--host {host} --port {port}: cannot listen there: {err}") from err
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"--state-dir {state}: cannot make it a directory: {err}") from err
     bound_port = sock.getsockname()[1]
     engine = Engine(state_dir=state, seed=seed, max_samplers=max_samplers, **service_options)
     capabilities = served_models(engine)

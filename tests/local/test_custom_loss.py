@@ -131,3 +131,13 @@ def test_a_bad_loss_type_input_is_refused_before_anything_runs() -> None:
             loss_type_input="probs",  # type: ignore[arg-type]
         )
     assert trainer._grads is None
+
+
+def test_forward_backward_with_loss_fn_custom_points_to_forward_backward_custom() -> None:
+    trainer = (
+        LocalServiceClient(seed=0, temporary_checkpoints=True)
+        .create_lora_training_client("rlpure/tiny")
+        .result()
+    )
+    with pytest.raises(NotImplementedError, match="pass the loss to forward_backward_custom"):
+        trainer.forward_backward([_datum(2)], "custom")

@@ -44,6 +44,7 @@ from tinker._client import AsyncTinker  # the SDK's raw API client: one call, no
 from tinker.lib.public_interfaces.training_client import TrainingClient
 
 from rlpure.model import MODEL_CONFIGS
+from shell import cli
 from shell.serve import Engine
 from shell.serve._paths import parse_tinker_path
 from tests.serve.server import RLPURE, Server, child_env, free_port, running_server, sdk_env
@@ -551,6 +552,35 @@ def test_the_command_line_refuses_a_public_host_without_a_key_and_documents_the_
     help_text, _ = helped.communicate(timeout=60)
     assert helped.returncode == 0
     assert "TINKER_BASE_URL" in help_text and "TINKER_API_KEY" in help_text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--port", "99999"], "--port 99999: cannot listen there: bind(): port must be"),
+        (["serve", "--port", "-5"], "--port -5: cannot listen there"),
+        (["sandbox-serve", "--port", "70000"], "port 70000: cannot listen there"),
+        (["serve", "--seed", "-1"], "--seed -1: expected an integer >= 0"),
+        (["serve", "--max-samplers", "0"], "--max-samplers 0: expected an integer >= 1"),
+        (["serve", "--max-body-mb", "0"], "--max-body-mb 0: expected an integer >= 1"),
+        (["serve", "--state-dir", "{file}"], "cannot make it a directory: [Errno 17] File exists"),
+    ],
+    ids=["port-high", "port-negative", "sandbox-port", "seed", "samplers", "body", "state-file"],
+)
+def test_bad_server_arguments_are_one_line_before_anything_starts(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    argv = [arg.replace("{file}", str(a_file)) for arg in argv]
+    if argv[0] == "serve" and "--state-dir" not in argv:
+        argv += ["--state-dir", str(tmp_path / "state")]
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("rlpure: configuration error: "), err
+    assert message in lines[0]
+    assert not out and not (tmp_path / "state").exists()
 
 
 # -- 3. the SDK's tinker CLI --
