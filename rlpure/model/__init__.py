@@ -6,8 +6,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
   `llama3_rope_scaling_from_factors`, recovering it from per-frequency divisors), the named
   `MODEL_CONFIGS`.
 - `_transformer`: `init_params`, the causal `forward` pass, the KV-cached `prefill` and
-  `decode_step`, `logits` and `target_logprobs` (training logprobs), each with optional LoRA
-  adapters.
+  `decode_step`, `logits`, `target_logprobs` (training logprobs), each with optional LoRA
+  adapters, and `topk_logprobs` (the most likely next tokens, for top-k prompt logprobs).
 - `_layers`: the transformer's norms, RoPE (`rope_inv_freq`), linear maps, attention, MLPs,
   embedding and unembedding.
 - `_prefix_forward`: `prefix_target_logprobs_fn`, training logprobs of datums packed as
@@ -80,6 +80,7 @@ from rlpure.model._transformer import (
     prefill,
     target_logprobs,
     target_logprobs_fn,
+    topk_logprobs,
 )
 
 __all__ = [
@@ -129,4 +130,5 @@ __all__ = [
     "suffix_attention_mask",
     "target_logprobs",
     "target_logprobs_fn",
+    "topk_logprobs",
 ]

@@ -536,6 +536,24 @@ def target_logprobs_fn(
     return picked_B_T - jax.nn.logsumexp(logits_B_T_V, axis=-1)
 
 
+def _topk_logprobs(
+    params: Params, tokens_B_T: jax.Array, k: int, config: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
+    lp_B_T_V = jax.nn.log_softmax(_logits(params, tokens_B_T, config), axis=-1)
+    values_B_T_K, ids_B_T_K = jax.lax.top_k(lp_B_T_V, k)
+    return ids_B_T_K.astype(jnp.int32), values_B_T_K
+
+
+topk_logprobs = jax.jit(_topk_logprobs, static_argnames=("k", "config"))
+topk_logprobs.__doc__ = """The `k` most likely next tokens after each position and their
+log-probabilities: (int32 ids `[B, T, k]`, float32 logprobs `[B, T, k]`), most likely first,
+a tie going to the lower id (`jax.lax.top_k`'s order) (jitted).
+
+`topk_logprobs(params, tokens_B_T, k=, config=)`; `k` (1 to `V`) and `config` are static.
+Row `t` is the distribution after `tokens[:, : t + 1]`, as in `logits`; the logprobs are
+`log_softmax(logits)`, the values `target_logprobs` gives those ids.
+"""
+
 logits = jax.jit(_logits, static_argnames=("config", "lora"))
 logits.__doc__ = """Next-token logits, float32 `[B, T, V]`, of int32 `tokens_B_T` (jitted).
 

@@ -54,6 +54,7 @@ import msgspec
 import numpy as np
 import tinker
 from tinker import types
+from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 
 from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
@@ -108,6 +109,7 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     stop_sequences: tuple[tuple[int, ...], ...]  # the stop strings' encodings
     include_prompt_logprobs: bool
     prompt_logprobs_last_n: int | None  # score only the last N prompt tokens (earlier: NaN)
+    topk_prompt_logprobs: int  # the k most likely tokens at each prompt position (0: none)
     request_index: int
 
 
@@ -127,31 +129,35 @@ def sampler_params(
     return merged
 
 
-def _last_n(value: object, n: int, where: str) -> int | None:
-    """`prompt_logprobs_last_n` checked at submission for an `n`-token prompt: None, or a whole
-    number in `[1, n − 1]` (`2.0` is 2, as the SDK's request model makes it), so a bad value
-    fails its own request and never the batch it would join.
+def _whole_number(value: object, least: int, most: int, name: str) -> int:
+    """`value` checked at submission: a whole number in `[least, most]` (`2.0` is 2, as the
+    SDK's request model makes it), so a bad value fails its own request and never the batch it
+    would join.
 
     Examples:
-        >>> _last_n(None, 5, "sample"), _last_n(2.0, 5, "sample"), _last_n(4, 5, "sample")
-        (None, 2, 4)
-        >>> _last_n(2.5, 5, "sample")
+        >>> _whole_number(2.0, 1, 4, "sample.k"), _whole_number(4, 1, 4, "sample.k")
+        (2, 4)
+        >>> _whole_number(2.5, 1, 4, "sample.k")
         Traceback (most recent call last):
         ...
-        ValueError: sample.prompt_logprobs_last_n: expected a whole number in [1, 4], got 2.5
+        ValueError: sample.k: expected a whole number in [1, 4], got 2.5
     """
-    if value is None:
-        return None
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not float(value).is_integer()
-        or not 1 <= value <= n - 1
+        or not least <= value <= most
     ):
-        raise ValueError(
-            f"{where}.prompt_logprobs_last_n: expected a whole number in [1, {n - 1}], got {value!r}"
-        )
+        raise ValueError(f"{name}: expected a whole number in [{least}, {most}], got {value!r}")
     return int(value)
+
+
+def _last_n(value: object, n: int, where: str) -> int | None:
+    """`prompt_logprobs_last_n` of an `n`-token prompt: None, or a whole number in
+    `[1, n − 1]` (`_whole_number`)."""
+    if value is None:
+        return None
+    return _whole_number(value, 1, n - 1, f"{where}.prompt_logprobs_last_n")
 
 
 class LocalSamplingClient:
@@ -227,10 +233,13 @@ class LocalSamplingClient:
         Raises:
             TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at
                 submission).
-            NotImplementedError: for top-k logprobs, target prompt logprobs, alt tokens.
+            NotImplementedError: for top-k sample logprobs, target prompt logprobs, alt tokens.
+
+        `topk_prompt_logprobs=k` adds the `k` most likely tokens at each prompt position with
+        their logprobs (`SampleResponse.topk_prompt_logprobs`: None at position 0 and, with
+        `prompt_logprobs_last_n`, before the last N), most likely first.
         """
         for name, value in (
-            ("topk_prompt_logprobs", topk_prompt_logprobs),
             ("topk_sample_logprobs", topk_sample_logprobs),
             ("prompt_alt_tokens_k", prompt_alt_tokens_k),
         ):
@@ -244,6 +253,7 @@ class LocalSamplingClient:
             sampling_params,
             include_prompt_logprobs=include_prompt_logprobs,
             prompt_logprobs_last_n=prompt_logprobs_last_n,
+            topk_prompt_logprobs=topk_prompt_logprobs,
             request_number=request_number,
         )
         return self._samples.submit(request)
@@ -323,6 +333,7 @@ class LocalSamplingClient:
         *,
         include_prompt_logprobs: bool,
         prompt_logprobs_last_n: int | None = None,
+        topk_prompt_logprobs: int = 0,
         request_number: int | None = None,
     ) -> _SampleRequest:
         config = self._config
@@ -332,6 +343,7 @@ class LocalSamplingClient:
         if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
             raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
         prompt_logprobs_last_n = _last_n(prompt_logprobs_last_n, int(tokens.size), "sample")
+        k = _whole_number(topk_prompt_logprobs, 0, config.vocab_size, "sample.topk_prompt_logprobs")
         check_token_range(tokens, config.vocab_size, "sample.prompt")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"sample.num_samples: expected an int >= 1, got {num_samples!r}")
@@ -384,6 +396,7 @@ class LocalSamplingClient:
             stop_sequences=stop_seqs,
             include_prompt_logprobs=bool(include_prompt_logprobs),
             prompt_logprobs_last_n=prompt_logprobs_last_n,
+            topk_prompt_logprobs=k,
             request_index=request_index,
         )
 
@@ -489,6 +502,7 @@ class LocalSamplingClient:
         scored = iter(
             self._prompt_logprobs_many([r.prompt_T for r in requests if r.include_prompt_logprobs])
         )
+        topk = self._prompt_topk_many([r for r in requests if r.topk_prompt_logprobs])
         for r in requests:
             prompt_lp = next(scored) if r.include_prompt_logprobs else None
             if prompt_lp is not None and r.prompt_logprobs_last_n is not None:
@@ -497,10 +511,42 @@ class LocalSamplingClient:
                 types.SampleResponse(
                     sequences=sequences[start : start + r.num_samples],
                     prompt_logprobs_np=prompt_lp,
+                    topk_prompt_logprobs_np=topk.get(id(r)),
                 )
             )
             start += r.num_samples
         return responses
+
+    def _prompt_topk_many(self, requests: list[_SampleRequest]) -> dict[int, TopkLogprobs]:
+        """Each request's top-k prompt logprobs, by `id(request)`: `[N, k]` token ids and
+        logprobs, row `i ≥ 1` the `k` most likely tokens after `prompt[:i]`; row 0, and the
+        rows before the last N with `prompt_logprobs_last_n`, the SDK's empty row (id 0,
+        logprob −99999). Requests of one `k` and length bucket run as rows of one call."""
+        out: dict[int, TopkLogprobs] = {}
+        groups: dict[tuple[int, int], list[_SampleRequest]] = {}
+        for r in requests:
+            width = length_bucket(max(int(r.prompt_T.size) - 1, 1))
+            groups.setdefault((r.topk_prompt_logprobs, width), []).append(r)
+        for (k, width), members in groups.items():
+            per_call = self._runtime.training_rows(self._config, width)
+            for start in range(0, len(members), per_call):
+                chunk = members[start : start + per_call]
+                inputs = np.zeros((row_bucket(len(chunk)), width), np.int32)
+                for row, r in enumerate(chunk):
+                    inputs[row, : r.prompt_T.size - 1] = r.prompt_T[:-1]
+                ids_B_T_K, lp_B_T_K = model_lib.topk_logprobs(
+                    self._params, inputs, k=k, config=self._config
+                )
+                ids_B_T_K, lp_B_T_K = np.asarray(ids_B_T_K), np.asarray(lp_B_T_K)
+                for row, r in enumerate(chunk):
+                    n = int(r.prompt_T.size)
+                    first = 1 if r.prompt_logprobs_last_n is None else n - r.prompt_logprobs_last_n
+                    ids = np.zeros((n, k), np.int32)
+                    lps = np.full((n, k), MASK_LOGPROB, np.float32)
+                    ids[first:] = ids_B_T_K[row, first - 1 : n - 1]
+                    lps[first:] = lp_B_T_K[row, first - 1 : n - 1]
+                    out[id(r)] = TopkLogprobs(token_ids=ids, logprobs=lps)
+        return out
 
     def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:
         """One jitted `sample_tokens` call for `rows` (request, sample index), padded to buckets."""

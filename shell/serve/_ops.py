@@ -189,7 +189,7 @@ def checkpoint_base_model(directory: str, ref: CheckpointRef) -> str:
         raise BadRequest(f"no readable checkpoint at {ref.tinker_path}", 404) from err
 
 
-_UNSUPPORTED_SAMPLING = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+_UNSUPPORTED_SAMPLING = ("topk_sample_logprobs", "prompt_alt_tokens_k")
 
 
 def check_sample_request(body: types.SampleRequest) -> None:
@@ -217,6 +217,7 @@ def sample(
             body.sampling_params,
             include_prompt_logprobs=bool(body.prompt_logprobs),
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
+            topk_prompt_logprobs=body.topk_prompt_logprobs,
             request_number=body.seq_id,
         )
         response = await future.result_async()

@@ -13,7 +13,8 @@ Conventions:
 - Encoding writes each output field of every datum into one `BatchedTensor` (per-datum arrays
   concatenated, int64 byte offsets, the trailing shape of 2-D-or-more fields) and the metrics
   as they are (`name:reduction` keys); `prompt_logprobs` of a sample response is float32 with
-  NaN where the SDK expects `None`.
+  NaN where the SDK expects `None`, and `topk_prompt_logprobs` its `TopkLogprobs` matrices
+  (the SDK's empty rows, id 0 and logprob −99999, where it expects `None`).
 """
 
 from __future__ import annotations
@@ -228,4 +229,15 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
             entry.logprobs = _float32(sequence.logprobs)
     if response.prompt_logprobs is not None:
         message.prompt_logprobs = _float32(response.prompt_logprobs)
+    topk = response.topk_prompt_logprobs_np
+    if topk is not None:
+        length, k = topk.token_ids.shape
+        message.topk_prompt_logprobs.CopyFrom(
+            pb.TopkLogprobs(
+                token_ids=np.ascontiguousarray(topk.token_ids, np.int32).tobytes(),
+                logprobs=np.ascontiguousarray(topk.logprobs, np.float32).tobytes(),
+                k=k,
+                length=length,
+            )
+        )
     return bytes(message.SerializeToString())

@@ -193,6 +193,23 @@ def test_target_logprobs_are_normalised_log_softmax() -> None:
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("k", [1, 5, VOCAB_SIZE])
+def test_topk_logprobs_are_the_sorted_head_of_the_log_softmax(k: int) -> None:
+    tokens = np.random.default_rng(2).integers(0, VOCAB_SIZE, (2, T)).astype(np.int32)
+    tokens[1, 3:] = tokens[1, 2]  # repeated inputs: a distribution, not one input per row
+    ids, lps = (np.asarray(a) for a in M.topk_logprobs(PARAMS, tokens, k=k, config=CONFIG))
+    assert ids.shape == lps.shape == (2, T, k) and ids.dtype == np.int32
+    logits = np.asarray(M.logits(PARAMS, tokens, config=CONFIG), np.float64)
+    full = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    full -= logits.max(-1, keepdims=True)
+    order = np.argsort(-full, axis=-1, kind="stable")[..., :k]  # ties: the lower id first
+    np.testing.assert_allclose(lps, np.take_along_axis(full, order, -1), atol=1e-5)
+    assert np.all(np.diff(lps, axis=-1) <= 0)  # most likely first
+    picked = np.take_along_axis(full, ids.astype(np.int64), -1)  # the ids carry their values
+    np.testing.assert_allclose(lps, picked, atol=1e-5)
+    assert all(len(set(row)) == k for row in ids.reshape(-1, k).tolist())  # k distinct tokens
+
+
 # --- sampling --------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ tokens, ≤ 8 datums of ≤ 16 tokens), so the file compiles a handful of times.
 from __future__ import annotations
 
 import asyncio
+import doctest
 import json
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from rlpure import model as model_lib
 from rlpure.model import EOS_ID, ByteTokenizer
 from shell.errors import CheckpointError, ConfigError
 from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from shell.local import _sampling as local_sampling
 from shell.local._train_steps import (
     loss_and_logprob_grad,
     merge_metrics,
@@ -424,6 +426,56 @@ def test_a_bad_request_fails_alone_and_never_the_tick_it_would_join() -> None:
     assert last_two == [None] * (n - 2) + whole[-2:]
     assert len(plain.sequences) == 1 and with_last.prompt_logprobs == last_two
     assert [s.tokens for s in big_k.sequences] == [s.tokens for s in no_k.sequences]
+
+
+def test_topk_prompt_logprobs_are_the_most_likely_next_tokens_and_their_logprobs() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    prompt = _prompt("count: 1 2 3 4")
+    tokens = prompt.to_ints()
+    n, k = len(tokens), 4
+
+    async def tick() -> list[types.SampleResponse]:
+        return list(
+            await asyncio.gather(
+                sampler.sample(
+                    prompt, 1, SP16, include_prompt_logprobs=True, topk_prompt_logprobs=k
+                ),
+                sampler.sample(_prompt("ab"), 1, SP16, topk_prompt_logprobs=2.0),  # type: ignore[arg-type]
+                sampler.sample(
+                    prompt,
+                    2,
+                    SP16,
+                    include_prompt_logprobs=True,
+                    topk_prompt_logprobs=k,
+                    prompt_logprobs_last_n=3,
+                ),
+                sampler.sample(prompt, 1, SP16),
+            )
+        )
+
+    full, short, last_three, plain = asyncio.run(tick())
+    topk = full.topk_prompt_logprobs
+    assert topk is not None and len(topk) == n and topk[0] is None
+    for i in range(1, n):
+        entries = topk[i]
+        assert entries is not None and len(entries) == k
+        values = [lp for _, lp in entries]
+        assert values == sorted(values, reverse=True)
+        for candidate, lp in entries[:2]:  # what scoring the prefix plus that token gives
+            scored = sampler.compute_logprobs(types.ModelInput.from_ints([*tokens[:i], candidate]))
+            assert abs((scored.result()[-1] or np.nan) - lp) < 1e-5
+        if tokens[i] in dict(entries):  # the prompt's own token where it ranks
+            assert full.prompt_logprobs is not None
+            assert abs(dict(entries)[tokens[i]] - (full.prompt_logprobs[i] or np.nan)) < 1e-5
+    short_topk = short.topk_prompt_logprobs
+    assert short_topk is not None and short_topk[0] is None and len(short_topk[1] or []) == 2
+    assert last_three.topk_prompt_logprobs == [None] * (n - 3) + topk[n - 3 :]
+    assert len(last_three.sequences) == 2
+    assert plain.topk_prompt_logprobs is None and plain.topk_prompt_logprobs_np is None
+    for bad in (-1, 1.5, model_lib.VOCAB_SIZE + 1, True):
+        with pytest.raises(ValueError, match=r"sample\.topk_prompt_logprobs: expected a whole"):
+            sampler.sample(prompt, 1, SP16, topk_prompt_logprobs=bad)  # type: ignore[arg-type]
+    assert doctest.testmod(local_sampling).failed == 0
 
 
 # --- training ---------------------------------------------------------------------------------

@@ -368,6 +368,7 @@ class Probes(NamedTuple):
 
 PROBE = b"count: 1 2 3"
 LAST_N = 3
+TOPK = 3
 
 
 def _probes(service: Any) -> Probes:
@@ -385,9 +386,16 @@ def _probes(service: Any) -> Probes:
         forward=training.forward(data_D, "cross_entropy").result(),
         logprobs=sampler.compute_logprobs(prompt).result(),
         logprobs_last=sampler.compute_logprobs(prompt, prompt_logprobs_last_n=LAST_N).result(),
-        sampled=sampler.sample(prompt, 2, params, include_prompt_logprobs=True).result(),
+        sampled=sampler.sample(
+            prompt, 2, params, include_prompt_logprobs=True, topk_prompt_logprobs=TOPK
+        ).result(),
         sampled_last=sampler.sample(
-            prompt, 2, params, include_prompt_logprobs=True, prompt_logprobs_last_n=LAST_N
+            prompt,
+            2,
+            params,
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=TOPK,
+            prompt_logprobs_last_n=LAST_N,
         ).result(),
         unseeded=unseeded,
     )
@@ -411,6 +419,20 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
     skipped = len(PROBE) - LAST_N
     for last in (served.logprobs_last, served.sampled_last.prompt_logprobs):
         assert last == [None] * skipped + full[skipped:]
+    # Top-k prompt logprobs (proto `TopkLogprobs`): as in-process, the prompt's own token at
+    # its logprob wherever it ranks, the last-N view the full one's tail.
+    topk = served.sampled.topk_prompt_logprobs
+    assert topk == reference.sampled.topk_prompt_logprobs
+    assert served.sampled_last.topk_prompt_logprobs == reference.sampled_last.topk_prompt_logprobs
+    assert topk is not None and topk[0] is None and all(len(e or []) == TOPK for e in topk[1:])
+    checked = 0
+    for token, entries, lp in zip(PROBE[1:], topk[1:], full[1:], strict=True):
+        ranked = dict(entries or [])
+        if token in ranked:  # another program than the prompt logprobs': the last bits differ
+            assert ranked[token] == pytest.approx(lp, abs=SAMPLE_LOGPROB_ATOL)
+            checked += 1
+    assert checked > 0
+    assert served.sampled_last.topk_prompt_logprobs == [None] * skipped + topk[skipped:]
 
 
 def test_unseeded_samples_after_compute_logprobs_match_in_process(
