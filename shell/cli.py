@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import inspect
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -402,6 +405,33 @@ def _user_error(err: BaseException) -> tuple[int, str] | None:
     return None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is: the run stops the way Ctrl-C stops it (what a
+    `kill`, a job scheduler or a container stop sends), not with a bare exit."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While open, SIGTERM raises `Terminated` in the main thread (unless some other handler
+    is installed: a server installs its own while it serves); the handler before is restored
+    on exit."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+    ):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -419,6 +449,16 @@ def main(
     for noisy in ("httpx", "jax", "absl"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     watch_tinker_retries()
+    with terminate_as_interrupt():
+        return _main(args, commands=commands, recipes=recipes)
+
+
+def _main(
+    args: argparse.Namespace,
+    *,
+    commands: Mapping[str, Command],
+    recipes: Mapping[str, TrainRecipe],
+) -> int:
     try:
         if args.command == "train":
             recipe = recipes[args.recipe]
@@ -432,6 +472,9 @@ def main(
                 print(summary_line(result))
             return _exit_code(result)
         return _exit_code(_run(commands[args.command].run, args))
+    except Terminated:
+        print("rlpure: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("rlpure: interrupted", file=sys.stderr)
         return 130

@@ -39,6 +39,7 @@ Conventions:
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -316,11 +317,18 @@ def _write_staged(
             file.flush()
             os.fsync(file.fileno())
         move_into_place(staging, directory)
-    except BaseException:
+    except BaseException as err:
         # `staging` holds only this unfinished write; whatever was at `directory` is untouched
         # (or was put back by `move_into_place`).
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno in _FULL_OR_READ_ONLY:  # say where
+            raise CheckpointError(f"checkpoint {directory}: cannot write it: {err}") from err
         raise
+
+
+_FULL_OR_READ_ONLY = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Write errors that are the disk's state; their messages name no file, so the checkpoint's
+path is added."""
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):

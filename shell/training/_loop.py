@@ -519,9 +519,9 @@ def _drop_logs_after(log_dir: Path, start: int, *, resume: CheckpointRecord | No
     metrics = log_dir / METRICS_FILE
     backup = metrics.with_name(f"{METRICS_FILE}.pre_resume_{start:06d}")
     staging = backup.with_name(backup.name + ".tmp")
-    if metrics.exists():
-        shutil.copyfile(metrics, staging)
     try:
+        if metrics.exists():
+            shutil.copyfile(metrics, staging)
         dropped = truncate_jsonl_by_step(metrics, keep_below=start)
         if dropped and staging.exists():
             os.replace(staging, backup)
@@ -536,6 +536,14 @@ def _drop_logs_after(log_dir: Path, start: int, *, resume: CheckpointRecord | No
             start,
             resume.state_path,
             dropped,
+        )
+    elif dropped:  # an earlier run here stopped before its first checkpoint: say so
+        logger.warning(
+            "%s: no checkpoint to resume from, so training starts again at step 0; the %d "
+            "metrics lines logged before are kept in %s",
+            log_dir,
+            dropped,
+            backup.name,
         )
 
 

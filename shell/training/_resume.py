@@ -267,9 +267,16 @@ def recipe_options(
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(
-        msgspec.json.format(msgspec.json.encode(data)).decode() + "\n", encoding="utf-8"
-    )
+    """Replaces `path` whole: written beside it, then renamed over it, so a full disk or a
+    kill mid-write leaves the previous record readable (a resume checks the run against it)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_text(
+            msgspec.json.format(msgspec.json.encode(data)).decode() + "\n", encoding="utf-8"
+        )
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def record_run_options(

@@ -8,6 +8,7 @@ points at them, and a failed delete of the old copy only logs a warning.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -116,20 +117,38 @@ def test_a_crash_between_the_renames_loses_no_checkpoint(
     assert aside in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("error", "raised", "message"),
+    [
+        (OSError("injected: disk full"), OSError, "injected: disk full"),
+        # the disk's own state, whose message names no file: the checkpoint's path is added
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            CheckpointError,
+            "checkpoint {path}: cannot write it: [Errno 28] No space left on device",
+        ),
+    ],
+    ids=["any-error", "full-disk"],
+)
 def test_a_failure_while_writing_keeps_the_old_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    error: OSError,
+    raised: type[Exception],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     trainer = micro_trainer(tmp_path)
     path = Path(trainer.save_state("ckpt").result().path)
     _step(trainer)
 
     def savez(*args: Any, **kwargs: Any) -> None:
-        raise OSError("injected: disk full")
+        raise error
 
     monkeypatch.setattr(np, "savez", savez)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(raised) as info:
         trainer.save_state("ckpt", overwrite=True)
     monkeypatch.undo()
+    assert str(info.value) == message.format(path=path)
     assert read_checkpoint(str(path), with_optimizer=True).optim_steps == 0
     assert _hidden_siblings(path) == []
 

@@ -317,19 +317,24 @@ def test_every_toy_flag_is_recorded_or_allowed_to_change_on_resume() -> None:
 
 
 @pytest.mark.slow
-def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) -> None:
-    """SIGKILL a real `rlpure train` process after its first checkpoint, then restart it."""
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(
+    stop: signal.Signals, tmp_path: Path
+) -> None:
+    """SIGKILL (or SIGTERM: one line, exit 143) a real `rlpure train` process after its first
+    checkpoint, then restart it."""
     log_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "shell.cli", "train", "toy", "--backend", "fake",
             "--log-dir", str(log_dir), "--num-batches", "6", "--save-every", "2",
             "--eval-every", "0", "--no-progress"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    stderr = (tmp_path / "stderr").open("w")
     proc = subprocess.Popen(
         [*argv, "--env-latency", "0.4"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
     try:
         deadline = time.monotonic() + 120
@@ -343,8 +348,15 @@ def test_a_killed_cli_run_resumes_with_an_intact_metrics_file(tmp_path: Path) ->
             assert time.monotonic() < deadline, "no checkpoint and step 2 within 120 s"
             time.sleep(0.05)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.send_signal(stop)
+        proc.wait(60)
+        stderr.close()
+    if stop == signal.SIGTERM:  # stopped as Ctrl-C stops it, said in one line
+        assert proc.returncode == 143
+        lines = (tmp_path / "stderr").read_text().splitlines()
+        assert lines[-1] == "rlpure: terminated" and "Traceback" not in "\n".join(lines)
+    else:
+        assert proc.returncode == -signal.SIGKILL
     first = load_checkpoints(log_dir)
     assert [r.step for r in first] == [2] and not first[0].final
     before = (log_dir / "metrics.jsonl").read_text().splitlines()

@@ -8,9 +8,11 @@ round trip, and that `shell.training` still exports the names callers import fro
 from __future__ import annotations
 
 import doctest
+import errno
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import pytest
@@ -143,6 +145,29 @@ def test_record_run_options_writes_both_records_and_keeps_or_drops_the_old_one(
     assert not (tmp_path / RECIPE_OPTIONS_FILE).exists()
     with pytest.raises(ConfigError, match=r"recipe_options=...\): not JSON-encodable"):
         record_run_options(tmp_path, config, recipe_options={"x": object()}, resuming=False)
+
+
+def test_a_failed_rewrite_of_the_run_records_leaves_the_old_ones_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or a kill) while `config.json` is rewritten at a resume must not leave a
+    cut-off file that refuses every later resume."""
+    old = TrainConfig(log_dir=str(tmp_path), seed=3)
+    record_run_options(tmp_path, old, recipe_options=None, resuming=False)
+    before = (tmp_path / CONFIG_FILE).read_bytes()
+    real_write_text = Path.write_text
+
+    def full_disk(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)  # half, then ENOSPC
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    longer = TrainConfig(log_dir=str(tmp_path / ("x" * 200)), seed=3)
+    with pytest.raises(OSError, match="No space left"):
+        record_run_options(tmp_path, longer, recipe_options=None, resuming=True)
+    monkeypatch.undo()
+    assert (tmp_path / CONFIG_FILE).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_FILE]  # no half-written copy
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2**31 - 1])

@@ -991,3 +991,28 @@ def test_a_resume_that_drops_no_metrics_rows_keeps_no_pre_resume_copy(tmp_path: 
         "metrics.jsonl",
         "metrics.jsonl.pre_resume_000001",
     ]
+
+
+def test_a_fresh_start_over_logged_steps_says_where_the_old_rows_went(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier run here stopped before its first checkpoint: starting again at step 0 is
+    the only choice, and the log says so (it used to be silent)."""
+    from shell.training._loop import _drop_logs_after
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 0}\n{"step": 1}\n')
+    with caplog.at_level(logging.WARNING):
+        _drop_logs_after(tmp_path, 0, resume=None)
+    assert metrics.read_text() == ""
+    assert (
+        tmp_path / "metrics.jsonl.pre_resume_000000"
+    ).read_text() == '{"step": 0}\n{"step": 1}\n'
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path}: no checkpoint to resume from, so training starts again at step 0; the 2 "
+        "metrics lines logged before are kept in metrics.jsonl.pre_resume_000000"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # nothing logged before: nothing to say
+        _drop_logs_after(tmp_path, 0, resume=None)
+    assert caplog.records == []
