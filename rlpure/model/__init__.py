@@ -7,7 +7,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
   `MODEL_CONFIGS`.
 - `_transformer`: `init_params`, the causal `forward` pass, the KV-cached `prefill` and
   `decode_step`, `logits`, `target_logprobs` (training logprobs), each with optional LoRA
-  adapters, and `topk_logprobs` (the most likely next tokens, for top-k prompt logprobs).
+  adapters, `topk_logprobs` (the most likely next tokens) and `ids_logprobs` (chosen
+  ones), for the sampler's prompt-logprob options.
 - `_layers`: the transformer's norms, RoPE (`rope_inv_freq`), linear maps, attention, MLPs,
   embedding and unembedding.
 - `_prefix_forward`: `prefix_target_logprobs_fn`, training logprobs of datums packed as
@@ -75,6 +76,7 @@ from rlpure.model._transformer import (
     count_params,
     decode_step,
     forward,
+    ids_logprobs,
     init_params,
     logits,
     prefill,
@@ -113,6 +115,7 @@ __all__ = [
     "forward",
     "get_model_config",
     "grouped_target_logprobs_fn",
+    "ids_logprobs",
     "init_lora",
     "init_optimizer_state",
     "init_params",

@@ -554,6 +554,24 @@ Row `t` is the distribution after `tokens[:, : t + 1]`, as in `logits`; the logp
 `log_softmax(logits)`, the values `target_logprobs` gives those ids.
 """
 
+
+def _ids_logprobs(
+    params: Params, tokens_B_T: jax.Array, ids_B_T_K: jax.Array, config: ModelConfig
+) -> jax.Array:
+    lp_B_T_V = jax.nn.log_softmax(_logits(params, tokens_B_T, config), axis=-1)
+    return jnp.take_along_axis(lp_B_T_V, jnp.maximum(ids_B_T_K, 0), axis=-1)
+
+
+ids_logprobs = jax.jit(_ids_logprobs, static_argnames=("config",))
+ids_logprobs.__doc__ = """Log-probabilities of chosen next tokens: float32 `[B, T, K]`,
+`log_softmax(logits)[b, t, ids[b, t, k]]` for int32 `ids_B_T_K` (jitted; a negative id reads
+token 0, for the caller to discard).
+
+`ids_logprobs(params, tokens_B_T, ids_B_T_K, config=)`; row `t` is the distribution after
+`tokens[:, : t + 1]`, as in `logits`. With one id a position, `target_logprobs`' values (to
+float32 rounding).
+"""
+
 logits = jax.jit(_logits, static_argnames=("config", "lora"))
 logits.__doc__ = """Next-token logits, float32 `[B, T, V]`, of int32 `tokens_B_T` (jitted).
 

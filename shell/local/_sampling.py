@@ -46,6 +46,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,8 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     include_prompt_logprobs: bool
     prompt_logprobs_last_n: int | None  # score only the last N prompt tokens (earlier: NaN)
     topk_prompt_logprobs: int  # the k most likely tokens at each prompt position (0: none)
+    target_ids_I_K: np.ndarray | None  # ids to score after prompt[: i + 1] (-1: none)
+    target_csr: tuple[tuple[int, ...], tuple[int, ...]] | None  # their request's CSR layout
     request_index: int
 
 
@@ -158,6 +161,69 @@ def _last_n(value: object, n: int, where: str) -> int | None:
     if value is None:
         return None
     return _whole_number(value, 1, n - 1, f"{where}.prompt_logprobs_last_n")
+
+
+def _target_ids(
+    tensor: types.TensorData, n: int, vocab_size: int
+) -> tuple[np.ndarray, tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """`target_prompt_logprobs` of an `n`-token prompt checked at submission: (int32 ids
+    `[n − 1, K]`, −1 where nothing is asked; the CSR row pointers and column indices when it
+    came sparse, else None).
+
+    Raises:
+        TypeError, ValueError: naming what is wrong (dtype, shape, an id outside the vocabulary).
+    """
+    where = "sample.target_prompt_logprobs"
+    if not isinstance(tensor, types.TensorData):
+        raise TypeError(f"{where}: expected tinker.TensorData, got {type(tensor).__name__}")
+    if tensor.dtype != "int64":
+        raise TypeError(f"{where}: expected int64 token ids, got dtype {tensor.dtype}")
+    shape = tuple(tensor.shape or ())
+    if n < 2 or len(shape) != 2 or shape[0] != n - 1 or shape[1] < 1:
+        raise ValueError(
+            f"{where}: expected shape [len(prompt) - 1, K] = [{n - 1}, K >= 1], got {list(shape)}"
+        )
+    values = np.asarray(tensor.data, np.int64).reshape(-1)
+    csr = None
+    if tensor.sparse_crow_indices is not None:
+        crow = np.asarray(tensor.sparse_crow_indices, np.int64)
+        col = np.asarray(tensor.sparse_col_indices or [], np.int64)
+        rows = np.repeat(np.arange(shape[0]), np.diff(crow)) if crow.size == shape[0] + 1 else None
+        if rows is None or crow[0] != 0 or crow[-1] != values.size or col.size != values.size:
+            raise ValueError(f"{where}: inconsistent sparse CSR indices for shape {list(shape)}")
+        if col.size and (col.min() < 0 or col.max() >= shape[1]):
+            raise ValueError(f"{where}: a sparse column index is outside [0, {shape[1]})")
+        ids = np.full(shape, -1, np.int64)
+        ids[rows, col] = values
+        csr = (tuple(crow.tolist()), tuple(col.tolist()))
+    elif values.size == shape[0] * shape[1]:
+        ids = values.reshape(shape)
+    else:
+        raise ValueError(f"{where}: {values.size} values for shape {list(shape)}")
+    bad = (ids < -1) | (ids >= vocab_size)
+    if bad.any():
+        i, j = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{where}: id {int(ids[i, j])} at [{i}, {j}] is outside [-1, {vocab_size})"
+        )
+    return ids.astype(np.int32), csr
+
+
+def _like_request(
+    values_I_K: np.ndarray, csr: tuple[tuple[int, ...], tuple[int, ...]] | None
+) -> types.TensorData:
+    """float32 `values_I_K` in the request's layout: dense, or CSR with its indices."""
+    if csr is None:
+        return types.TensorData.from_numpy(values_I_K)
+    crow, col = np.asarray(csr[0]), np.asarray(csr[1])
+    rows = np.repeat(np.arange(values_I_K.shape[0]), np.diff(crow))
+    return types.TensorData(
+        data=values_I_K[rows, col].tolist(),
+        dtype="float32",
+        shape=list(values_I_K.shape),
+        sparse_crow_indices=list(csr[0]),
+        sparse_col_indices=list(csr[1]),
+    )
 
 
 class LocalSamplingClient:
@@ -233,11 +299,13 @@ class LocalSamplingClient:
         Raises:
             TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at
                 submission).
-            NotImplementedError: for top-k sample logprobs, target prompt logprobs, alt tokens.
+            NotImplementedError: for top-k sample logprobs and alt tokens.
 
         `topk_prompt_logprobs=k` adds the `k` most likely tokens at each prompt position with
         their logprobs (`SampleResponse.topk_prompt_logprobs`: None at position 0 and, with
         `prompt_logprobs_last_n`, before the last N), most likely first.
+        `target_prompt_logprobs` (int64 ids `[len(prompt) − 1, K]`, −1 for none, dense or
+        sparse CSR) adds the logprob of each id after `prompt[: i + 1]`, in the same layout.
         """
         for name, value in (
             ("topk_sample_logprobs", topk_sample_logprobs),
@@ -245,8 +313,6 @@ class LocalSamplingClient:
         ):
             if value:
                 raise NotImplementedError(f"sample: {name} is not supported by the local backend")
-        if target_prompt_logprobs is not None:
-            raise NotImplementedError("sample: target_prompt_logprobs is not supported locally")
         request = self._make_request(
             prompt,
             num_samples,
@@ -254,6 +320,7 @@ class LocalSamplingClient:
             include_prompt_logprobs=include_prompt_logprobs,
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             topk_prompt_logprobs=topk_prompt_logprobs,
+            target_prompt_logprobs=target_prompt_logprobs,
             request_number=request_number,
         )
         return self._samples.submit(request)
@@ -334,6 +401,7 @@ class LocalSamplingClient:
         include_prompt_logprobs: bool,
         prompt_logprobs_last_n: int | None = None,
         topk_prompt_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
         request_number: int | None = None,
     ) -> _SampleRequest:
         config = self._config
@@ -344,6 +412,9 @@ class LocalSamplingClient:
             raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
         prompt_logprobs_last_n = _last_n(prompt_logprobs_last_n, int(tokens.size), "sample")
         k = _whole_number(topk_prompt_logprobs, 0, config.vocab_size, "sample.topk_prompt_logprobs")
+        targets = None
+        if target_prompt_logprobs is not None:
+            targets = _target_ids(target_prompt_logprobs, int(tokens.size), config.vocab_size)
         check_token_range(tokens, config.vocab_size, "sample.prompt")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"sample.num_samples: expected an int >= 1, got {num_samples!r}")
@@ -397,6 +468,8 @@ class LocalSamplingClient:
             include_prompt_logprobs=bool(include_prompt_logprobs),
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             topk_prompt_logprobs=k,
+            target_ids_I_K=None if targets is None else targets[0],
+            target_csr=None if targets is None else targets[1],
             request_index=request_index,
         )
 
@@ -503,6 +576,7 @@ class LocalSamplingClient:
             self._prompt_logprobs_many([r.prompt_T for r in requests if r.include_prompt_logprobs])
         )
         topk = self._prompt_topk_many([r for r in requests if r.topk_prompt_logprobs])
+        targeted = self._target_logprobs_many([r for r in requests if r.target_ids_I_K is not None])
         for r in requests:
             prompt_lp = next(scored) if r.include_prompt_logprobs else None
             if prompt_lp is not None and r.prompt_logprobs_last_n is not None:
@@ -512,10 +586,29 @@ class LocalSamplingClient:
                     sequences=sequences[start : start + r.num_samples],
                     prompt_logprobs_np=prompt_lp,
                     topk_prompt_logprobs_np=topk.get(id(r)),
+                    target_prompt_logprobs=targeted.get(id(r)),
                 )
             )
             start += r.num_samples
         return responses
+
+    def _prompt_chunks(
+        self, requests: list[_SampleRequest]
+    ) -> Iterator[tuple[list[_SampleRequest], np.ndarray]]:
+        """`requests` in chunks of one length bucket, each with its int32 `[rows, width]`
+        inputs: every prompt but its last token, right-padded (rows of the training forward's
+        memory budget)."""
+        groups: dict[int, list[_SampleRequest]] = {}
+        for r in requests:
+            groups.setdefault(length_bucket(max(int(r.prompt_T.size) - 1, 1)), []).append(r)
+        for width, members in groups.items():
+            per_call = self._runtime.training_rows(self._config, width)
+            for start in range(0, len(members), per_call):
+                chunk = members[start : start + per_call]
+                inputs = np.zeros((row_bucket(len(chunk)), width), np.int32)
+                for row, r in enumerate(chunk):
+                    inputs[row, : r.prompt_T.size - 1] = r.prompt_T[:-1]
+                yield chunk, inputs
 
     def _prompt_topk_many(self, requests: list[_SampleRequest]) -> dict[int, TopkLogprobs]:
         """Each request's top-k prompt logprobs, by `id(request)`: `[N, k]` token ids and
@@ -523,17 +616,9 @@ class LocalSamplingClient:
         rows before the last N with `prompt_logprobs_last_n`, the SDK's empty row (id 0,
         logprob −99999). Requests of one `k` and length bucket run as rows of one call."""
         out: dict[int, TopkLogprobs] = {}
-        groups: dict[tuple[int, int], list[_SampleRequest]] = {}
-        for r in requests:
-            width = length_bucket(max(int(r.prompt_T.size) - 1, 1))
-            groups.setdefault((r.topk_prompt_logprobs, width), []).append(r)
-        for (k, width), members in groups.items():
-            per_call = self._runtime.training_rows(self._config, width)
-            for start in range(0, len(members), per_call):
-                chunk = members[start : start + per_call]
-                inputs = np.zeros((row_bucket(len(chunk)), width), np.int32)
-                for row, r in enumerate(chunk):
-                    inputs[row, : r.prompt_T.size - 1] = r.prompt_T[:-1]
+        for k in sorted({r.topk_prompt_logprobs for r in requests}):
+            of_k = [r for r in requests if r.topk_prompt_logprobs == k]
+            for chunk, inputs in self._prompt_chunks(of_k):
                 ids_B_T_K, lp_B_T_K = model_lib.topk_logprobs(
                     self._params, inputs, k=k, config=self._config
                 )
@@ -546,6 +631,34 @@ class LocalSamplingClient:
                     ids[first:] = ids_B_T_K[row, first - 1 : n - 1]
                     lps[first:] = lp_B_T_K[row, first - 1 : n - 1]
                     out[id(r)] = TopkLogprobs(token_ids=ids, logprobs=lps)
+        return out
+
+    def _target_logprobs_many(self, requests: list[_SampleRequest]) -> dict[int, types.TensorData]:
+        """Each request's `target_prompt_logprobs`, by `id(request)`: float32 `[N − 1, K]`,
+        cell `[i, j]` the logprob of id `[i, j]` after `prompt[: i + 1]`, 0.0 where the id is
+        −1; sparse CSR with the request's own indices when it came sparse."""
+        out: dict[int, types.TensorData] = {}
+        for k in sorted(
+            {r.target_ids_I_K.shape[1] for r in requests if r.target_ids_I_K is not None}
+        ):
+            of_k = [
+                r
+                for r in requests
+                if r.target_ids_I_K is not None and r.target_ids_I_K.shape[1] == k
+            ]
+            for chunk, inputs in self._prompt_chunks(of_k):
+                ids_B_T_K = np.zeros((*inputs.shape, k), np.int32)
+                for row, r in enumerate(chunk):
+                    assert r.target_ids_I_K is not None
+                    ids_B_T_K[row, : r.prompt_T.size - 1] = r.target_ids_I_K
+                lp_B_T_K = np.asarray(
+                    model_lib.ids_logprobs(self._params, inputs, ids_B_T_K, config=self._config)
+                )
+                for row, r in enumerate(chunk):
+                    assert r.target_ids_I_K is not None
+                    ids_I_K = r.target_ids_I_K
+                    lp_I_K = np.where(ids_I_K >= 0, lp_B_T_K[row, : ids_I_K.shape[0]], 0.0)
+                    out[id(r)] = _like_request(lp_I_K.astype(np.float32), r.target_csr)
         return out
 
     def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:

@@ -197,12 +197,23 @@ def check_sample_request(body: types.SampleRequest) -> None:
     for name in _UNSUPPORTED_SAMPLING:
         if getattr(body, name):
             raise BadRequest(f"{name}: not supported by rlpure serve's local models")
-    if body.target_prompt_logprobs is not None:
-        raise BadRequest("target_prompt_logprobs: not supported by rlpure serve's local models")
     if body.num_samples < 1:
         raise BadRequest(f"num_samples: expected >= 1, got {body.num_samples}")
     if body.prompt_logprobs_last_n is not None and not body.prompt_logprobs:
         raise BadRequest("prompt_logprobs_last_n: requires prompt_logprobs")
+
+
+def _tensor_data(model: Any) -> types.TensorData | None:
+    """The SDK's request model of a tensor (JSON) as the `TensorData` the clients take."""
+    if model is None:
+        return None
+    return types.TensorData(
+        data=list(model.data),
+        dtype=model.dtype,
+        shape=None if model.shape is None else list(model.shape),
+        sparse_crow_indices=model.sparse_crow_indices,
+        sparse_col_indices=model.sparse_col_indices,
+    )
 
 
 def sample(
@@ -218,6 +229,7 @@ def sample(
             include_prompt_logprobs=bool(body.prompt_logprobs),
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
             topk_prompt_logprobs=body.topk_prompt_logprobs,
+            target_prompt_logprobs=_tensor_data(body.target_prompt_logprobs),
             request_number=body.seq_id,
         )
         response = await future.result_async()

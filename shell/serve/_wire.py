@@ -13,8 +13,9 @@ Conventions:
 - Encoding writes each output field of every datum into one `BatchedTensor` (per-datum arrays
   concatenated, int64 byte offsets, the trailing shape of 2-D-or-more fields) and the metrics
   as they are (`name:reduction` keys); `prompt_logprobs` of a sample response is float32 with
-  NaN where the SDK expects `None`, and `topk_prompt_logprobs` its `TopkLogprobs` matrices
-  (the SDK's empty rows, id 0 and logprob −99999, where it expects `None`).
+  NaN where the SDK expects `None`, `topk_prompt_logprobs` its `TopkLogprobs` matrices
+  (the SDK's empty rows, id 0 and logprob −99999, where it expects `None`) and
+  `target_prompt_logprobs` a float32 `Tensor`, dense or sparse CSR as the request was.
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
             entry.logprobs = _float32(sequence.logprobs)
     if response.prompt_logprobs is not None:
         message.prompt_logprobs = _float32(response.prompt_logprobs)
+    target = response.target_prompt_logprobs
+    if target is not None:
+        message.target_prompt_logprobs.CopyFrom(_float32_tensor(target))
     topk = response.topk_prompt_logprobs_np
     if topk is not None:
         length, k = topk.token_ids.shape
@@ -241,3 +245,20 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
             )
         )
     return bytes(message.SerializeToString())
+
+
+def _float32_tensor(tensor: types.TensorData) -> pb.Tensor:
+    """A float32 `TensorData` as a proto `Tensor`, dense or sparse CSR as it is."""
+    message = pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(tensor.shape or []))
+    values = np.asarray(tensor.data, np.float32).tobytes()
+    if tensor.sparse_crow_indices is None:
+        message.dense = values
+    else:
+        message.sparse_csr.CopyFrom(
+            pb.SparseCsr(
+                values=values,
+                crow_indices=np.asarray(tensor.sparse_crow_indices, np.int64).tobytes(),
+                col_indices=np.asarray(tensor.sparse_col_indices or [], np.int64).tobytes(),
+            )
+        )
+    return message

@@ -210,6 +210,23 @@ def test_topk_logprobs_are_the_sorted_head_of_the_log_softmax(k: int) -> None:
     assert all(len(set(row)) == k for row in ids.reshape(-1, k).tolist())  # k distinct tokens
 
 
+def test_ids_logprobs_read_the_log_softmax_at_each_id() -> None:
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, VOCAB_SIZE, (2, T)).astype(np.int32)
+    ids = rng.integers(-1, VOCAB_SIZE, (2, T, 3)).astype(np.int32)
+    got = np.asarray(M.ids_logprobs(PARAMS, tokens, ids, config=CONFIG))
+    logits = np.asarray(M.logits(PARAMS, tokens, config=CONFIG), np.float64)
+    full = logits - logits.max(-1, keepdims=True)
+    full -= np.log(np.exp(full).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got, np.take_along_axis(full, np.maximum(ids, 0), -1), atol=1e-5)
+    one = np.asarray(M.ids_logprobs(PARAMS, tokens, ids[..., :1], config=CONFIG))[..., 0]
+    np.testing.assert_allclose(  # one id a position: target_logprobs' values
+        one,
+        np.asarray(M.target_logprobs(PARAMS, tokens, np.maximum(ids[..., 0], 0), config=CONFIG)),
+        atol=2e-6,
+    )
+
+
 # --- sampling --------------------------------------------------------------------------------
 
 

@@ -478,6 +478,66 @@ def test_topk_prompt_logprobs_are_the_most_likely_next_tokens_and_their_logprobs
     assert doctest.testmod(local_sampling).failed == 0
 
 
+def test_target_prompt_logprobs_score_the_ids_asked_for_dense_or_sparse() -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    tokens = list(b"score these")
+    prompt, n = types.ModelInput.from_ints(tokens), len(tokens)
+    ids = np.full((n - 1, 3), -1, np.int64)  # cell [i, j] is scored after tokens[: i + 1]
+    ids[0] = [tokens[1], 7, 250]
+    ids[5, 2] = tokens[6]
+    ids[n - 2, 0] = 0
+    cells = [(0, 0), (0, 1), (0, 2), (5, 2), (n - 2, 0)]
+    sparse = types.TensorData(  # the same cells in CSR form, as TensorData.from_torch_sparse makes
+        data=[int(ids[i, j]) for i, j in cells],
+        dtype="int64",
+        shape=[n - 1, 3],
+        sparse_crow_indices=[0, 3, 3, 3, 3, 3, 4, 4, 4, 4, 5],
+        sparse_col_indices=[0, 1, 2, 2, 0],
+    )
+    params = types.SamplingParams(max_tokens=2, seed=1)
+
+    async def tick() -> list[types.SampleResponse]:
+        return list(
+            await asyncio.gather(
+                sampler.sample(prompt, 1, params, include_prompt_logprobs=True,
+                               target_prompt_logprobs=types.TensorData.from_numpy(ids)),
+                sampler.sample(prompt, 2, params, target_prompt_logprobs=sparse),
+                sampler.sample(prompt, 1, params),
+            )
+        )  # fmt: skip
+
+    dense_out, sparse_out, plain = asyncio.run(tick())
+    assert dense_out.target_prompt_logprobs is not None and plain.target_prompt_logprobs is None
+    got = dense_out.target_prompt_logprobs.to_numpy()
+    assert got.shape == (n - 1, 3) and got.dtype == np.float32
+    assert np.all(got[ids == -1] == 0.0)
+    for i, j in cells:  # what scoring the prefix plus that id gives
+        scored = sampler.compute_logprobs(
+            types.ModelInput.from_ints([*tokens[: i + 1], int(ids[i, j])])
+        )
+        assert abs((scored.result()[-1] or np.nan) - got[i, j]) < 1e-5
+    assert dense_out.prompt_logprobs is not None  # the prompt's own next token, both ways
+    assert abs(got[0, 0] - (dense_out.prompt_logprobs[1] or np.nan)) < 1e-5
+    back = sparse_out.target_prompt_logprobs
+    assert back is not None and len(sparse_out.sequences) == 2
+    assert back.sparse_crow_indices == sparse.sparse_crow_indices
+    assert back.sparse_col_indices == sparse.sparse_col_indices
+    assert back.data == [float(got[i, j]) for i, j in cells]
+    for bad, message in (
+        (types.TensorData.from_numpy(ids[:-1]), r"shape \[len\(prompt\) - 1, K\]"),
+        (types.TensorData.from_numpy(ids.astype(np.float32)), "expected int64 token ids"),
+        (types.TensorData.from_numpy(np.where(ids == 7, 9999, ids)), "id 9999 at \\[0, 1\\]"),
+        (types.TensorData.from_numpy(np.where(ids == 7, -2, ids)), "id -2 at \\[0, 1\\]"),
+        (
+            types.TensorData(data=[1], dtype="int64", shape=[n - 1, 3],
+                             sparse_crow_indices=[0, 2], sparse_col_indices=[0]),
+            "inconsistent sparse CSR",
+        ),
+    ):  # fmt: skip
+        with pytest.raises((TypeError, ValueError), match=message):
+            sampler.sample(prompt, 1, params, target_prompt_logprobs=bad)
+
+
 # --- training ---------------------------------------------------------------------------------
 
 

@@ -369,6 +369,16 @@ class Probes(NamedTuple):
 PROBE = b"count: 1 2 3"
 LAST_N = 3
 TOPK = 3
+TARGET_IDS = np.full((len(PROBE) - 1, 2), -1, np.int64)  # ids scored after PROBE[: i + 1]
+TARGET_IDS[:, 0] = list(PROBE[1:])  # the prompt's own tokens: its prompt logprobs
+TARGET_IDS[4, 1] = ord("z")
+SPARSE_TARGETS = types.TensorData(  # column 1 alone, sparse CSR: [4, 1] and [9, 1]
+    data=[ord("z"), ord("q")],
+    dtype="int64",
+    shape=[len(PROBE) - 1, 2],
+    sparse_crow_indices=[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2],
+    sparse_col_indices=[1, 1],
+)
 
 
 def _probes(service: Any) -> Probes:
@@ -387,7 +397,12 @@ def _probes(service: Any) -> Probes:
         logprobs=sampler.compute_logprobs(prompt).result(),
         logprobs_last=sampler.compute_logprobs(prompt, prompt_logprobs_last_n=LAST_N).result(),
         sampled=sampler.sample(
-            prompt, 2, params, include_prompt_logprobs=True, topk_prompt_logprobs=TOPK
+            prompt,
+            2,
+            params,
+            include_prompt_logprobs=True,
+            topk_prompt_logprobs=TOPK,
+            target_prompt_logprobs=types.TensorData.from_numpy(TARGET_IDS),
         ).result(),
         sampled_last=sampler.sample(
             prompt,
@@ -395,9 +410,21 @@ def _probes(service: Any) -> Probes:
             params,
             include_prompt_logprobs=True,
             topk_prompt_logprobs=TOPK,
+            target_prompt_logprobs=SPARSE_TARGETS,
             prompt_logprobs_last_n=LAST_N,
         ).result(),
         unseeded=unseeded,
+    )
+
+
+def _tensor_parts(tensor: types.TensorData) -> tuple[Any, ...]:
+    """What a `TensorData` holds, comparable with `==` (its values as a list)."""
+    return (
+        tensor.dtype,
+        tensor.shape,
+        np.asarray(tensor.data).tolist(),
+        tensor.sparse_crow_indices,
+        tensor.sparse_col_indices,
     )
 
 
@@ -433,6 +460,17 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
             checked += 1
     assert checked > 0
     assert served.sampled_last.topk_prompt_logprobs == [None] * skipped + topk[skipped:]
+    # Target prompt logprobs (proto `Tensor`, dense or sparse as asked), as in-process.
+    targeted, sparse = (p.target_prompt_logprobs for p in (served.sampled, served.sampled_last))
+    assert targeted is not None and sparse is not None
+    for got, want in ((targeted, reference.sampled), (sparse, reference.sampled_last)):
+        assert want.target_prompt_logprobs is not None
+        assert _tensor_parts(got) == _tensor_parts(want.target_prompt_logprobs)
+    scores = targeted.to_numpy()
+    own = np.array(full[1:], np.float64)
+    np.testing.assert_allclose(scores[:, 0], own, rtol=0, atol=SAMPLE_LOGPROB_ATOL)
+    assert scores[4, 1] < 0 and np.all(np.delete(scores[:, 1], 4) == 0.0)
+    assert sparse.sparse_col_indices == [1, 1] and np.asarray(sparse.data)[0] == scores[4, 1]
 
 
 def test_unseeded_samples_after_compute_logprobs_match_in_process(
