@@ -22,7 +22,7 @@ Conventions:
   `.{name}.tmp-{pid}@{host}-{hex}` (`host`: 8 hex digits of the host name's hash) and renamed
   into place, so the real name never holds a half-written one. A write killed before its rename
   leaves that folder behind; the next write into the same folder removes such leftovers
-  (`_remove_stale_staging`): only names of this pattern, only when the writing process is gone
+  (`remove_stale_staging`): only names of this pattern, only when the writing process is gone
   (or is this one and the write is no longer in flight), never the `.tmp-` copy of an
   interrupted overwrite (below). A pid can only be probed on its own host: a leftover of
   another host (a shared mount), or one named by an earlier rlpure (`.{name}.tmp-{hex}`, no
@@ -73,6 +73,7 @@ __all__ = [
     "move_into_place",
     "read_checkpoint",
     "read_checkpoint_info",
+    "remove_stale_staging",
     "write_checkpoint",
 ]
 
@@ -214,8 +215,9 @@ def _is_stale(path: Path, match: re.Match[str]) -> bool:
     return not _process_alive(pid)
 
 
-def _remove_stale_staging(directory: Path) -> None:
-    """Removes the leftover staging folders of interrupted writes in `directory`."""
+def remove_stale_staging(directory: Path) -> None:
+    """Removes the leftover staging folders of interrupted writes in `directory` (writers
+    that are gone; see the module docstring)."""
     try:
         entries = list(directory.iterdir())
     except OSError:
@@ -252,7 +254,7 @@ def write_checkpoint(
     weights are not written.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(directory.parent)
+    remove_stale_staging(directory.parent)
     staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}@{_HOST}-{uuid.uuid4().hex}"
     _IN_FLIGHT.add(staging)
     try:

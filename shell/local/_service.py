@@ -41,7 +41,7 @@ from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
 from shell.data_dir import default_checkpoint_dir
 from shell.errors import CheckpointError
-from shell.local._checkpoints import read_checkpoint
+from shell.local._checkpoints import read_checkpoint, remove_stale_staging
 from shell.local._compile_cache import enable_compilation_cache
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._rest import LocalRestClient
@@ -487,6 +487,9 @@ class LocalServiceClient:
         self._check_open()
         metadata = _check_metadata(user_metadata, f"{where}.user_metadata")
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
+        # A run resumed from here writes its checkpoints in its own run folder, so the writes
+        # killed beside this one would otherwise stay forever: sweep the dead writers' staging.
+        remove_stale_staging(Path(path).parent)
         name = base_model if base_model is not None else checkpoint.base_model
         if checkpoint.lora is not None:
             if name != checkpoint.base_model:

@@ -24,6 +24,7 @@ from shell.errors import CheckpointError
 from shell.local import LocalTrainingClient
 from shell.local._checkpoints import _HOST, read_checkpoint
 from tests.local.micro import (
+    micro_service,
     micro_trainer,
     params_equal,
 )
@@ -220,3 +221,23 @@ def test_the_next_save_removes_leftovers_of_killed_writes_only(tmp_path: Path) -
     assert (parent / "not_hidden.tmp-" / "x").exists()
     assert read_checkpoint(str(path), with_optimizer=True).optim_steps == 0
     assert read_checkpoint(str(parent / "b"), with_optimizer=True).optim_steps == 0
+
+
+def test_a_run_resumed_elsewhere_sweeps_the_killed_writes_beside_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A resumed run saves into its own run folder, so the next save never looks beside the
+    checkpoint it continued: the resume itself removes dead writers' leftovers there."""
+    trainer = micro_trainer(tmp_path)
+    path = Path(trainer.save_state("a").result().path)
+    hex32 = "0" * 32
+    killed = path.parent / f".step_2.tmp-{_dead_pid()}@{_HOST}-{hex32}"
+    live = path.parent / f".step_3.tmp-{os.getppid()}@{_HOST}-{hex32}"
+    for leftover in (killed, live):
+        leftover.mkdir()
+        (leftover / "arrays.npz").write_bytes(b"partial")
+    service = micro_service(tmp_path / "other")
+    resumed = service.create_training_client_from_state_with_optimizer(str(path)).result()
+    assert not killed.exists() and live.exists()
+    saved = Path(resumed.save_state("b").result().path)
+    assert saved.parent != path.parent  # its own saves would never have swept there
