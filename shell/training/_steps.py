@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -154,9 +155,11 @@ def evaluates(ctx: RunContext) -> bool:
     return bool(ctx.config.eval_every) and (bool(ctx.evaluators) or ctx.test_evaluator is not None)
 
 
-async def _timed_evaluation(call: Awaitable[Mapping[str, float]]) -> Mapping[str, float]:
+async def _timed_evaluation(
+    call: Callable[[], Awaitable[Mapping[str, float]]],
+) -> Mapping[str, float]:
     with span("run_single_evaluation"):
-        return await call
+        return await call()  # made here: a run stopped before this task starts leaves none
 
 
 async def run_evaluators(ctx: RunContext, sampler: SamplingClient, step: int) -> dict[str, float]:
@@ -164,11 +167,11 @@ async def run_evaluators(ctx: RunContext, sampler: SamplingClient, step: int) ->
     in order (a later evaluator's key wins; the test-set evaluator is last), as the cookbook's
     `run_evaluations_parallel`. Spans: `run_evals` and `run_evaluations_parallel` around the
     whole, `run_single_evaluation` per evaluator (the cookbook's)."""
-    calls: list[Awaitable[Mapping[str, float]]] = [
-        evaluator(sampler) for evaluator in ctx.evaluators
+    calls: list[Callable[[], Awaitable[Mapping[str, float]]]] = [
+        partial(evaluator, sampler) for evaluator in ctx.evaluators
     ]
     if ctx.test_evaluator is not None:
-        calls.append(ctx.test_evaluator(sampler, seed=eval_seed(ctx.config.seed, step)))
+        calls.append(partial(ctx.test_evaluator, sampler, seed=eval_seed(ctx.config.seed, step)))
     merged: dict[str, float] = {}
     with span("run_evals"), span("run_evaluations_parallel"):
         for found in await asyncio.gather(*(_timed_evaluation(call) for call in calls)):

@@ -1016,3 +1016,41 @@ def test_a_fresh_start_over_logged_steps_says_where_the_old_rows_went(
     with caplog.at_level(logging.WARNING):  # nothing logged before: nothing to say
         _drop_logs_after(tmp_path, 0, resume=None)
     assert caplog.records == []
+
+
+def test_evaluations_stopped_before_they_start_leave_no_unawaited_coroutine() -> None:
+    """Ctrl-C while a step's evaluations are only scheduled: nothing is left that Python then
+    reports as 'coroutine ... was never awaited' after rlpure's one-line message."""
+    import gc
+    import warnings
+    from types import SimpleNamespace
+
+    from shell.training._steps import run_evaluators
+
+    started: list[str] = []
+
+    async def evaluator(sampler: object) -> dict[str, float]:
+        started.append("yes")
+        return {"a": 1.0}
+
+    async def test_evaluator(sampler: object, *, seed: int) -> dict[str, float]:
+        started.append("test")
+        return {"b": 2.0}
+
+    ctx = SimpleNamespace(
+        evaluators=[evaluator, evaluator], test_evaluator=test_evaluator, config=TrainConfig()
+    )
+
+    async def stopped_early() -> None:
+        task = asyncio.ensure_future(run_evaluators(ctx, object(), 0))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # it reaches its gather; the evaluations are only scheduled
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(stopped_early())
+        gc.collect()
+    assert started == []
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
