@@ -19,10 +19,11 @@ Conventions:
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pydantic
@@ -156,6 +157,15 @@ class Api:
         except KeyError:
             raise BadRequest(f"model_id: unknown model {body.model_id!r}", 404) from None
 
+    @contextlib.contextmanager
+    def _in_order(self, model_id: str, seq_id: int, what: str) -> Iterator[None]:
+        """Refusals inside still take `seq_id` in `model_id`'s order (`skip_training_seq`)."""
+        try:
+            yield
+        except BadRequest:
+            self.engine.skip_training_seq(model_id, seq_id, what)
+            raise
+
     async def forward_backward(self, request: Request) -> Response:
         raw = await request.body()
         if request.headers.get("content-encoding", "").lower() == "zstd":
@@ -165,6 +175,8 @@ class Api:
         try:
             call = decode_forward_backward(raw)
         except WireError as err:
+            if err.place is not None and err.place[1] >= 1:
+                self.engine.skip_training_seq(*err.place, "forward_backward")
             raise BadRequest(str(err)) from err
         _require_seq(call.seq_id)
         what = "forward" if call.forward_only else "forward_backward"
@@ -184,8 +196,9 @@ class Api:
     async def save_weights(self, request: Request) -> Response:
         body = await _parse(request, types.SaveWeightsRequest)
         seq_id = _require_seq(body.seq_id)
-        name = _checkpoint_name(body.path)
-        _checked_ttl(body.ttl_seconds)
+        with self._in_order(body.model_id, seq_id, "save_weights"):
+            name = _checkpoint_name(body.path)
+            _checked_ttl(body.ttl_seconds)
         op = _ops.save_weights(self.engine, body, name, self.ttl)
         request_id = self.engine.submit_training(body.model_id, seq_id, "save_weights", op)
         return _future(request_id, model_id=body.model_id)
@@ -193,10 +206,11 @@ class Api:
     async def save_weights_for_sampler(self, request: Request) -> Response:
         body = await _parse(request, types.SaveWeightsForSamplerRequest)
         seq_id = _require_seq(body.seq_id)
-        if body.path is None and body.sampling_session_seq_id is None:
-            raise BadRequest("path or sampling_session_seq_id: one is required")
-        name = _checkpoint_name(body.path) if body.path is not None else None
-        _checked_ttl(body.ttl_seconds)
+        with self._in_order(body.model_id, seq_id, "save_weights_for_sampler"):
+            if body.path is None and body.sampling_session_seq_id is None:
+                raise BadRequest("path or sampling_session_seq_id: one is required")
+            name = _checkpoint_name(body.path) if body.path is not None else None
+            _checked_ttl(body.ttl_seconds)
         session_id = body.model_id.split(":train:")[0]
         op = _ops.save_weights_for_sampler(self.engine, body, name, session_id, self.ttl)
         request_id = self.engine.submit_training(
@@ -212,12 +226,14 @@ class Api:
 
     async def load_weights(self, request: Request) -> Response:
         body = await _parse(request, types.LoadWeightsRequest)
-        ref, directory = self._checkpoint(body.path)
         if body.model_id is not None:  # legacy load_state into an existing model
             seq_id = _require_seq(body.seq_id)
+            with self._in_order(body.model_id, seq_id, "load_weights"):
+                ref, directory = self._checkpoint(body.path)
             op = _ops.load_into(directory, ref, with_optimizer=body.optimizer)
             request_id = self.engine.submit_training(body.model_id, seq_id, "load_weights", op)
             return _future(request_id, model_id=body.model_id)
+        ref, directory = self._checkpoint(body.path)
         if body.session_id is None or body.model_seq_id is None:
             raise BadRequest("load_weights: give model_id, or session_id and model_seq_id")
         model_id = f"{body.session_id}:train:{body.model_seq_id}"

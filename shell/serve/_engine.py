@@ -425,6 +425,20 @@ class Engine:
             )
         return request_id
 
+    def skip_training_seq(self, model_id: str, seq_id: int, what: str) -> None:
+        """Marks `seq_id` of `model_id` used by a request refused before it was queued (a
+        4xx). The SDK counts the number as taken either way, so without this every later
+        request of that client would wait for it forever."""
+        with self._lock:
+            if self._closed:
+                return
+        refused: concurrent.futures.Future[Reply] = concurrent.futures.Future()  # nobody reads it
+
+        def nothing(client: LocalTrainingClient) -> Reply:
+            return failure_reply(ValueError(f"{what} was refused"), what)
+
+        self._loop.call_soon_threadsafe(self._enqueue, model_id, seq_id, nothing, refused, what)
+
     def _enqueue(
         self,
         model_id: str,
@@ -433,6 +447,9 @@ class Engine:
         future: concurrent.futures.Future[Reply],
         what: str,
     ) -> None:
+        if self._closed:  # queued on the worker before `close`: it never runs
+            future.set_result(_shut_down(what))
+            return
         slot = self._slots.get(model_id)
         if slot is None:
             future.set_result(
@@ -457,6 +474,9 @@ class Engine:
         while slot.next_seq in slot.waiting:
             ready_op, ready_future, ready_what = slot.waiting.pop(slot.next_seq)
             slot.next_seq += 1
+            if self._closed:  # `close` came while an earlier op of this chain ran
+                ready_future.set_result(_shut_down(ready_what))
+                continue
             try:
                 reply = ready_op(slot.client)
             except Exception as err:

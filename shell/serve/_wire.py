@@ -53,7 +53,12 @@ _STOP_REASONS: Mapping[str, int] = {
 
 
 class WireError(RlpureError, ValueError):
-    """A protobuf body the server cannot use; the message names the field."""
+    """A protobuf body the server cannot use; the message names the field. `place` is the
+    request's `(model_id, seq_id)` when they could be read (a datum was the fault)."""
+
+    def __init__(self, message: str, place: tuple[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.place = place
 
 
 class ForwardBackwardCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,10 +177,14 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         raise WireError(f"body: not a protobuf ForwardBackwardRequest: {err}") from err
     if not message.model_id:
         raise WireError("model_id: missing")
+    try:
+        data = tuple(_datum(datum, index) for index, datum in enumerate(message.data))
+    except WireError as err:
+        raise WireError(str(err), (message.model_id, int(message.seq_id))) from err
     return ForwardBackwardCall(
         model_id=message.model_id,
         seq_id=int(message.seq_id),
-        data=tuple(_datum(datum, index) for index, datum in enumerate(message.data)),
+        data=data,
         loss_fn=message.loss_fn,
         loss_fn_config=_loss_config(message),
         forward_only=bool(message.forward_only),

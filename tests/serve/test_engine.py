@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -205,6 +207,45 @@ def test_close_fails_queued_ops_and_refuses_new_work(engine: Engine) -> None:
     assert failed["category"] == "server" and "shut down" in failed["error"]
     with pytest.raises(RuntimeError, match="shutting down"):
         engine.submit_training(model_id, 1, "op", lambda c: json_reply({}))
+
+
+def test_close_lets_the_running_op_finish_and_fails_the_queued_ones_unrun(
+    engine: Engine,
+) -> None:
+    """SIGTERM's promise: ops queued behind the running one (already handed to the worker)
+    fail as shut down instead of running after it (they used to run, their results lost)."""
+    model_id = _create(engine)
+    started, ran = threading.Event(), []
+
+    def slow(client: LocalTrainingClient) -> Reply:
+        started.set()
+        time.sleep(1.0)
+        ran.append(1)
+        return json_reply({"seq": 1})
+
+    def quick(seq: int) -> Any:
+        def run(client: LocalTrainingClient) -> Reply:
+            ran.append(seq)
+            return json_reply({"seq": seq})
+
+        return run
+
+    first = engine.submit_training(model_id, 1, "op", slow)
+    assert started.wait(30)
+    queued = [engine.submit_training(model_id, seq, "op", quick(seq)) for seq in (2, 3)]
+    engine.close()
+    assert json.loads(engine._futures[first].future.result(5).body) == {"seq": 1}
+    for request_id in queued:
+        failed = json.loads(engine._futures[request_id].future.result(5).body)
+        assert failed["category"] == "server" and "shut down before this ran" in failed["error"]
+    assert ran == [1]
+
+
+def test_a_refused_requests_seq_id_is_skipped_so_the_next_one_runs(engine: Engine) -> None:
+    model_id = _create(engine)
+    engine.skip_training_seq(model_id, 1, "save_weights")  # refused with a 400 by the app
+    after = engine.submit_training(model_id, 2, "op", lambda c: json_reply({"seq": 2}))
+    assert _json(_result(engine, after)) == {"seq": 2}
 
 
 def test_finishing_a_session_releases_its_models_but_keeps_checkpoints(engine: Engine) -> None:

@@ -322,6 +322,42 @@ def test_save_state_over_an_existing_name_needs_overwrite(trainer: TrainingClien
     assert again.path == f"tinker://{trainer.model_id}/weights/taken"
 
 
+def _image_datum() -> types.Datum:
+    image = types.ImageChunk(data=b"\x89PNG....", format="png", expected_tokens=4)
+    return types.Datum(
+        model_input=types.ModelInput(chunks=[image, types.EncodedTextChunk(tokens=[1, 2, 3])]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(np.arange(1, 8, dtype=np.int64)),
+            "weights": types.TensorData.from_numpy(np.ones(7, dtype=np.float32)),
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("refused", "message"),
+    [
+        (lambda tc: tc.save_state("bad/name"), "not a plain name"),
+        (lambda tc: tc.save_state("x", ttl_seconds=-5), "ttl_seconds"),
+        (lambda tc: tc.save_weights_for_sampler(".."), "not a plain name"),
+        (lambda tc: tc.load_state(f"tinker://{tc.model_id}/blobs/x"), "unknown checkpoint kind"),
+        (lambda tc: tc.forward_backward([_image_datum()], "cross_entropy"), "image chunks"),
+    ],
+    ids=["save-name", "save-ttl", "sampler-name", "load-kind", "image-datum"],
+)
+@pytest.mark.filterwarnings("ignore:DEPRECATED:FutureWarning")  # load_state
+def test_a_refused_training_request_keeps_the_clients_later_requests_in_order(
+    refused: Any, message: str, service: tinker.ServiceClient
+):
+    """The SDK counts a refused request's seq_id as taken; the server must too, or every later
+    request of that client waits for it forever (they used to)."""
+    trainer = service.create_lora_training_client(base_model=MODEL, rank=4).result(SDK_TIMEOUT_S)
+    assert message in _raises(tinker.BadRequestError, lambda: refused(trainer).result(30))
+    after = trainer.forward_backward(BATCH, "cross_entropy")
+    step = trainer.optim_step(types.AdamParams(learning_rate=1e-3))
+    assert after.result(30).metrics["loss:sum"] > 0
+    assert step.result(30) is not None
+
+
 def test_unsupported_sampling_options_are_400s_naming_the_option(service: tinker.ServiceClient):
     sampler = service.create_sampling_client(base_model=MODEL).result(SDK_TIMEOUT_S)
     params = types.SamplingParams(max_tokens=2)
