@@ -58,6 +58,7 @@ __all__ = [
     "call_groups",
     "check_data",
     "check_token_range",
+    "dense_from_csr",
     "group_chunks",
     "length_bucket",
     "loss_config_key",
@@ -105,6 +106,41 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, where: str) -> None:
         raise ValueError(
             f"{where}: token {int(tokens[bad])} at position {bad} is outside [0, {vocab_size})"
         )
+
+
+def dense_from_csr(
+    values: np.ndarray,
+    crow: np.ndarray,
+    col: np.ndarray,
+    shape: Sequence[int],
+    *,
+    fill: int | float,
+    where: str,
+) -> np.ndarray:
+    """The 2-D sparse CSR tensor `(values, crow, col)` of `shape` as a dense array of
+    `values`' dtype, `fill` where nothing is listed (Tinker's `TensorData` sparse layout).
+
+    Raises:
+        ValueError: `shape` is not 2-D, or the indices do not describe it (naming `where`).
+
+    Examples:
+        >>> dense_from_csr(np.array([5, 7]), np.array([0, 1, 1, 2]), np.array([1, 0]), [3, 2],
+        ...                fill=-1, where="t").tolist()
+        [[-1, 5], [-1, -1], [7, -1]]
+    """
+    if len(shape) != 2:
+        raise ValueError(f"{where}: a sparse CSR tensor needs a 2-D shape, got {list(shape)}")
+    rows, cols = shape
+    if (
+        crow.size != rows + 1
+        or col.size != values.size
+        or (crow.size and (crow[0] != 0 or crow[-1] != values.size or np.any(np.diff(crow) < 0)))
+        or (col.size and (col.min() < 0 or col.max() >= cols))
+    ):
+        raise ValueError(f"{where}: inconsistent sparse CSR indices for shape {list(shape)}")
+    dense = np.full((rows, cols), fill, dtype=values.dtype)
+    dense[np.repeat(np.arange(rows), np.diff(crow)), col] = values
+    return dense
 
 
 def to_float(value: Any, where: str) -> float:

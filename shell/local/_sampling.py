@@ -66,6 +66,7 @@ from shell.local._inputs import (
     CheckedData,
     call_groups,
     check_token_range,
+    dense_from_csr,
     length_bucket,
     model_input_tokens,
     pack_grouped_chunks,
@@ -188,13 +189,7 @@ def _target_ids(
     if tensor.sparse_crow_indices is not None:
         crow = np.asarray(tensor.sparse_crow_indices, np.int64)
         col = np.asarray(tensor.sparse_col_indices or [], np.int64)
-        rows = np.repeat(np.arange(shape[0]), np.diff(crow)) if crow.size == shape[0] + 1 else None
-        if rows is None or crow[0] != 0 or crow[-1] != values.size or col.size != values.size:
-            raise ValueError(f"{where}: inconsistent sparse CSR indices for shape {list(shape)}")
-        if col.size and (col.min() < 0 or col.max() >= shape[1]):
-            raise ValueError(f"{where}: a sparse column index is outside [0, {shape[1]})")
-        ids = np.full(shape, -1, np.int64)
-        ids[rows, col] = values
+        ids = dense_from_csr(values, crow, col, shape, fill=-1, where=where)
         csr = (tuple(crow.tolist()), tuple(col.tolist()))
     elif values.size == shape[0] * shape[1]:
         ids = values.reshape(shape)

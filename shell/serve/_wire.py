@@ -29,6 +29,7 @@ from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 from shell.errors import RlpureError
+from shell.local._inputs import dense_from_csr
 
 __all__ = [
     "ForwardBackwardCall",
@@ -115,22 +116,19 @@ def _densified(
     csr: pb.SparseCsr, np_dtype: np.dtype, dtype: types.TensorDtype, shape: list[int], where: str
 ) -> types.TensorData:
     """A sparse CSR tensor as a dense `TensorData` (missing entries 0)."""
-    if len(shape) != 2:
-        raise WireError(f"{where}: a sparse CSR tensor needs a 2-D shape, got {shape}")
-    values = _frombuffer(csr.values, np_dtype, f"{where} values")
-    crow = _frombuffer(csr.crow_indices, np.dtype(np.int64), f"{where} crow_indices")
-    col = _frombuffer(csr.col_indices, np.dtype(np.int64), f"{where} col_indices")
-    rows, cols = shape
-    if (
-        crow.size != rows + 1
-        or col.size != values.size
-        or (crow.size and (crow[0] != 0 or crow[-1] != values.size or np.any(np.diff(crow) < 0)))
-        or (col.size and (col.min() < 0 or col.max() >= cols))
-    ):
-        raise WireError(f"{where}: inconsistent sparse CSR indices for shape {shape}")
-    dense = np.zeros((rows, cols), dtype=np.dtype(dtype))
-    row_of = np.repeat(np.arange(rows), np.diff(crow))
-    dense[row_of, col] = values
+    try:
+        dense = dense_from_csr(
+            _frombuffer(csr.values, np_dtype, f"{where} values").astype(np.dtype(dtype)),
+            _frombuffer(csr.crow_indices, np.dtype(np.int64), f"{where} crow_indices"),
+            _frombuffer(csr.col_indices, np.dtype(np.int64), f"{where} col_indices"),
+            shape,
+            fill=0,
+            where=where,
+        )
+    except WireError:
+        raise
+    except ValueError as err:
+        raise WireError(str(err)) from err
     return types.TensorData.from_numpy(dense)
 
 

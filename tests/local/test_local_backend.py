@@ -28,6 +28,7 @@ from rlpure import model as model_lib
 from rlpure.model import EOS_ID, ByteTokenizer
 from shell.errors import CheckpointError, ConfigError
 from shell.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from shell.local import _inputs as local_inputs
 from shell.local import _sampling as local_sampling
 from shell.local._train_steps import (
     loss_and_logprob_grad,
@@ -476,6 +477,7 @@ def test_topk_prompt_logprobs_are_the_most_likely_next_tokens_and_their_logprobs
         with pytest.raises(ValueError, match=r"sample\.topk_prompt_logprobs: expected a whole"):
             sampler.sample(prompt, 1, SP16, topk_prompt_logprobs=bad)  # type: ignore[arg-type]
     assert doctest.testmod(local_sampling).failed == 0
+    assert doctest.testmod(local_inputs).failed == 0  # dense_from_csr
 
 
 def test_target_prompt_logprobs_score_the_ids_asked_for_dense_or_sparse() -> None:
@@ -531,6 +533,12 @@ def test_target_prompt_logprobs_score_the_ids_asked_for_dense_or_sparse() -> Non
         (
             types.TensorData(data=[1], dtype="int64", shape=[n - 1, 3],
                              sparse_crow_indices=[0, 2], sparse_col_indices=[0]),
+            "inconsistent sparse CSR",
+        ),
+        (  # row pointers that go back: refused by name, not by numpy
+            types.TensorData(data=[1, 2], dtype="int64", shape=[n - 1, 3],
+                             sparse_crow_indices=[0, 2, 1, *[2] * (n - 3)],
+                             sparse_col_indices=[0, 1]),
             "inconsistent sparse CSR",
         ),
     ):  # fmt: skip
