@@ -46,7 +46,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -588,22 +588,23 @@ class LocalSamplingClient:
         return responses
 
     def _prompt_chunks(
-        self, requests: list[_SampleRequest]
-    ) -> Iterator[tuple[list[_SampleRequest], np.ndarray]]:
-        """`requests` in chunks of one length bucket, each with its int32 `[rows, width]`
-        inputs: every prompt but its last token, right-padded (rows of the training forward's
-        memory budget)."""
-        groups: dict[int, list[_SampleRequest]] = {}
+        self, requests: list[_SampleRequest], k_of: Callable[[_SampleRequest], int]
+    ) -> Iterator[tuple[int, list[_SampleRequest], np.ndarray]]:
+        """`requests` in chunks of one `k_of(request)` (a static shape of the call) and one
+        length bucket: `(k, chunk, inputs)`, the int32 `[rows, width]` inputs holding every
+        prompt but its last token, right-padded (rows of the training forward's memory budget)."""
+        groups: dict[tuple[int, int], list[_SampleRequest]] = {}
         for r in requests:
-            groups.setdefault(length_bucket(max(int(r.prompt_T.size) - 1, 1)), []).append(r)
-        for width, members in groups.items():
+            width = length_bucket(max(int(r.prompt_T.size) - 1, 1))
+            groups.setdefault((k_of(r), width), []).append(r)
+        for (k, width), members in groups.items():
             per_call = self._runtime.training_rows(self._config, width)
             for start in range(0, len(members), per_call):
                 chunk = members[start : start + per_call]
                 inputs = np.zeros((row_bucket(len(chunk)), width), np.int32)
                 for row, r in enumerate(chunk):
                     inputs[row, : r.prompt_T.size - 1] = r.prompt_T[:-1]
-                yield chunk, inputs
+                yield k, chunk, inputs
 
     def _prompt_topk_many(self, requests: list[_SampleRequest]) -> dict[int, TopkLogprobs]:
         """Each request's top-k prompt logprobs, by `id(request)`: `[N, k]` token ids and
@@ -611,21 +612,19 @@ class LocalSamplingClient:
         rows before the last N with `prompt_logprobs_last_n`, the SDK's empty row (id 0,
         logprob −99999). Requests of one `k` and length bucket run as rows of one call."""
         out: dict[int, TopkLogprobs] = {}
-        for k in sorted({r.topk_prompt_logprobs for r in requests}):
-            of_k = [r for r in requests if r.topk_prompt_logprobs == k]
-            for chunk, inputs in self._prompt_chunks(of_k):
-                ids_B_T_K, lp_B_T_K = model_lib.topk_logprobs(
-                    self._params, inputs, k=k, config=self._config
-                )
-                ids_B_T_K, lp_B_T_K = np.asarray(ids_B_T_K), np.asarray(lp_B_T_K)
-                for row, r in enumerate(chunk):
-                    n = int(r.prompt_T.size)
-                    first = 1 if r.prompt_logprobs_last_n is None else n - r.prompt_logprobs_last_n
-                    ids = np.zeros((n, k), np.int32)
-                    lps = np.full((n, k), MASK_LOGPROB, np.float32)
-                    ids[first:] = ids_B_T_K[row, first - 1 : n - 1]
-                    lps[first:] = lp_B_T_K[row, first - 1 : n - 1]
-                    out[id(r)] = TopkLogprobs(token_ids=ids, logprobs=lps)
+        for k, chunk, inputs in self._prompt_chunks(requests, lambda r: r.topk_prompt_logprobs):
+            ids_B_T_K, lp_B_T_K = model_lib.topk_logprobs(
+                self._params, inputs, k=k, config=self._config
+            )
+            ids_B_T_K, lp_B_T_K = np.asarray(ids_B_T_K), np.asarray(lp_B_T_K)
+            for row, r in enumerate(chunk):
+                n = int(r.prompt_T.size)
+                first = 1 if r.prompt_logprobs_last_n is None else n - r.prompt_logprobs_last_n
+                ids = np.zeros((n, k), np.int32)
+                lps = np.full((n, k), MASK_LOGPROB, np.float32)
+                ids[first:] = ids_B_T_K[row, first - 1 : n - 1]
+                lps[first:] = lp_B_T_K[row, first - 1 : n - 1]
+                out[id(r)] = TopkLogprobs(token_ids=ids, logprobs=lps)
         return out
 
     def _target_logprobs_many(self, requests: list[_SampleRequest]) -> dict[int, types.TensorData]:
@@ -633,27 +632,20 @@ class LocalSamplingClient:
         cell `[i, j]` the logprob of id `[i, j]` after `prompt[: i + 1]`, 0.0 where the id is
         −1; sparse CSR with the request's own indices when it came sparse."""
         out: dict[int, types.TensorData] = {}
-        for k in sorted(
-            {r.target_ids_I_K.shape[1] for r in requests if r.target_ids_I_K is not None}
-        ):
-            of_k = [
-                r
-                for r in requests
-                if r.target_ids_I_K is not None and r.target_ids_I_K.shape[1] == k
-            ]
-            for chunk, inputs in self._prompt_chunks(of_k):
-                ids_B_T_K = np.zeros((*inputs.shape, k), np.int32)
-                for row, r in enumerate(chunk):
-                    assert r.target_ids_I_K is not None
-                    ids_B_T_K[row, : r.prompt_T.size - 1] = r.target_ids_I_K
-                lp_B_T_K = np.asarray(
-                    model_lib.ids_logprobs(self._params, inputs, ids_B_T_K, config=self._config)
-                )
-                for row, r in enumerate(chunk):
-                    assert r.target_ids_I_K is not None
-                    ids_I_K = r.target_ids_I_K
-                    lp_I_K = np.where(ids_I_K >= 0, lp_B_T_K[row, : ids_I_K.shape[0]], 0.0)
-                    out[id(r)] = _like_request(lp_I_K.astype(np.float32), r.target_csr)
+        targeted = [(r, r.target_ids_I_K) for r in requests if r.target_ids_I_K is not None]
+        ids_of = {id(r): ids_I_K for r, ids_I_K in targeted}
+        chunks = self._prompt_chunks([r for r, _ in targeted], lambda r: ids_of[id(r)].shape[1])
+        for k, chunk, inputs in chunks:
+            ids_B_T_K = np.zeros((*inputs.shape, k), np.int32)
+            for row, r in enumerate(chunk):
+                ids_B_T_K[row, : r.prompt_T.size - 1] = ids_of[id(r)]
+            lp_B_T_K = np.asarray(
+                model_lib.ids_logprobs(self._params, inputs, ids_B_T_K, config=self._config)
+            )
+            for row, r in enumerate(chunk):
+                ids_I_K = ids_of[id(r)]
+                lp_I_K = np.where(ids_I_K >= 0, lp_B_T_K[row, : ids_I_K.shape[0]], 0.0)
+                out[id(r)] = _like_request(lp_I_K.astype(np.float32), r.target_csr)
         return out
 
     def _run_rows(self, rows: list[tuple[_SampleRequest, int]]) -> list[types.SampledSequence]:
