@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import msgspec
+import numpy as np
 from jax.typing import ArrayLike
 
 from rlpure._checks import check_rank, check_shapes_equal
@@ -73,9 +74,13 @@ jax.tree_util.register_dataclass(
 # --- checks and helpers ----------------------------------------------------------------------
 
 
-def as_logprobs(loss: str, target_logprobs_D_T: ArrayLike) -> jax.Array:
-    """`target_logprobs_D_T` as an array, checked to be floating `[D, T]`."""
-    check_rank(loss, "target_logprobs_D_T", target_logprobs_D_T, "DT")
+def as_logprobs(loss: str, target_logprobs_D_T: ArrayLike, *, top_k: bool = False) -> jax.Array:
+    """`target_logprobs_D_T` as an array, checked to be floating `[D, T]` (or, with `top_k`,
+    `[D, T, K]`: `K` target tokens per position)."""
+    if top_k and np.ndim(target_logprobs_D_T) == 3:
+        check_rank(loss, "target_logprobs_D_T_K", target_logprobs_D_T, "DTK")
+    else:
+        check_rank(loss, "target_logprobs_D_T", target_logprobs_D_T, "DT")
     lp = jnp.asarray(target_logprobs_D_T)
     if not jnp.issubdtype(lp.dtype, jnp.floating):
         raise TypeError(f"{loss}: target_logprobs_D_T must be floating, got dtype {lp.dtype}")
@@ -89,11 +94,18 @@ def as_input(loss: str, field: str, values: ArrayLike, lp: jax.Array) -> jax.Arr
 
 
 def valid_mask(loss: str, valid_mask_D_T: ArrayLike | None, lp: jax.Array) -> jax.Array:
-    """Bool `[D, T]` mask of real positions: `valid_mask_D_T != 0`, all True when `None`."""
+    """Bool `[D, T]` mask of real positions: `valid_mask_D_T != 0`, all True when `None`.
+    With `[D, T, K]` logprobs (`cross_entropy`'s top-K targets) the mask stays `[D, T]` and
+    comes back `[D, T, 1]`, to broadcast over `K`."""
+    positions = lp if lp.ndim == 2 else lp[..., 0]
     if valid_mask_D_T is None:
-        return jnp.ones(lp.shape, bool)
-    check_shapes_equal(loss, ("target_logprobs_D_T", lp), ("valid_mask_D_T", valid_mask_D_T))
-    return jnp.asarray(valid_mask_D_T) != 0
+        mask = jnp.ones(positions.shape, bool)
+    else:
+        check_shapes_equal(
+            loss, ("target_logprobs_D_T", positions), ("valid_mask_D_T", valid_mask_D_T)
+        )
+        mask = jnp.asarray(valid_mask_D_T) != 0
+    return mask if lp.ndim == 2 else mask[..., None]
 
 
 def check_finite(loss: str, key: str, value: Any) -> None:

@@ -87,9 +87,15 @@ def cross_entropy_loss(
 
     `L = −Σ_{d,t} w_dt · lp_dt`. Gradient w.r.t. `lp_dt` is `−w_dt`.
 
+    Top-K distillation (Tinker's `(N, K)` `target_tokens` and `weights`): with `[D, T, K]`
+    logprobs of `K` target tokens per position and `[D, T, K]` weights (a teacher's
+    renormalised top-K probabilities, say), `L = −Σ_{d,t,k} w_dtk · lp_dtk`, the sum of the
+    `K` one-target losses.
+
     Args:
-        target_logprobs_D_T: float `[D, T]` learner logprobs of the targets.
-        weights_D_T: float `[D, T]` per-token weights (Tinker input `weights`; 0 on prompts).
+        target_logprobs_D_T: float `[D, T]` learner logprobs of the targets, or `[D, T, K]`.
+        weights_D_T: float, the shape of `target_logprobs_D_T`: per-token weights (Tinker
+            input `weights`; 0 on prompts).
         valid_mask_D_T: bool/float `[D, T]`, nonzero on real positions (default: all).
 
     Returns:
@@ -99,9 +105,13 @@ def cross_entropy_loss(
         >>> out = cross_entropy_loss(jnp.array([[-1.0, -2.0]]), jnp.array([[0.0, 1.0]]))
         >>> float(out.loss)
         2.0
+        >>> top2 = cross_entropy_loss(jnp.array([[[-1.0, -3.0], [-2.0, -0.5]]]),
+        ...                           jnp.array([[[0.5, 0.5], [1.0, 0.0]]]))
+        >>> float(top2.loss)
+        4.0
     """
     name = "cross_entropy"
-    lp = as_logprobs(name, target_logprobs_D_T)
+    lp = as_logprobs(name, target_logprobs_D_T, top_k=True)
     weights = as_input(name, "weights", weights_D_T, lp)
     valid = valid_mask(name, valid_mask_D_T, lp)
     loss = -jnp.sum(jnp.where(valid, weights, 0) * jnp.where(valid, lp, 0))

@@ -71,6 +71,9 @@ class LossSpec(msgspec.Struct, frozen=True, kw_only=True):
         config_defaults: `loss_fn_config` keys with their documented Tinker defaults.
         required_config: `loss_fn_config` keys without a documented default (must be passed).
         reference: the Tinker documentation page.
+        top_k_inputs: the inputs that may carry `K` values per position (`[D, T, K]`, with
+            `[D, T, K]` logprobs: `cross_entropy`'s top-K distillation targets); empty when
+            the loss takes `[D, T]` only.
     """
 
     name: str
@@ -80,6 +83,7 @@ class LossSpec(msgspec.Struct, frozen=True, kw_only=True):
     config_defaults: Mapping[str, float]
     required_config: tuple[str, ...] = ()
     reference: str = ""
+    top_k_inputs: tuple[str, ...] = ()
 
     @property
     def config_keys(self) -> frozenset[str]:
@@ -102,7 +106,8 @@ LOSSES: Mapping[str, LossSpec] = MappingProxyType(
                 required_inputs=("target_tokens", "weights"),
                 array_inputs=("weights",),
                 config_defaults=MappingProxyType({}),
-                reference=_DOCS,
+                reference=f"{_DOCS}/cross-entropy",
+                top_k_inputs=("target_tokens", "weights"),
             ),
             LossSpec(
                 name="importance_sampling",
@@ -173,11 +178,13 @@ def compute_loss(
     Args:
         name: Tinker loss name, a key of `LOSSES` (`cross_entropy`, `importance_sampling`,
             `ppo`, `cispo`, `dro`, `gspo`).
-        target_logprobs_D_T: float `[D, T]` learner logprobs of the target tokens.
+        target_logprobs_D_T: float `[D, T]` learner logprobs of the target tokens; for a loss
+            with `top_k_inputs` (`cross_entropy`) also `[D, T, K]`, `K` targets a position.
         loss_fn_inputs: Tinker input name → zero-padded `[D, T]` array (`target_tokens`
-            int, `weights`, `logprobs`, `advantages`, `sequence_ratio_mask` float). Inputs a
-            loss does not read (e.g. `weights` on an RL loss) are shape-checked and ignored;
-            names Tinker does not know (e.g. the cookbook's `mask`) are refused.
+            int, `weights`, `logprobs`, `advantages`, `sequence_ratio_mask` float), those of
+            `top_k_inputs` `[D, T, K]` with `[D, T, K]` logprobs. Inputs a loss does not read
+            (e.g. `weights` on an RL loss) are shape-checked and ignored; names Tinker does
+            not know (e.g. the cookbook's `mask`) are refused.
         config: Tinker's `loss_fn_config` (e.g. `{"clip_low_threshold": 0.9}`); missing keys
             take the documented defaults in `LOSSES[name].config_defaults`.
         valid_mask_D_T: bool/float `[D, T]`, nonzero on real (non-padding) positions; default
@@ -204,7 +211,7 @@ def compute_loss(
     spec = LOSSES.get(name)
     if spec is None:
         raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(sorted(LOSSES))}")
-    lp = as_logprobs(name, target_logprobs_D_T)
+    lp = as_logprobs(name, target_logprobs_D_T, top_k=bool(spec.top_k_inputs))
     _check_loss_inputs(spec, lp, loss_fn_inputs, valid_mask_D_T=valid_mask_D_T)
     merged = _loss_config(spec, config)
     arrays = [loss_fn_inputs[key] for key in spec.array_inputs]
@@ -235,10 +242,22 @@ def _check_loss_inputs(
         raise ValueError(
             f"{name}: missing loss_fn_inputs {missing} (required: {list(spec.required_inputs)})"
         )
+    lp = target_logprobs_D_T
+    if lp.ndim == 3:  # top-K targets: those inputs `[D, T, K]`, the others and the mask `[D, T]`
+        check_shapes_equal(
+            name,
+            ("target_logprobs_D_T_K", lp),
+            *((f"input {key!r}", loss_fn_inputs[key]) for key in spec.top_k_inputs),
+        )
+        lp = lp[..., 0]
     check_shapes_equal(
         name,
-        ("target_logprobs_D_T", target_logprobs_D_T),
-        *((f"input {key!r}", values) for key, values in loss_fn_inputs.items()),
+        ("target_logprobs_D_T", lp),
+        *(
+            (f"input {key!r}", values)
+            for key, values in loss_fn_inputs.items()
+            if key not in spec.top_k_inputs or target_logprobs_D_T.ndim == 2
+        ),
         ("valid_mask_D_T", valid_mask_D_T),
     )
 

@@ -167,7 +167,7 @@ def _check_grouped_rows(rows: GroupedRows, target_tokens_D_T: Any) -> None:
         "suffix_positions_D_U": (d, u),
         "group_D": (d,),
         "prefix_length_D": (d,),
-        "gather_D_T": tuple(target_tokens_D_T.shape),
+        "gather_D_T": tuple(target_tokens_D_T.shape[:2]),
     }
     for name, shape in expected.items():
         got = tuple(getattr(rows, name).shape)
@@ -191,14 +191,16 @@ def grouped_target_logprobs_fn(
         params: the params pytree.
         rows: the chunk (`GroupedRows`: int32 prefix rows `[P, S]`, suffix rows `[D, U]`
             with their positions, `[D]` groups and prefix lengths, `[D, T]` gather indices).
-        target_tokens_D_T: int32 `[D, T]` the token each datum position predicts.
+        target_tokens_D_T: int32 `[D, T]` the token each datum position predicts, or
+            `[D, T, K]` (`K` targets a position).
         config: the model shape (static in the caller's `jit`).
         adapters: optional LoRA adapters.
         lora: their config (static), required with `adapters`.
 
     Returns:
         float32 `[D, T]`: `log p(target[d, t] | datum d's tokens[: t + 1])`, computed as
-        `logit[target] − logsumexp(logits)` at position `gather_D_T[d, t]`.
+        `logit[target] − logsumexp(logits)` at position `gather_D_T[d, t]` (`[D, T, K]` for
+        `[D, T, K]` targets).
 
     Raises:
         ValueError: a `GroupedRows` field's shape disagrees with the suffix rows or the targets.

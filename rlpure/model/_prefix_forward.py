@@ -104,14 +104,16 @@ def prefix_target_logprobs_fn(
         params: the params pytree.
         rows: the packed chunk (`PrefixRows`: int32 `[R, W]` tokens, positions and subtree
             ends, int32 `[D, T]` flat gather indices into `R · W`).
-        target_tokens_D_T: int32 `[D, T]` the token each datum position predicts.
+        target_tokens_D_T: int32 `[D, T]` the token each datum position predicts, or
+            `[D, T, K]` (`K` targets a position).
         config: the model shape (static in the caller's `jit`).
         adapters: optional LoRA adapters.
         lora: their config (static), required with `adapters`.
 
     Returns:
         float32 `[D, T]`: `log p(target[d, t] | datum d's tokens[: t + 1])`, computed as
-        `logit[target] − logsumexp(logits)` at node `gather_D_T[d, t]`.
+        `logit[target] − logsumexp(logits)` at node `gather_D_T[d, t]` (`[D, T, K]` for
+        `[D, T, K]` targets).
 
     Raises:
         ValueError: `gather_D_T` and `target_tokens_D_T` differ in shape, or the row arrays do.
@@ -122,10 +124,10 @@ def prefix_target_logprobs_fn(
             f"PrefixRows: tokens_R_W {rows.tokens_R_W.shape}, positions_R_W "
             f"{rows.positions_R_W.shape} and end_R_W {rows.end_R_W.shape} must match"
         )
-    if rows.gather_D_T.shape != target_tokens_D_T.shape:
+    if rows.gather_D_T.shape != target_tokens_D_T.shape[:2]:
         raise ValueError(
             f"PrefixRows.gather_D_T shape {rows.gather_D_T.shape} != target_tokens_D_T shape "
-            f"{target_tokens_D_T.shape}"
+            f"{target_tokens_D_T.shape[:2]}"
         )
     layer_adapters, top_adapters, scale = _lora_parts(adapters, lora)
     x_R_W_E = _run_prefix_blocks(params, rows, config, layer_adapters, scale)
@@ -140,7 +142,11 @@ def _gathered_logprobs(
 ) -> jax.Array:
     """float32 `[D, T]`: `logit[target] − logsumexp(logits)` at position `gather_D_T[d, t]` of
     the `N` computed positions (several datums may gather one position; their gradients add
-    there). The logprob read of both packed layouts (tries here, `_grouped_forward`'s groups)."""
+    there); `[D, T, K]` for `[D, T, K]` targets. The logprob read of both packed layouts
+    (tries here, `_grouped_forward`'s groups)."""
     lse_N = jax.nn.logsumexp(logits_N_V, axis=-1)
+    if target_tokens_D_T.ndim == 3:
+        picked_D_T_K = logits_N_V[gather_D_T[:, :, None], target_tokens_D_T]
+        return picked_D_T_K - lse_N[gather_D_T][:, :, None]
     picked_D_T = logits_N_V[gather_D_T, target_tokens_D_T]
     return picked_D_T - lse_N[gather_D_T]

@@ -522,18 +522,23 @@ def target_logprobs_fn(
     Args:
         params: the params pytree.
         input_tokens_B_T: int32 `[B, T]` right-padded model inputs.
-        target_tokens_B_T: int32 `[B, T]` the token each input position predicts.
+        target_tokens_B_T: int32 `[B, T]` the token each input position predicts, or
+            `[B, T, K]`: `K` target tokens a position (top-K distillation).
         config: the model shape (must be static in the caller's `jit`).
         adapters: optional LoRA adapters.
         lora: their config (static), required with `adapters`.
 
     Returns:
         float32 `[B, T]`: `log p(target_tokens_B_T[b, t] | input_tokens_B_T[b, : t + 1])`,
-        computed as `logit[target] − logsumexp(logits)`.
+        computed as `logit[target] − logsumexp(logits)` (`[B, T, K]` for `[B, T, K]`
+        targets).
     """
     logits_B_T_V = _logits(params, input_tokens_B_T, config, adapters, lora)
-    picked_B_T = jnp.take_along_axis(logits_B_T_V, target_tokens_B_T[:, :, None], axis=-1)[:, :, 0]
-    return picked_B_T - jax.nn.logsumexp(logits_B_T_V, axis=-1)
+    top_k = target_tokens_B_T.ndim == 3
+    ids_B_T_K = target_tokens_B_T if top_k else target_tokens_B_T[:, :, None]
+    picked_B_T_K = jnp.take_along_axis(logits_B_T_V, ids_B_T_K, axis=-1)
+    lp_B_T_K = picked_B_T_K - jax.nn.logsumexp(logits_B_T_V, axis=-1)[:, :, None]
+    return lp_B_T_K if top_k else lp_B_T_K[:, :, 0]
 
 
 def _topk_logprobs(

@@ -4,7 +4,7 @@ Conventions:
 - Every check raises at submission, before any state changes, with a message that names the
   offending argument by its path (`Datum[3].loss_fn_inputs['weights']`, `sample.prompt`, ...):
   `TypeError` for a wrong type, `ValueError` for a bad value, `NotImplementedError` for what the
-  local backend does not support (non-token chunks, sparse tensors, custom losses).
+  local backend does not support (non-token chunks, `loss_fn="custom"`).
 - Token ids are int64 on the host and must lie in `[0, vocab_size)`.
 - `check_data` validates a `forward_backward` batch; `plan_chunks` splits it into jitted calls
   (longest datums first, each chunk padded to its own length bucket and a power-of-two row
@@ -18,7 +18,10 @@ Conventions:
   suffix row per datum), which the training client weighs against the tries
   (`prefix_key_weight`; `shell.local._training`). Tinker's shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
-  `loss_fn_inputs` tensor is 1-D with the length of its `model_input`. Datums are right-padded
+  `loss_fn_inputs` tensor is 1-D with the length of its `model_input`, but `cross_entropy`'s
+  `target_tokens` and `weights`, which may be `(N, K)`: `K` targets a position, one `K` a
+  call (top-K distillation; they pack to `[D, T, K]`). Sparse tensors are densified (0 where
+  unlisted). Datums are right-padded
   to `[D, T]`: `D` a power of two (two sizes per doubling on the grouped route: 3, 6, 12, …),
   `T` a `length_bucket` (16, then two sizes per doubling), so
   that training compiles a handful of times; `valid_D_T` is 1.0 on real positions and 0.0 on
@@ -38,7 +41,7 @@ from tinker import types
 
 from rlpure import model as model_lib
 from rlpure.buckets import bucket_size
-from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES
+from rlpure.losses import KNOWN_LOSS_INPUTS, LOSSES, LossSpec
 from rlpure.packing import (
     GroupedChunk,
     GroupedPlan,
@@ -100,12 +103,13 @@ def model_input_tokens(model_input: Any, where: str) -> np.ndarray:
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, where: str) -> None:
-    """Raises `ValueError` naming the first token of `tokens` outside `[0, vocab_size)`."""
+    """Raises `ValueError` naming the first token of `tokens` (`[N]`, or `[N, K]`: then its
+    position and column) outside `[0, vocab_size)`."""
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        bad = int(np.argmax((tokens < 0) | (tokens >= vocab_size)))
-        raise ValueError(
-            f"{where}: token {int(tokens[bad])} at position {bad} is outside [0, {vocab_size})"
-        )
+        flat = int(np.argmax(((tokens < 0) | (tokens >= vocab_size)).reshape(-1)))
+        bad = np.unravel_index(flat, tokens.shape)
+        at = f"position {bad[0]}" + (f", column {bad[1]}" if tokens.ndim == 2 else "")
+        raise ValueError(f"{where}: token {int(tokens[bad])} at {at} is outside [0, {vocab_size})")
 
 
 def dense_from_csr(
@@ -157,13 +161,15 @@ class CheckedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """Validated `tinker.Datum`s, still ragged (host-side numpy).
 
     `tokens_D[d]` is datum `d`'s int64 `[N_d]` model input and `inputs_D[d]` its
-    `loss_fn_inputs` arrays, each `[N_d]` (`target_tokens` int64, the others float); every
-    datum has the same `keys`.
+    `loss_fn_inputs` arrays, each `[N_d]` (`target_tokens` int64, the others float), those of
+    the loss's `top_k_inputs` `[N_d, top_k]` when `top_k` is not 0 (`cross_entropy`'s top-K
+    distillation targets); every datum has the same `keys`.
     """
 
     tokens_D: tuple[np.ndarray, ...]
     inputs_D: tuple[dict[str, np.ndarray], ...]
     keys: tuple[str, ...]
+    top_k: int = 0
 
     @property
     def length_D(self) -> np.ndarray:
@@ -234,9 +240,11 @@ def check_data(
                 "runs custom losses client-side: pass the loss to forward_backward_custom"
             )
         raise ValueError(f"unknown loss_fn {loss_fn!r}; known losses: {sorted(LOSSES)}")
+    spec = LOSSES[loss_fn]
     tokens_D: list[np.ndarray] = []
     inputs_D: list[dict[str, np.ndarray]] = []
     keys: frozenset[str] | None = None
+    top_k: int | None = None
     for d, datum in enumerate(data):
         where = f"Datum[{d}]"
         if not isinstance(datum, types.Datum):
@@ -250,39 +258,18 @@ def check_data(
                 f"{config.max_seq_len}"
             )
         check_token_range(tokens, config.vocab_size, f"{where}.model_input")
-        arrays = {}
-        for key, tensor in datum.loss_fn_inputs.items():
-            if key not in KNOWN_LOSS_INPUTS:
-                hint = (
-                    " (the cookbook's 'mask' is not a Tinker input; strip it before "
-                    "forward_backward as tinker_cookbook.rl.train._remove_mask does)"
-                    if key == "mask"
-                    else ""
-                )
-                raise ValueError(
-                    f"{where}.loss_fn_inputs: unknown key {key!r}; Tinker inputs are "
-                    f"{sorted(KNOWN_LOSS_INPUTS)}{hint}"
-                )
-            if tensor.sparse_crow_indices is not None:
-                raise NotImplementedError(f"{where}.loss_fn_inputs[{key!r}]: sparse TensorData")
-            arr = np.asarray(tensor.to_numpy())
-            if arr.shape != tokens.shape:
-                raise ValueError(
-                    f"{where}.loss_fn_inputs[{key!r}]: shape {arr.shape} != model_input "
-                    f"shape {tokens.shape}"
-                )
-            if key == "target_tokens":
-                if arr.dtype.kind not in "iu":
-                    raise TypeError(
-                        f"{where}.loss_fn_inputs['target_tokens']: expected integer token ids, "
-                        f"got dtype {arr.dtype}"
-                    )
-                check_token_range(
-                    arr, config.vocab_size, f"{where}.loss_fn_inputs['target_tokens']"
-                )
-            elif not np.all(np.isfinite(arr)):
-                raise ValueError(f"{where}.loss_fn_inputs[{key!r}]: non-finite values")
-            arrays[key] = arr
+        arrays = {
+            key: _loss_input(key, tensor, tokens, spec, config, f"{where}.loss_fn_inputs[{key!r}]")
+            for key, tensor in datum.loss_fn_inputs.items()
+        }
+        k = _targets_per_position(arrays, spec, where)
+        if top_k is None:
+            top_k = k
+        elif k != top_k:
+            raise ValueError(
+                f"{where}.loss_fn_inputs['target_tokens']: {_k_text(k)} but Datum[0] has "
+                f"{_k_text(top_k)}; one call takes one K"
+            )
         if keys is None:
             keys = frozenset(arrays)
         elif frozenset(arrays) != keys:
@@ -293,10 +280,86 @@ def check_data(
         tokens_D.append(tokens)
         inputs_D.append(arrays)
     assert keys is not None
-    missing = [k for k in LOSSES[loss_fn].required_inputs if k not in keys]
+    missing = [k for k in spec.required_inputs if k not in keys]
     if missing:
         raise ValueError(f"{loss_fn}: every datum needs loss_fn_inputs {missing}")
-    return CheckedData(tokens_D=tuple(tokens_D), inputs_D=tuple(inputs_D), keys=tuple(sorted(keys)))
+    return CheckedData(
+        tokens_D=tuple(tokens_D),
+        inputs_D=tuple(inputs_D),
+        keys=tuple(sorted(keys)),
+        top_k=top_k or 0,
+    )
+
+
+def _loss_input(
+    key: str,
+    tensor: types.TensorData,
+    tokens: np.ndarray,
+    spec: LossSpec,
+    config: model_lib.ModelConfig,
+    where: str,
+) -> np.ndarray:
+    """Datum input `key` as a checked numpy array (`where` names it): a known Tinker input,
+    dense or sparse CSR (densified, 0 where unlisted), of the model input's shape `(N,)` or,
+    for an input of `spec.top_k_inputs`, `(N, K)`; target ids in the vocabulary, other
+    values finite."""
+    if key not in KNOWN_LOSS_INPUTS:
+        hint = (
+            " (the cookbook's 'mask' is not a Tinker input; strip it before "
+            "forward_backward as tinker_cookbook.rl.train._remove_mask does)"
+            if key == "mask"
+            else ""
+        )
+        raise ValueError(
+            f"{where.rsplit('[', 1)[0]}: unknown key {key!r}; Tinker inputs are "
+            f"{sorted(KNOWN_LOSS_INPUTS)}{hint}"
+        )
+    if tensor.sparse_crow_indices is not None:
+        if tensor.shape is None or tensor.sparse_col_indices is None:
+            raise ValueError(f"{where}: a sparse TensorData needs its shape and col indices")
+        arr = dense_from_csr(
+            np.asarray(tensor.data, np.dtype(tensor.dtype)),
+            np.asarray(tensor.sparse_crow_indices, np.int64),
+            np.asarray(tensor.sparse_col_indices, np.int64),
+            tensor.shape,
+            fill=0,
+            where=where,
+        )
+    else:
+        arr = np.asarray(tensor.to_numpy())
+    top_k = key in spec.top_k_inputs and arr.ndim == 2 and arr.shape[:1] == tokens.shape
+    if arr.shape != tokens.shape and not (top_k and arr.shape[1] >= 1):
+        distill = (
+            f" ((N, K) inputs are {', '.join(LOSSES['cross_entropy'].top_k_inputs)} of "
+            "cross_entropy only: top-K distillation)"
+            if arr.ndim == 2
+            and not spec.top_k_inputs
+            and key in LOSSES["cross_entropy"].top_k_inputs
+            else ""
+        )
+        raise ValueError(f"{where}: shape {arr.shape} != model_input shape {tokens.shape}{distill}")
+    if key == "target_tokens":
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{where}: expected integer token ids, got dtype {arr.dtype}")
+        check_token_range(arr, config.vocab_size, where)
+    elif not np.all(np.isfinite(arr)):
+        raise ValueError(f"{where}: non-finite values")
+    return arr
+
+
+def _targets_per_position(arrays: dict[str, np.ndarray], spec: LossSpec, where: str) -> int:
+    """K of a datum's `(N, K)` top-K inputs (every one of `spec.top_k_inputs` it has, alike),
+    or 0 when they are `(N,)`."""
+    shapes = {key: arrays[key].shape for key in spec.top_k_inputs if key in arrays}
+    if len(set(shapes.values())) > 1:
+        described = ", ".join(f"{key} {shape}" for key, shape in shapes.items())
+        raise ValueError(f"{where}.loss_fn_inputs: shapes differ: {described}")
+    shape = next(iter(shapes.values()), (0,))
+    return shape[1] if len(shape) == 2 else 0
+
+
+def _k_text(k: int) -> str:
+    return f"(N, {k}) targets" if k else "(N,) targets"
 
 
 def plan_chunks(length_D: np.ndarray, *, rows_for_width: Callable[[int], int]) -> list[TrainChunk]:
@@ -358,8 +421,10 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
     input_D_T = np.zeros((n_d, n_t), np.int32)
     valid_D_T = np.zeros((n_d, n_t), np.float32)
     inputs = {
-        key: np.zeros((n_d, n_t), np.int32 if key == "target_tokens" else np.float32)
-        for key in checked.keys
+        key: np.zeros(
+            (n_d, n_t, *(arr.shape[1:])), np.int32 if key == "target_tokens" else np.float32
+        )
+        for key, arr in checked.inputs_D[chunk.index_D[0]].items()
     }
     length_D = np.zeros(len(chunk.index_D), np.int64)
     for row, d in enumerate(chunk.index_D):

@@ -245,13 +245,15 @@ class LocalTrainingClient:
         Args:
             data: datums; `model_input` of length `N_d` and every `loss_fn_inputs` tensor 1-D of
                 length `N_d` (Tinker's shifted alignment: input position `i` predicts
-                `target_tokens[i]`).
+                `target_tokens[i]`), but `cross_entropy`'s `target_tokens` and `weights`,
+                which may be `(N_d, K)`: `K` targets a position (top-K distillation).
             loss_fn: a loss of `rlpure.losses.LOSSES`.
             loss_fn_config: loss hyper-parameters (e.g. `clip_low_threshold`).
 
         Returns:
             `APIFuture[ForwardBackwardOutput]`: `loss_fn_outputs[d]["logprobs"]` is a float32
-            `TensorData` of length `N_d`; `metrics` holds `loss:sum` and the loss's metrics.
+            `TensorData` shaped as datum `d`'s `target_tokens`; `metrics` holds `loss:sum` and
+            the loss's metrics.
 
         Raises:
             TypeError, ValueError: malformed data (naming the datum and key) or config.

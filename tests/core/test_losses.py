@@ -707,3 +707,63 @@ def test_every_loss_input_is_shape_checked_by_name(name):
         )
         with pytest.raises(ValueError, match=re.escape(want)):
             spec.loss_fn(lp, *arrays, **config)
+
+
+# --- cross_entropy with K targets a position (top-K distillation) ------------------------------
+
+
+def _top_k_problem(seed, shape=(3, 5, 4)):
+    rng = np.random.default_rng(seed)
+    lp = jnp.asarray(-rng.exponential(2.0, size=shape), jnp.float32)
+    w = jnp.asarray(rng.dirichlet(np.ones(shape[-1]), size=shape[:2]), jnp.float32)
+    valid = jnp.asarray(np.arange(shape[1])[None, :] < rng.integers(1, shape[1] + 1, (shape[0], 1)))
+    return lp, w, valid
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_k_cross_entropy_is_the_sum_of_its_one_target_losses(seed):
+    lp, w, valid = _top_k_problem(seed)
+    inputs = {"target_tokens": jnp.zeros(lp.shape, jnp.int32), "weights": w}
+    out = compute_loss("cross_entropy", lp, inputs, valid_mask_D_T=valid)
+    columns = [
+        compute_loss(
+            "cross_entropy",
+            lp[..., k],
+            {"target_tokens": jnp.zeros(lp.shape[:2], jnp.int32), "weights": w[..., k]},
+            valid_mask_D_T=valid,
+        )
+        for k in range(lp.shape[-1])
+    ]
+    assert float(out.loss) == pytest.approx(sum(float(c.loss) for c in columns), rel=1e-6)
+    np.testing.assert_array_equal(out.target_logprobs_D_T, lp)
+    grad = jax.grad(lambda x: compute_loss("cross_entropy", x, inputs, valid_mask_D_T=valid).loss)
+    np.testing.assert_array_equal(grad(lp), -jnp.where(valid[..., None], w, 0))
+
+
+def test_top_k_padding_changes_nothing_even_nan():
+    lp, w, valid = _top_k_problem(5)
+    garbage = jnp.where(valid[..., None], lp, jnp.nan)
+    clean, dirty = (direct(cross_entropy_loss, x, w, valid_mask_D_T=valid) for x in (lp, garbage))
+    assert float(dirty[0].loss) == float(clean[0].loss)
+    np.testing.assert_array_equal(dirty[1], clean[1])
+
+
+def test_top_k_inputs_are_cross_entropy_s_alone_and_shape_checked():
+    lp, w, _ = _top_k_problem(6)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("cross_entropy: input 'weights' has shape (3, 5), expected (3, 5, 4)"),
+    ):
+        compute_loss(
+            "cross_entropy", lp, {"target_tokens": jnp.zeros(lp.shape), "weights": w[..., 0]}
+        )
+    with pytest.raises(
+        ValueError, match=re.escape("valid_mask_D_T has shape (3, 5, 4), expected (3, 5)")
+    ):
+        cross_entropy_loss(lp, w, valid_mask_D_T=jnp.ones(lp.shape))
+    inputs = {**rl_inputs(lp[..., 0], jnp.ones(lp.shape[:2])), "target_tokens": jnp.zeros(lp.shape)}
+    with pytest.raises(
+        ValueError, match=re.escape("ppo: target_logprobs_D_T must be [D, T], got shape (3, 5, 4)")
+    ):
+        compute_loss("ppo", lp, inputs)
+    assert [name for name, spec in LOSSES.items() if spec.top_k_inputs] == ["cross_entropy"]

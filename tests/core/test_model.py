@@ -193,6 +193,17 @@ def test_target_logprobs_are_normalised_log_softmax() -> None:
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+def test_target_logprobs_of_k_targets_a_position_are_its_columns() -> None:
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, VOCAB_SIZE, (2, T)).astype(np.int32)
+    ids_B_T_K = rng.integers(0, VOCAB_SIZE, (2, T, 3)).astype(np.int32)
+    got = np.asarray(M.target_logprobs(PARAMS, tokens, ids_B_T_K, config=CONFIG))
+    assert got.shape == (2, T, 3)
+    for k in range(3):
+        column = M.target_logprobs(PARAMS, tokens, ids_B_T_K[..., k], config=CONFIG)
+        np.testing.assert_array_equal(got[..., k], np.asarray(column))
+
+
 @pytest.mark.parametrize("k", [1, 5, VOCAB_SIZE])
 def test_topk_logprobs_are_the_sorted_head_of_the_log_softmax(k: int) -> None:
     tokens = np.random.default_rng(2).integers(0, VOCAB_SIZE, (2, T)).astype(np.int32)

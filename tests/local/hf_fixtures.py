@@ -9,7 +9,7 @@ tested on real files. Shared by the loading tests and the LoRA/backend tests.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import safetensors.numpy
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from shell.local import LocalServiceClient, LocalTrainingClient
 from shell.local._gguf import hf_to_gguf_name, permute_rope_rows
 from shell.local._hf import expected_hf_shapes
 
@@ -28,6 +29,8 @@ __all__ = [
     "SAMPLE_TEXTS",
     "hf_config",
     "random_hf_tensors",
+    "random_llama_trainer",
+    "restoring_routes",
     "train_tokenizer",
     "write_gguf",
     "write_hf_cache_entry",
@@ -265,3 +268,22 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer: PreTrainedTokenizerFast) 
     writer.add_pad_token_id(vocab["<|im_end|>"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def random_llama_trainer(states: Path, model_dir: Path, *, rank: int = 4) -> LocalTrainingClient:
+    """A LoRA training client of rank `rank` on a random tiny Llama written to `model_dir`
+    (`train_tokenizer`'s vocabulary), checkpointing under `states`."""
+    tokenizer = train_tokenizer()
+    config = hf_config("llama", vocab_size=len(tokenizer))
+    write_hf_directory(model_dir, config, random_hf_tensors(config, seed=1), tokenizer)
+    service = LocalServiceClient(seed=0, checkpoint_dir=states)
+    return service.create_lora_training_client(base_model=str(model_dir), rank=rank).result()
+
+
+def restoring_routes(trainer: LocalTrainingClient) -> Iterator[LocalTrainingClient]:
+    """A fixture body sharing a module's `trainer`: its prefix-route settings and gradient
+    restored after each test (a test that sets `prefix_route` leaves the next the defaults)."""
+    settings = (trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route)
+    yield trainer
+    trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route = settings
+    trainer._grads = None

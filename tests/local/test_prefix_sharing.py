@@ -36,7 +36,7 @@ from rlpure.packing import (
     prefix_tree_size,
     sort_sequences,
 )
-from shell.local import LocalServiceClient, LocalTrainingClient, _training
+from shell.local import LocalTrainingClient, _training
 from shell.local._inputs import (
     CheckedData,
     TrainChunk,
@@ -55,12 +55,7 @@ from shell.local._train_steps import (
     model_forward_vjp,
 )
 from tests.compile_count import count_compiles
-from tests.local.hf_fixtures import (
-    hf_config,
-    random_hf_tensors,
-    train_tokenizer,
-    write_hf_directory,
-)
+from tests.local.hf_fixtures import random_llama_trainer, restoring_routes
 from tests.local.micro import MICRO_NAME, micro_service
 
 CONFIG = model_lib.ModelConfig(
@@ -532,12 +527,9 @@ def test_full_fine_tuning_client_routes_agree(tmp_path: Path, backward: bool, ro
 
 @pytest.fixture(scope="module")
 def _lora_trainer_of_module(tmp_path_factory: pytest.TempPathFactory) -> LocalTrainingClient:
-    tokenizer = train_tokenizer()
-    config = hf_config("llama", vocab_size=len(tokenizer))
-    directory = tmp_path_factory.mktemp("llama")
-    write_hf_directory(directory, config, random_hf_tensors(config, seed=1), tokenizer)
-    service = LocalServiceClient(seed=0, checkpoint_dir=tmp_path_factory.mktemp("states"))
-    trainer = service.create_lora_training_client(base_model=str(directory), rank=4).result()
+    trainer = random_llama_trainer(
+        tmp_path_factory.mktemp("states"), tmp_path_factory.mktemp("llama")
+    )
     # One step so that B ≠ 0 and the gradients of every adapter matrix are non-zero.
     trainer.forward_backward(_grpo_data(np.random.default_rng(2), 2, 2, 6), "importance_sampling")
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -546,13 +538,8 @@ def _lora_trainer_of_module(tmp_path_factory: pytest.TempPathFactory) -> LocalTr
 
 @pytest.fixture
 def lora_trainer(_lora_trainer_of_module: LocalTrainingClient) -> Iterator[LocalTrainingClient]:
-    """The module's LoRA trainer (built once), its route settings and gradient restored after
-    each test (a test that sets `prefix_route` leaves the next one the defaults)."""
-    trainer = _lora_trainer_of_module
-    settings = (trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route)
-    yield trainer
-    trainer.prefix_route, trainer.prefix_sharing_fraction, trainer._auto_route = settings
-    trainer._grads = None
+    """The module's LoRA trainer (built once), its route settings restored after each test."""
+    yield from restoring_routes(_lora_trainer_of_module)
 
 
 @pytest.mark.parametrize("route", list(ROUTES))

@@ -145,17 +145,24 @@ def _group_datums(responses_P: Sequence[types.SampleResponse]) -> list[types.Dat
     return data_D
 
 
-def _fixed_datums(loss: str) -> list[types.Datum]:
+def _fixed_datums(loss: str, top_k: int = 0) -> list[types.Datum]:
     """Three datums with the inputs `loss` reads; for the RL losses the behaviour logprobs sit
     at the untrained model's (about -ln 259) ± 0.7, so the ratios (0.5 to 2) cross every clip
-    threshold used here."""
+    threshold used here. With `top_k`, `cross_entropy`'s targets and weights are `(N, top_k)`
+    soft targets (top-K distillation), the datum's own next token first."""
     data_D = []
     for index, prompt in enumerate(PROMPTS_P):
         tokens_T = [*prompt, *b" reply %d" % index]
         targets_T = np.array(tokens_T[1:], np.int64)
         action_T = np.arange(targets_T.size) >= len(prompt) - 1
-        if loss == "cross_entropy":
+        if loss == "cross_entropy" and top_k:
+            soft_K = np.arange(top_k, 0, -1, dtype=np.float32) / (top_k * (top_k + 1) / 2)
             inputs: dict[str, np.ndarray] = {
+                "target_tokens": (targets_T[:, None] + 7 * np.arange(top_k)) % 256,
+                "weights": action_T[:, None] * soft_K,
+            }
+        elif loss == "cross_entropy":
+            inputs = {
                 "target_tokens": targets_T,
                 "weights": action_T.astype(np.float32),
             }
@@ -317,10 +324,12 @@ def test_grpo_loop_through_the_sdk_matches_in_process(
 # -- 2. every loss, forward and logprobs, as in-process --
 
 
-def _loss_steps(service: Any, loss: types.LossFnType, config: dict[str, float] | None) -> list[Any]:
+def _loss_steps(
+    service: Any, loss: types.LossFnType, config: dict[str, float] | None, top_k: int = 0
+) -> list[Any]:
     """A fresh model: forward_backward, optim_step, then the next forward_backward."""
     training = service.create_lora_training_client(MODEL, rank=RANK).result()
-    data_D = _fixed_datums(loss)
+    data_D = _fixed_datums(loss, top_k)
     first = training.forward_backward(data_D, loss, config).result()
     optim = training.optim_step(ADAM).result()
     after = training.forward_backward(data_D, loss, config).result()
@@ -328,25 +337,37 @@ def _loss_steps(service: Any, loss: types.LossFnType, config: dict[str, float] |
 
 
 @pytest.mark.parametrize(
-    ("loss", "config"),
+    ("loss", "config", "top_k"),
     [
-        ("cross_entropy", None),
-        ("importance_sampling", None),
-        ("ppo", None),
-        ("cispo", None),
-        ("dro", {"beta": 0.5}),
-        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+        ("cross_entropy", None, 0),
+        ("cross_entropy", None, 3),
+        ("importance_sampling", None, 0),
+        ("ppo", None, 0),
+        ("cispo", None, 0),
+        ("dro", {"beta": 0.5}, 0),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, 0),
     ],
-    ids=["cross_entropy", "importance_sampling", "ppo", "cispo", "dro-beta", "ppo-clip"],
+    ids=[
+        "cross_entropy",
+        "cross_entropy-top3",
+        "importance_sampling",
+        "ppo",
+        "cispo",
+        "dro-beta",
+        "ppo-clip",
+    ],
 )
 def test_each_loss_computes_what_it_computes_in_process(
     loss: types.LossFnType,
     config: dict[str, float] | None,
+    top_k: int,
     service: tinker.ServiceClient,
     local: LocalServiceClient,
 ) -> None:
-    first, optim, after = _loss_steps(service, loss, config)
-    want_first, want_optim, want_after = _loss_steps(local, loss, config)
+    first, optim, after = _loss_steps(service, loss, config, top_k)
+    want_first, want_optim, want_after = _loss_steps(local, loss, config, top_k)
+    if top_k:  # (N, K) logprobs come back (N, K) through the wire
+        assert first.loss_fn_outputs[0]["logprobs"].to_numpy().shape[1:] == (top_k,)
     assert_same_output(first, want_first)
     assert optim.metrics == want_optim.metrics
     assert_same_output(after, want_after)
