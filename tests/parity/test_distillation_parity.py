@@ -19,7 +19,6 @@ untrained model.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,15 +34,16 @@ from tinker import types  # noqa: E402
 
 from shell.local import LocalServiceClient  # noqa: E402
 from tests.parity.porting import require_cookbook  # noqa: E402
-from tests.parity.recipe_runs import OFFLINE_HUB, jsonl_rows  # noqa: E402
+from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env  # noqa: E402
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
-from tests.serve.server import Server, assert_same_output, running_server, sdk_env  # noqa: E402
+from tests.serve.server import Server, assert_same_output, running_server  # noqa: E402
 
 require_cookbook()
 from tinker_cookbook.distillation import sdft, train_off_policy  # noqa: E402
 from tinker_cookbook.distillation.datasets import TeacherConfig  # noqa: E402
 from tinker_cookbook.supervised.data import FromConversationFileBuilder  # noqa: E402
-from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig  # noqa: E402
+
+from tests.parity.chat_corpus import common_config, write_sum_chats  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:DEPRECATED:FutureWarning")
 
@@ -60,30 +60,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Sixteen one-turn chats: a sum and its answer."""
-    path = tmp_path_factory.mktemp("corpus") / "sums.jsonl"
-    rows = [
-        {
-            "messages": [
-                {"role": "user", "content": f"{a}+{b}="},
-                {"role": "assistant", "content": str(a + b)},
-            ]
-        }
-        for a, b in zip(range(3, 19), range(17, 1, -1), strict=True)
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
+    return write_sum_chats(tmp_path_factory.mktemp("corpus") / "sums.jsonl")
 
 
 def _builder(corpus: Path, model: str) -> FromConversationFileBuilder:
     return FromConversationFileBuilder(
-        file_path=str(corpus),
-        common_config=ChatDatasetBuilderCommonConfig(
-            model_name_for_tokenizer=model,
-            renderer_name="role_colon",
-            max_length=128,
-            batch_size=BATCH,
-        ),
+        file_path=str(corpus), common_config=common_config(model, batch_size=BATCH)
     )
 
 
@@ -96,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def sdk(server: Server) -> Iterator[tinker.ServiceClient]:
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in {**sdk_env(server), **OFFLINE_HUB}.items():
+        for name, value in offline_sdk_env(server).items():
             patch.setenv(name, value)
         client = tinker.ServiceClient()
         yield client
@@ -199,7 +181,7 @@ def test_sdft_reverse_kl_over_serve_computes_what_runs_in_process(
     server: Server, topk_data: list[types.Datum], tiny_llama: str, tmp_path: Path
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in {**sdk_env(server), **OFFLINE_HUB}.items():
+        for name, value in offline_sdk_env(server).items():
             patch.setenv(name, value)
         fresh = tinker.ServiceClient()  # a new session: its first LoRA, as in process
         served = _reverse_kl_steps(fresh, topk_data, tiny_llama)
@@ -223,7 +205,7 @@ def test_the_cookbook_off_policy_distillation_main_trains_over_serve(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in {**sdk_env(server), **OFFLINE_HUB}.items():
+    for name, value in offline_sdk_env(server).items():
         monkeypatch.setenv(name, value)
     log_path = tmp_path / "distill"
     config = train_off_policy.Config(
