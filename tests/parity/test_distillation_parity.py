@@ -13,7 +13,9 @@ untrained model.
 - sdft's `reverse_kl_custom_loss` on those datums runs through the SDK's own client-side
   `forward_backward_custom` over serve and in process alike, bit for bit, across a step.
 - The cookbook's `train_off_policy.main` itself trains over serve with `TINKER_BASE_URL` set:
-  every step logged with a finite loss, its final checkpoint recorded.
+  every step logged with a finite loss, its final checkpoint recorded. So does
+  `train_on_policy.main` on the arithmetic env: the student samples, the teacher scores its
+  samples (`compute_logprobs`), and the reverse KL to the teacher is logged at every step.
 """
 
 from __future__ import annotations
@@ -39,8 +41,12 @@ from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, assert_same_output, running_server  # noqa: E402
 
 require_cookbook()
-from tinker_cookbook.distillation import sdft, train_off_policy  # noqa: E402
-from tinker_cookbook.distillation.datasets import TeacherConfig  # noqa: E402
+from tinker_cookbook.distillation import sdft, train_off_policy, train_on_policy  # noqa: E402
+from tinker_cookbook.distillation.datasets import (  # noqa: E402
+    DistillationDatasetConfig,
+    TeacherConfig,
+)
+from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder  # noqa: E402
 from tinker_cookbook.supervised.data import FromConversationFileBuilder  # noqa: E402
 
 from tests.parity.chat_corpus import common_config, write_sum_chats  # noqa: E402
@@ -235,3 +241,46 @@ def test_the_cookbook_off_policy_distillation_main_trains_over_serve(
     assert all(math.isfinite(row["train/loss:sum"]) and row["train/loss:sum"] > 0 for row in rows)
     (final,) = [row for row in jsonl_rows(log_path / "checkpoints.jsonl") if row["name"] == "final"]
     assert final["state_path"].startswith("tinker://")
+
+
+def test_the_cookbook_on_policy_distillation_main_trains_over_serve(
+    server: Server,
+    teacher: Teacher,
+    tiny_llama: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in offline_sdk_env(server).items():
+        monkeypatch.setenv(name, value)
+    log_path = tmp_path / "on-policy"
+    config = train_on_policy.Config(
+        learning_rate=1e-2,
+        dataset_configs=[
+            DistillationDatasetConfig(
+                dataset_builder=ArithmeticDatasetBuilder(
+                    batch_size=2,
+                    model_name_for_tokenizer=tiny_llama,
+                    renderer_name="role_colon",
+                    n_batches=2,
+                    group_size=2,
+                ),
+                teacher_config=TeacherConfig(
+                    base_model=tiny_llama, load_checkpoint_path=teacher.path
+                ),
+                groups_per_batch=2,
+            )
+        ],
+        model_name=tiny_llama,
+        recipe_name="on-policy-distillation-parity",
+        renderer_name="role_colon",
+        max_tokens=6,
+        lora_rank=RANK,
+        eval_every=0,
+        save_every=0,
+        log_path=str(log_path),
+    )
+    asyncio.run(train_on_policy.main(config))
+    rows = [row for row in jsonl_rows(log_path / "metrics.jsonl") if "teacher_kl" in row]
+    assert [row["step"] for row in rows] == [0, 1]
+    assert all(math.isfinite(row["teacher_kl"]) for row in rows)
+    assert any(row["teacher_kl"] != 0 for row in rows)  # the teacher is not the student
