@@ -24,7 +24,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
   state-dict names to ours (pure; the shell reads the files).
 - `_sampling`: `sample_tokens` (KV-cached decoding with stop tokens/sequences, temperature,
   top-k/top-p) and its `SampleBatch` / `SampleOutput` records; `stop_string_end`, where a
-  stop string ends a completion's decoded text (host side).
+  stop string ends a completion's decoded text (host side); `topk_tempered_logprobs`, the
+  most likely next tokens under a row's sampling temperature (top-k sampled logprobs).
 - `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW)
   and its `AdamUpdate` result.
 - `_tokenizer`: `ByteTokenizer` (256 bytes + BOS/EOS/PAD) and its special ids.
@@ -65,7 +66,13 @@ from rlpure.model._prefix_forward import (
     prefix_attention_mask,
     prefix_target_logprobs_fn,
 )
-from rlpure.model._sampling import SampleBatch, SampleOutput, sample_tokens, stop_string_end
+from rlpure.model._sampling import (
+    SampleBatch,
+    SampleOutput,
+    sample_tokens,
+    stop_string_end,
+    topk_tempered_logprobs,
+)
 from rlpure.model._tokenizer import BOS_ID, EOS_ID, NUM_BYTES, PAD_ID, VOCAB_SIZE, ByteTokenizer
 from rlpure.model._transformer import (
     DecodeOutput,
@@ -134,4 +141,5 @@ __all__ = [
     "target_logprobs",
     "target_logprobs_fn",
     "topk_logprobs",
+    "topk_tempered_logprobs",
 ]

@@ -56,6 +56,7 @@ from rlpure.model._transformer import (
     DecodeOutput,
     KVCache,
     Params,
+    _logits,
     decode_layers,
     decode_layers_shared_prompts,
     prefill,
@@ -68,6 +69,7 @@ __all__ = [
     "sample_tokens",
     "stop_string_end",
     "tempered_token_logprobs",
+    "topk_tempered_logprobs",
 ]
 
 
@@ -214,6 +216,32 @@ def tempered_token_logprobs(
     # The clamp only guards against exp/log approximations that could put exp(0) or log(1) an
     # ulp off; the algebra above already gives <= 0.
     return jnp.minimum(token_term_B - log_norm_B, 0.0)
+
+
+def _topk_tempered_logprobs(
+    params: Params, tokens_B_T: jax.Array, temperature_B: jax.Array, k: int, config: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
+    logits_B_T_V = _logits(params, tokens_B_T, config)
+    shifted_B_T_V = logits_B_T_V - jnp.max(logits_B_T_V, axis=-1, keepdims=True)
+    scaled_B_T_V = shifted_B_T_V / temperature_B[:, None, None]
+    log_norm_B_T = jnp.log(jnp.sum(jnp.exp(scaled_B_T_V), axis=-1))
+    values_B_T_K, ids_B_T_K = jax.lax.top_k(scaled_B_T_V, k)
+    return ids_B_T_K.astype(jnp.int32), jnp.minimum(values_B_T_K - log_norm_B_T[..., None], 0.0)
+
+
+topk_tempered_logprobs = jax.jit(_topk_tempered_logprobs, static_argnames=("k", "config"))
+topk_tempered_logprobs.__doc__ = """The `k` most likely next tokens after each position and
+their logprobs under each row's tempered distribution `log_softmax(logits / T)` (Tinker's
+top-k *sampled* logprobs, the distribution a sampled token's logprob is reported under):
+(int32 ids `[B, T, k]`, float32 logprobs `[B, T, k]`), most likely first, a tie going to the
+lower id (jitted).
+
+`topk_tempered_logprobs(params, tokens_B_T, temperature_B, k=, config=)`: `temperature_B`
+float32 `[B]`, > 0 (1 for greedy rows, whose logprobs are untempered); `k` (1 to `V`) and
+`config` static. The arithmetic is `tempered_token_logprobs`' (unfiltered by top-k/top-p,
+never above 0), so a sampled token among the `k` gets the logprob the sampler reported, to
+the rounding of a forward pass against the KV-cache decode.
+"""
 
 
 class _DecodeState(NamedTuple):

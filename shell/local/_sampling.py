@@ -45,10 +45,11 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 import msgspec
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalSamplingClient", "sampler_params", "score_sequences", "shared_prefix_plan"]
 
 _UINT32 = 1 << 32
+_Item = TypeVar("_Item")  # what a scoring chunk's rows stand for (a request, a sample's index)
 
 
 class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -112,6 +114,7 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     include_prompt_logprobs: bool
     prompt_logprobs_last_n: int | None  # score only the last N prompt tokens (earlier: NaN)
     topk_prompt_logprobs: int  # the k most likely tokens at each prompt position (0: none)
+    topk_sample_logprobs: int  # the k most likely tokens at each sampled position (0: none)
     target_ids_I_K: np.ndarray | None  # ids to score after prompt[: i + 1] (-1: none)
     target_csr: tuple[tuple[int, ...], tuple[int, ...]] | None  # their request's CSR layout
     request_index: int
@@ -294,20 +297,23 @@ class LocalSamplingClient:
         Raises:
             TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at
                 submission).
-            NotImplementedError: for top-k sample logprobs and alt tokens.
+            NotImplementedError: for `prompt_alt_tokens_k`.
 
         `topk_prompt_logprobs=k` adds the `k` most likely tokens at each prompt position with
         their logprobs (`SampleResponse.topk_prompt_logprobs`: None at position 0 and, with
         `prompt_logprobs_last_n`, before the last N), most likely first.
         `target_prompt_logprobs` (int64 ids `[len(prompt) − 1, K]`, −1 for none, dense or
         sparse CSR) adds the logprob of each id after `prompt[: i + 1]`, in the same layout.
+        `topk_sample_logprobs=k` adds to each sequence the `k` most likely tokens at each
+        sampled position with their logprobs under the request's temperature, the distribution
+        its `logprobs` are reported under (`SampledSequence.topk_logprobs`), from a forward
+        pass over prompt and completion: a sampled token among them has its reported logprob
+        to float32 rounding (about 1e-5).
         """
-        for name, value in (
-            ("topk_sample_logprobs", topk_sample_logprobs),
-            ("prompt_alt_tokens_k", prompt_alt_tokens_k),
-        ):
-            if value:
-                raise NotImplementedError(f"sample: {name} is not supported by the local backend")
+        if prompt_alt_tokens_k:
+            raise NotImplementedError(
+                "sample: prompt_alt_tokens_k is not supported by the local backend"
+            )
         request = self._make_request(
             prompt,
             num_samples,
@@ -315,6 +321,7 @@ class LocalSamplingClient:
             include_prompt_logprobs=include_prompt_logprobs,
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             topk_prompt_logprobs=topk_prompt_logprobs,
+            topk_sample_logprobs=topk_sample_logprobs,
             target_prompt_logprobs=target_prompt_logprobs,
             request_number=request_number,
         )
@@ -396,6 +403,7 @@ class LocalSamplingClient:
         include_prompt_logprobs: bool,
         prompt_logprobs_last_n: int | None = None,
         topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
         target_prompt_logprobs: types.TensorData | None = None,
         request_number: int | None = None,
     ) -> _SampleRequest:
@@ -407,6 +415,9 @@ class LocalSamplingClient:
             raise ValueError("sample.prompt_logprobs_last_n: requires include_prompt_logprobs")
         prompt_logprobs_last_n = _last_n(prompt_logprobs_last_n, int(tokens.size), "sample")
         k = _whole_number(topk_prompt_logprobs, 0, config.vocab_size, "sample.topk_prompt_logprobs")
+        k_sampled = _whole_number(
+            topk_sample_logprobs, 0, config.vocab_size, "sample.topk_sample_logprobs"
+        )
         targets = None
         if target_prompt_logprobs is not None:
             targets = _target_ids(target_prompt_logprobs, int(tokens.size), config.vocab_size)
@@ -463,6 +474,7 @@ class LocalSamplingClient:
             include_prompt_logprobs=bool(include_prompt_logprobs),
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             topk_prompt_logprobs=k,
+            topk_sample_logprobs=k_sampled,
             target_ids_I_K=None if targets is None else targets[0],
             target_csr=None if targets is None else targets[1],
             request_index=request_index,
@@ -565,6 +577,7 @@ class LocalSamplingClient:
         sequences: list[types.SampledSequence] = []
         for start in range(0, len(rows), per_chunk):
             sequences.extend(self._run_rows(rows[start : start + per_chunk]))
+        sequences = self._with_sampled_topk(rows, sequences)
         responses = []
         start = 0
         scored = iter(
@@ -587,24 +600,66 @@ class LocalSamplingClient:
             start += r.num_samples
         return responses
 
-    def _prompt_chunks(
-        self, requests: list[_SampleRequest], k_of: Callable[[_SampleRequest], int]
-    ) -> Iterator[tuple[int, list[_SampleRequest], np.ndarray]]:
-        """`requests` in chunks of one `k_of(request)` (a static shape of the call) and one
-        length bucket: `(k, chunk, inputs)`, the int32 `[rows, width]` inputs holding every
-        prompt but its last token, right-padded (rows of the training forward's memory budget)."""
-        groups: dict[tuple[int, int], list[_SampleRequest]] = {}
-        for r in requests:
-            width = length_bucket(max(int(r.prompt_T.size) - 1, 1))
-            groups.setdefault((k_of(r), width), []).append(r)
+    def _scoring_chunks(
+        self, items: list[tuple[_Item, np.ndarray]], k_of: Callable[[_Item], int]
+    ) -> Iterator[tuple[int, list[_Item], np.ndarray]]:
+        """`items` (each with its int32 tokens `[N]`, `N ≥ 2`) in chunks of one `k_of(item)` (a
+        static shape of the call) and one length bucket: `(k, chunk, inputs)`, the int32
+        `[rows, width]` inputs holding every item's tokens but the last, right-padded (rows of
+        the training forward's memory budget)."""
+        groups: dict[tuple[int, int], list[tuple[_Item, np.ndarray]]] = {}
+        for item, tokens in items:
+            width = length_bucket(max(int(tokens.size) - 1, 1))
+            groups.setdefault((k_of(item), width), []).append((item, tokens))
         for (k, width), members in groups.items():
             per_call = self._runtime.training_rows(self._config, width)
             for start in range(0, len(members), per_call):
                 chunk = members[start : start + per_call]
                 inputs = np.zeros((row_bucket(len(chunk)), width), np.int32)
-                for row, r in enumerate(chunk):
-                    inputs[row, : r.prompt_T.size - 1] = r.prompt_T[:-1]
-                yield k, chunk, inputs
+                for row, (_, tokens) in enumerate(chunk):
+                    inputs[row, : tokens.size - 1] = tokens[:-1]
+                yield k, [item for item, _ in chunk], inputs
+
+    def _prompt_chunks(
+        self, requests: list[_SampleRequest], k_of: Callable[[_SampleRequest], int]
+    ) -> Iterator[tuple[int, list[_SampleRequest], np.ndarray]]:
+        """`_scoring_chunks` of the requests' prompts."""
+        return self._scoring_chunks([(r, r.prompt_T) for r in requests], k_of)
+
+    def _with_sampled_topk(
+        self, rows: list[tuple[_SampleRequest, int]], sequences: list[types.SampledSequence]
+    ) -> list[types.SampledSequence]:
+        """`sequences` (row `j` sampled for `rows[j]`), those of requests with
+        `topk_sample_logprobs = k` carrying the `k` most likely tokens at each sampled position
+        and their logprobs under the request's temperature (`topk_logprobs_np`, `[n, k]`, row
+        `i` the distribution token `i` was drawn from): a forward pass over prompt and
+        completion (`rlpure.model.topk_tempered_logprobs`), batched by `k` and length."""
+        wanted = [j for j, (r, _) in enumerate(rows) if r.topk_sample_logprobs]
+        if not wanted:
+            return sequences
+        out = list(sequences)
+        items = [(j, np.concatenate([rows[j][0].prompt_T, sequences[j].tokens])) for j in wanted]
+        for k, chunk, inputs in self._scoring_chunks(
+            [(j, tokens.astype(np.int32)) for j, tokens in items],
+            lambda j: rows[j][0].topk_sample_logprobs,
+        ):
+            temperature_B = np.ones(inputs.shape[0], np.float32)
+            for row, j in enumerate(chunk):
+                temperature_B[row] = rows[j][0].temperature or 1.0  # greedy: untempered
+            ids_B_T_K, lp_B_T_K = (
+                np.asarray(a)
+                for a in model_lib.topk_tempered_logprobs(
+                    self._params, inputs, temperature_B, k=k, config=self._config
+                )
+            )
+            for row, j in enumerate(chunk):
+                first, n = rows[j][0].prompt_T.size - 1, len(sequences[j].tokens)
+                topk = TopkLogprobs(
+                    token_ids=ids_B_T_K[row, first : first + n].copy(),
+                    logprobs=lp_B_T_K[row, first : first + n].copy(),
+                )
+                out[j] = dataclasses.replace(sequences[j], topk_logprobs_np=topk)
+        return out
 
     def _prompt_topk_many(self, requests: list[_SampleRequest]) -> dict[int, TopkLogprobs]:
         """Each request's top-k prompt logprobs, by `id(request)`: `[N, k]` token ids and

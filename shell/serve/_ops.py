@@ -189,14 +189,10 @@ def checkpoint_base_model(directory: str, ref: CheckpointRef) -> str:
         raise BadRequest(f"no readable checkpoint at {ref.tinker_path}", 404) from err
 
 
-_UNSUPPORTED_SAMPLING = ("topk_sample_logprobs", "prompt_alt_tokens_k")
-
-
 def check_sample_request(body: types.SampleRequest) -> None:
     """Refuses what the local sampler does not compute (400 naming the option)."""
-    for name in _UNSUPPORTED_SAMPLING:
-        if getattr(body, name):
-            raise BadRequest(f"{name}: not supported by rlpure serve's local models")
+    if body.prompt_alt_tokens_k:
+        raise BadRequest("prompt_alt_tokens_k: not supported by rlpure serve's local models")
     if body.num_samples < 1:
         raise BadRequest(f"num_samples: expected >= 1, got {body.num_samples}")
     if body.prompt_logprobs_last_n is not None and not body.prompt_logprobs:
@@ -229,6 +225,7 @@ def sample(
             include_prompt_logprobs=bool(body.prompt_logprobs),
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
             topk_prompt_logprobs=body.topk_prompt_logprobs,
+            topk_sample_logprobs=body.topk_sample_logprobs,
             target_prompt_logprobs=_tensor_data(body.target_prompt_logprobs),
             request_number=body.seq_id,
         )

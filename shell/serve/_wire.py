@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
+from tinker.types.topk_logprobs import TopkLogprobs
 
 from shell.errors import RlpureError
 from shell.local._inputs import dense_from_csr
@@ -235,23 +236,27 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
         entry.tokens = np.asarray(sequence.tokens, dtype=np.int32).tobytes()
         if sequence.logprobs is not None:
             entry.logprobs = _float32(sequence.logprobs)
+        if sequence.topk_logprobs_np is not None:
+            entry.topk_sampled_logprobs.CopyFrom(_topk(sequence.topk_logprobs_np))
     if response.prompt_logprobs is not None:
         message.prompt_logprobs = _float32(response.prompt_logprobs)
     target = response.target_prompt_logprobs
     if target is not None:
         message.target_prompt_logprobs.CopyFrom(_float32_tensor(target))
-    topk = response.topk_prompt_logprobs_np
-    if topk is not None:
-        length, k = topk.token_ids.shape
-        message.topk_prompt_logprobs.CopyFrom(
-            pb.TopkLogprobs(
-                token_ids=np.ascontiguousarray(topk.token_ids, np.int32).tobytes(),
-                logprobs=np.ascontiguousarray(topk.logprobs, np.float32).tobytes(),
-                k=k,
-                length=length,
-            )
-        )
+    if response.topk_prompt_logprobs_np is not None:
+        message.topk_prompt_logprobs.CopyFrom(_topk(response.topk_prompt_logprobs_np))
     return bytes(message.SerializeToString())
+
+
+def _topk(topk: TopkLogprobs) -> pb.TopkLogprobs:
+    """Dense `[length, k]` top-k ids and logprobs as the SDK's proto `TopkLogprobs`."""
+    length, k = topk.token_ids.shape
+    return pb.TopkLogprobs(
+        token_ids=np.ascontiguousarray(topk.token_ids, np.int32).tobytes(),
+        logprobs=np.ascontiguousarray(topk.logprobs, np.float32).tobytes(),
+        k=k,
+        length=length,
+    )
 
 
 def _float32_tensor(tensor: types.TensorData) -> pb.Tensor:

@@ -384,8 +384,10 @@ def test_sampling_requests_are_validated_at_submission() -> None:
         sampler.sample(types.ModelInput.empty(), 1, SP16)
     with pytest.raises(ValueError, match="outside"):
         sampler.sample(types.ModelInput.from_ints([999]), 1, SP16)
-    with pytest.raises(NotImplementedError, match="topk_sample_logprobs"):
-        sampler.sample(_prompt("a"), 1, SP16, topk_sample_logprobs=2)
+    with pytest.raises(NotImplementedError, match="prompt_alt_tokens_k"):
+        sampler.sample(_prompt("a"), 1, SP16, prompt_alt_tokens_k=2)
+    with pytest.raises(ValueError, match="topk_sample_logprobs"):
+        sampler.sample(_prompt("a"), 1, SP16, topk_sample_logprobs=-1)
 
 
 def test_a_bad_request_fails_alone_and_never_the_tick_it_would_join() -> None:
@@ -478,6 +480,53 @@ def test_topk_prompt_logprobs_are_the_most_likely_next_tokens_and_their_logprobs
             sampler.sample(prompt, 1, SP16, topk_prompt_logprobs=bad)  # type: ignore[arg-type]
     assert doctest.testmod(local_sampling).failed == 0
     assert doctest.testmod(local_inputs).failed == 0  # dense_from_csr
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_topk_sample_logprobs_rank_the_tempered_distribution_each_token_came_from(
+    temperature: float,
+) -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    prompt = _prompt("count: 1 2")
+    params = types.SamplingParams(max_tokens=8, temperature=temperature, seed=3, stop=[])
+    k, v = 5, model_lib.VOCAB_SIZE
+    ranked = sampler.sample(prompt, 3, params, topk_sample_logprobs=k).result()
+    whole = sampler.sample(prompt, 1, params, topk_sample_logprobs=v).result()
+    plain = sampler.sample(prompt, 3, params).result()
+    assert plain.sequences[0].topk_logprobs is None
+    for seq, same in zip(ranked.sequences, plain.sequences, strict=True):
+        assert seq.tokens == same.tokens and seq.logprobs == same.logprobs  # the option only adds
+        topk, lps = seq.topk_logprobs, _lps(seq)
+        assert topk is not None and len(topk) == len(seq.tokens)
+        for i, (token, entries) in enumerate(zip(seq.tokens, topk, strict=True)):
+            assert entries is not None and len(entries) == k
+            values = [lp for _, lp in entries]
+            assert values == sorted(values, reverse=True) and values[0] <= 0
+            if token in dict(entries):  # the sampled token where it ranks: its reported logprob
+                assert abs(dict(entries)[token] - lps[i]) < 1e-4
+            if temperature == 0:
+                assert entries[0][0] == token  # greedy: the most likely token
+    # The whole vocabulary: log_softmax(untempered / T) at each position (untempered at T = 0),
+    # the untempered distribution read as prompt top-k logprobs of prompt + completion.
+    (seq,) = whole.sequences
+    assert seq.topk_logprobs is not None
+    tokens = prompt.to_ints() + seq.tokens
+    scored = sampler.sample(
+        types.ModelInput.from_ints(tokens), 1, params, topk_prompt_logprobs=v
+    ).result()
+    assert scored.topk_prompt_logprobs is not None
+    t = temperature or 1.0
+    for i, entries in enumerate(seq.topk_logprobs):
+        untempered = scored.topk_prompt_logprobs[len(prompt.to_ints()) + i]
+        assert entries is not None and untempered is not None
+        want = np.zeros(v)
+        for token, lp in untempered:
+            want[token] = lp / t
+        want -= np.log(np.exp(want - want.max()).sum()) + want.max()
+        got = np.zeros(v)
+        for token, lp in entries:
+            got[token] = lp
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_target_prompt_logprobs_score_the_ids_asked_for_dense_or_sparse() -> None:

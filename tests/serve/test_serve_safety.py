@@ -363,9 +363,9 @@ def test_unsupported_sampling_options_are_400s_naming_the_option(service: tinker
     params = types.SamplingParams(max_tokens=2)
     message = _raises(
         tinker.BadRequestError,
-        lambda: sampler.sample(PROMPT, 1, params, topk_sample_logprobs=2).result(SDK_TIMEOUT_S),
+        lambda: sampler.sample(PROMPT, 1, params, prompt_alt_tokens_k=2).result(SDK_TIMEOUT_S),
     )
-    assert "topk_sample_logprobs" in message
+    assert "prompt_alt_tokens_k" in message
     too_many = 10**6  # top-k prompt logprobs are served, for k up to the vocabulary
     message = _user_failure(  # checked where the local sampler checks its requests
         lambda: sampler.sample(PROMPT, 1, params, topk_prompt_logprobs=too_many).result(

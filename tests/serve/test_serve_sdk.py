@@ -423,6 +423,7 @@ def _probes(service: Any) -> Probes:
             params,
             include_prompt_logprobs=True,
             topk_prompt_logprobs=TOPK,
+            topk_sample_logprobs=TOPK,
             target_prompt_logprobs=types.TensorData.from_numpy(TARGET_IDS),
         ).result(),
         sampled_last=sampler.sample(
@@ -481,6 +482,15 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
             checked += 1
     assert checked > 0
     assert served.sampled_last.topk_prompt_logprobs == [None] * skipped + topk[skipped:]
+    # Top-k sampled logprobs (each sequence's proto `TopkLogprobs`), as in-process.
+    for got_seq, want_seq in zip(
+        served.sampled.sequences, reference.sampled.sequences, strict=True
+    ):
+        assert got_seq.topk_logprobs is not None and len(got_seq.topk_logprobs) == len(
+            got_seq.tokens
+        )
+        assert got_seq.topk_logprobs == want_seq.topk_logprobs
+    assert served.sampled_last.sequences[0].topk_logprobs is None
     # Target prompt logprobs (proto `Tensor`, dense or sparse as asked), as in-process.
     targeted, sparse = (p.target_prompt_logprobs for p in (served.sampled, served.sampled_last))
     assert targeted is not None and sparse is not None
