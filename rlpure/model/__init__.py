@@ -25,7 +25,8 @@ Llama / Qwen2 / Qwen3 open-weight families), LoRA, their sampler, optimiser and 
 - `_sampling`: `sample_tokens` (KV-cached decoding with stop tokens/sequences, temperature,
   top-k/top-p) and its `SampleBatch` / `SampleOutput` records; `stop_string_end`, where a
   stop string ends a completion's decoded text (host side); `topk_tempered_logprobs`, the
-  most likely next tokens under a row's sampling temperature (top-k sampled logprobs).
+  most likely next tokens under a row's sampling temperature (top-k sampled logprobs), and
+  `prompt_alt_tokens`, draws from it at each prompt position.
 - `_optimizer`: `AdamHyperparams`, `init_optimizer_state`, `apply_adam_update` (clipped AdamW)
   and its `AdamUpdate` result.
 - `_tokenizer`: `ByteTokenizer` (256 bytes + BOS/EOS/PAD) and its special ids.
@@ -69,6 +70,7 @@ from rlpure.model._prefix_forward import (
 from rlpure.model._sampling import (
     SampleBatch,
     SampleOutput,
+    prompt_alt_tokens,
     sample_tokens,
     stop_string_end,
     topk_tempered_logprobs,
@@ -134,6 +136,7 @@ __all__ = [
     "prefill_shared_prefix",
     "prefix_attention_mask",
     "prefix_target_logprobs_fn",
+    "prompt_alt_tokens",
     "rope_inv_freq",
     "sample_tokens",
     "stop_string_end",

@@ -66,6 +66,7 @@ from rlpure.model._transformer import (
 __all__ = [
     "SampleBatch",
     "SampleOutput",
+    "prompt_alt_tokens",
     "sample_tokens",
     "stop_string_end",
     "tempered_token_logprobs",
@@ -241,6 +242,51 @@ float32 `[B]`, > 0 (1 for greedy rows, whose logprobs are untempered); `k` (1 to
 `config` static. The arithmetic is `tempered_token_logprobs`' (unfiltered by top-k/top-p,
 never above 0), so a sampled token among the `k` gets the logprob the sampler reported, to
 the rounding of a forward pass against the KV-cache decode.
+"""
+
+
+def _prompt_alt_tokens(
+    params: Params,
+    tokens_B_T: jax.Array,
+    temperature_B: jax.Array,
+    key_material_B_K: jax.Array,
+    k: int,
+    config: ModelConfig,
+) -> tuple[jax.Array, jax.Array]:
+    logits_B_T_V = _logits(params, tokens_B_T, config)
+    greedy_B = temperature_B <= 0
+    shifted_B_T_V = logits_B_T_V - jnp.max(logits_B_T_V, axis=-1, keepdims=True)
+    scaled_B_T_V = shifted_B_T_V / jnp.where(greedy_B, 1.0, temperature_B)[:, None, None]
+    log_norm_B_T = jnp.log(jnp.sum(jnp.exp(scaled_B_T_V), axis=-1))
+    keys_B = _row_keys(jnp.asarray(key_material_B_K, jnp.uint32))
+    shape_T_V = scaled_B_T_V.shape[1:]
+
+    def draw(j: jax.Array) -> jax.Array:
+        noise_B_T_V = jax.vmap(
+            lambda key: jax.random.gumbel(jax.random.fold_in(key, j), shape_T_V)
+        )(keys_B)
+        noisy_B_T_V = jnp.where(greedy_B[:, None, None], 0.0, noise_B_T_V) + scaled_B_T_V
+        return jnp.argmax(noisy_B_T_V, axis=-1).astype(jnp.int32)
+
+    ids_B_T_K = jnp.moveaxis(jax.lax.map(draw, jnp.arange(k, dtype=jnp.uint32)), 0, -1)
+    picked_B_T_K = jnp.take_along_axis(scaled_B_T_V, ids_B_T_K, axis=-1)
+    return ids_B_T_K, jnp.minimum(picked_B_T_K - log_norm_B_T[..., None], 0.0)
+
+
+prompt_alt_tokens = jax.jit(_prompt_alt_tokens, static_argnames=("k", "config"))
+prompt_alt_tokens.__doc__ = """`k` independent draws, with replacement, from the next-token
+distribution after each position at each row's temperature, and their tempered logprobs
+(Tinker's `prompt_alt_tokens_k`: alternatives to each prompt token): (int32 ids `[B, T, k]`,
+float32 logprobs `[B, T, k]`) (jitted).
+
+`prompt_alt_tokens(params, tokens_B_T, temperature_B, key_material_B_K, k=, config=)`:
+`temperature_B` float32 `[B]` (0: greedy, every draw the most likely token, logprobs
+untempered); `key_material_B_K` uint32 `[B, K]` each row's key material (its key as
+`SampleBatch`'s, `_row_keys`). Draw `j` at position `t` is the Gumbel-max of the tempered
+logits with `jax.random.gumbel(fold_in(key, j), (T, V))[t]`: with JAX's partitionable
+threefry an element's noise depends on its flat index alone, so padding `T` changes no draw.
+Unfiltered by top-k/top-p; the logprobs are `tempered_token_logprobs`' (never above 0).
+`k` and `config` are static.
 """
 
 

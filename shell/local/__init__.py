@@ -113,8 +113,7 @@ Semantics and decisions:
 - Custom losses run in this process, as the SDK runs them client-side
   (`forward_backward_custom`, `create_custom_loss`; `_custom_loss`), with torch.
 - Not supported (raise `NotImplementedError`): losses uploaded to a server
-  (`loss_fn="custom"`), `prompt_alt_tokens_k`,
-  non-Adam optimizers, multimodal chunks.
+  (`loss_fn="custom"`), non-Adam optimizers, multimodal chunks.
 
 Layout (this module is the public entry point; import the clients from here, the private
 modules are its parts):

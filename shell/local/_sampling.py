@@ -90,6 +90,12 @@ if TYPE_CHECKING:
 __all__ = ["LocalSamplingClient", "sampler_params", "score_sequences", "shared_prefix_plan"]
 
 _UINT32 = 1 << 32
+# The last key word of a request's prompt alt-token draws, where its samples have their index
+# (0, 1, …): no request has 2^32 − 1 samples, so the draws never reuse a sample's stream.
+_ALT_TOKENS_TAG = _UINT32 - 1
+MOST_ALT_TOKENS = 4096
+"""Most `prompt_alt_tokens_k` draws a position (with replacement, so more than the vocabulary
+is meaningful; each costs a pass over the prompt's `[T, V]` logits)."""
 _Item = TypeVar("_Item")  # what a scoring chunk's rows stand for (a request, a sample's index)
 
 
@@ -115,6 +121,8 @@ class _SampleRequest(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     prompt_logprobs_last_n: int | None  # score only the last N prompt tokens (earlier: NaN)
     topk_prompt_logprobs: int  # the k most likely tokens at each prompt position (0: none)
     topk_sample_logprobs: int  # the k most likely tokens at each sampled position (0: none)
+    prompt_alt_tokens_k: int  # draws at each prompt position (0: none)
+    alt_key_material_K: np.ndarray  # uint32 key words of those draws
     target_ids_I_K: np.ndarray | None  # ids to score after prompt[: i + 1] (-1: none)
     target_csr: tuple[tuple[int, ...], tuple[int, ...]] | None  # their request's CSR layout
     request_index: int
@@ -297,7 +305,6 @@ class LocalSamplingClient:
         Raises:
             TypeError, ValueError: bad prompt, count or sampling parameters (raised here, at
                 submission).
-            NotImplementedError: for `prompt_alt_tokens_k`.
 
         `topk_prompt_logprobs=k` adds the `k` most likely tokens at each prompt position with
         their logprobs (`SampleResponse.topk_prompt_logprobs`: None at position 0 and, with
@@ -308,12 +315,12 @@ class LocalSamplingClient:
         sampled position with their logprobs under the request's temperature, the distribution
         its `logprobs` are reported under (`SampledSequence.topk_logprobs`), from a forward
         pass over prompt and completion: a sampled token among them has its reported logprob
-        to float32 rounding (about 1e-5).
+        to float32 rounding (about 1e-5). `prompt_alt_tokens_k=k` adds `k` independent
+        draws at the request's temperature (greedy at 0) after each `prompt[: i + 1]`, with
+        their tempered logprobs (`SampleResponse.prompt_alt_tokens`, `[len(prompt) − 1, k]`),
+        reproducible with `SamplingParams.seed` and drawn from a stream of their own (the
+        samples are what they would be without them).
         """
-        if prompt_alt_tokens_k:
-            raise NotImplementedError(
-                "sample: prompt_alt_tokens_k is not supported by the local backend"
-            )
         request = self._make_request(
             prompt,
             num_samples,
@@ -323,6 +330,7 @@ class LocalSamplingClient:
             topk_prompt_logprobs=topk_prompt_logprobs,
             topk_sample_logprobs=topk_sample_logprobs,
             target_prompt_logprobs=target_prompt_logprobs,
+            prompt_alt_tokens_k=prompt_alt_tokens_k,
             request_number=request_number,
         )
         return self._samples.submit(request)
@@ -405,6 +413,7 @@ class LocalSamplingClient:
         topk_prompt_logprobs: int = 0,
         topk_sample_logprobs: int = 0,
         target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
         request_number: int | None = None,
     ) -> _SampleRequest:
         config = self._config
@@ -418,6 +427,7 @@ class LocalSamplingClient:
         k_sampled = _whole_number(
             topk_sample_logprobs, 0, config.vocab_size, "sample.topk_sample_logprobs"
         )
+        k_alt = _whole_number(prompt_alt_tokens_k, 0, MOST_ALT_TOKENS, "sample.prompt_alt_tokens_k")
         targets = None
         if target_prompt_logprobs is not None:
             targets = _target_ids(target_prompt_logprobs, int(tokens.size), config.vocab_size)
@@ -475,6 +485,10 @@ class LocalSamplingClient:
             prompt_logprobs_last_n=prompt_logprobs_last_n,
             topk_prompt_logprobs=k,
             topk_sample_logprobs=k_sampled,
+            prompt_alt_tokens_k=k_alt,
+            alt_key_material_K=np.array(
+                [m % _UINT32 for m in (*material, _ALT_TOKENS_TAG)], np.uint32
+            ),
             target_ids_I_K=None if targets is None else targets[0],
             target_csr=None if targets is None else targets[1],
             request_index=request_index,
@@ -585,6 +599,7 @@ class LocalSamplingClient:
         )
         topk = self._prompt_topk_many([r for r in requests if r.topk_prompt_logprobs])
         targeted = self._target_logprobs_many([r for r in requests if r.target_ids_I_K is not None])
+        alternatives = self._prompt_alt_tokens_many([r for r in requests if r.prompt_alt_tokens_k])
         for r in requests:
             prompt_lp = next(scored) if r.include_prompt_logprobs else None
             if prompt_lp is not None and r.prompt_logprobs_last_n is not None:
@@ -595,6 +610,7 @@ class LocalSamplingClient:
                     prompt_logprobs_np=prompt_lp,
                     topk_prompt_logprobs_np=topk.get(id(r)),
                     target_prompt_logprobs=targeted.get(id(r)),
+                    prompt_alt_tokens=alternatives.get(id(r)),
                 )
             )
             start += r.num_samples
@@ -680,6 +696,38 @@ class LocalSamplingClient:
                 ids[first:] = ids_B_T_K[row, first - 1 : n - 1]
                 lps[first:] = lp_B_T_K[row, first - 1 : n - 1]
                 out[id(r)] = TopkLogprobs(token_ids=ids, logprobs=lps)
+        return out
+
+    def _prompt_alt_tokens_many(
+        self, requests: list[_SampleRequest]
+    ) -> dict[int, types.PromptAltTokens]:
+        """Each request's `prompt_alt_tokens`, by `id(request)`: `k` draws at its temperature
+        after each `prompt[: i + 1]` (int64 ids and float32 tempered logprobs, `[N − 1, k]`;
+        `rlpure.model.prompt_alt_tokens`), keyed by the request's own key words; requests of
+        one `k` and length bucket run as rows of one call."""
+        out: dict[int, types.PromptAltTokens] = {}
+        for r in requests:  # a one-token prompt has no position to draw at
+            if r.prompt_T.size < 2:
+                out[id(r)] = _alt_tokens(
+                    np.zeros((0, r.prompt_alt_tokens_k)), np.zeros((0, r.prompt_alt_tokens_k))
+                )
+        chunks = self._prompt_chunks(
+            [r for r in requests if r.prompt_T.size >= 2], lambda r: r.prompt_alt_tokens_k
+        )
+        for k, chunk, inputs in chunks:
+            temperature_B = np.zeros(inputs.shape[0], np.float32)
+            material_B_K = np.zeros((inputs.shape[0], chunk[0].alt_key_material_K.size), np.uint32)
+            for row, r in enumerate(chunk):
+                temperature_B[row], material_B_K[row] = r.temperature, r.alt_key_material_K
+            ids_B_T_K, lp_B_T_K = (
+                np.asarray(a)
+                for a in model_lib.prompt_alt_tokens(
+                    self._params, inputs, temperature_B, material_B_K, k=k, config=self._config
+                )
+            )
+            for row, r in enumerate(chunk):
+                n = r.prompt_T.size - 1
+                out[id(r)] = _alt_tokens(ids_B_T_K[row, :n], lp_B_T_K[row, :n])
         return out
 
     def _target_logprobs_many(self, requests: list[_SampleRequest]) -> dict[int, types.TensorData]:
@@ -797,6 +845,14 @@ def score_sequences(
             for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
                 out[d] = lp_X_D_T[x, row, :n].copy()
     return out
+
+
+def _alt_tokens(ids_I_K: np.ndarray, lp_I_K: np.ndarray) -> types.PromptAltTokens:
+    """The SDK's `PromptAltTokens` of int ids and float logprobs `[N − 1, k]`."""
+    return types.PromptAltTokens(
+        tokens=types.TensorData.from_numpy(ids_I_K.astype(np.int64)),
+        logprobs=types.TensorData.from_numpy(lp_I_K.astype(np.float32)),
+    )
 
 
 def _sample_batch(

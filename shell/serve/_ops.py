@@ -190,9 +190,7 @@ def checkpoint_base_model(directory: str, ref: CheckpointRef) -> str:
 
 
 def check_sample_request(body: types.SampleRequest) -> None:
-    """Refuses what the local sampler does not compute (400 naming the option)."""
-    if body.prompt_alt_tokens_k:
-        raise BadRequest("prompt_alt_tokens_k: not supported by rlpure serve's local models")
+    """Refuses a malformed request (400 naming the option)."""
     if body.num_samples < 1:
         raise BadRequest(f"num_samples: expected >= 1, got {body.num_samples}")
     if body.prompt_logprobs_last_n is not None and not body.prompt_logprobs:
@@ -226,6 +224,7 @@ def sample(
             prompt_logprobs_last_n=body.prompt_logprobs_last_n,
             topk_prompt_logprobs=body.topk_prompt_logprobs,
             topk_sample_logprobs=body.topk_sample_logprobs,
+            prompt_alt_tokens_k=body.prompt_alt_tokens_k,
             target_prompt_logprobs=_tensor_data(body.target_prompt_logprobs),
             request_number=body.seq_id,
         )

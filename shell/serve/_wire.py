@@ -15,7 +15,8 @@ Conventions:
   as they are (`name:reduction` keys); `prompt_logprobs` of a sample response is float32 with
   NaN where the SDK expects `None`, `topk_prompt_logprobs` its `TopkLogprobs` matrices
   (the SDK's empty rows, id 0 and logprob −99999, where it expects `None`) and
-  `target_prompt_logprobs` a float32 `Tensor`, dense or sparse CSR as the request was.
+  `target_prompt_logprobs` a float32 `Tensor`, dense or sparse CSR as the request was, and
+  `prompt_alt_tokens` two dense `Tensor`s (int64 ids, float32 logprobs).
 """
 
 from __future__ import annotations
@@ -245,7 +246,21 @@ def encode_sample_response(response: types.SampleResponse) -> bytes:
         message.target_prompt_logprobs.CopyFrom(_float32_tensor(target))
     if response.topk_prompt_logprobs_np is not None:
         message.topk_prompt_logprobs.CopyFrom(_topk(response.topk_prompt_logprobs_np))
+    alternatives = response.prompt_alt_tokens
+    if alternatives is not None:
+        message.prompt_alt_tokens.CopyFrom(
+            pb.PromptAltTokens(
+                tokens=_dense_tensor(alternatives.tokens.to_numpy().astype(np.int64)),
+                logprobs=_dense_tensor(alternatives.logprobs.to_numpy().astype(np.float32)),
+            )
+        )
     return bytes(message.SerializeToString())
+
+
+def _dense_tensor(array: np.ndarray) -> pb.Tensor:
+    """An int64 or float32 array as a dense proto `Tensor`."""
+    dtype = pb.DTYPE_INT64 if array.dtype == np.int64 else pb.DTYPE_FLOAT32
+    return pb.Tensor(dtype=dtype, shape=list(array.shape), dense=array.tobytes())
 
 
 def _topk(topk: TopkLogprobs) -> pb.TopkLogprobs:

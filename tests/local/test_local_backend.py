@@ -384,10 +384,9 @@ def test_sampling_requests_are_validated_at_submission() -> None:
         sampler.sample(types.ModelInput.empty(), 1, SP16)
     with pytest.raises(ValueError, match="outside"):
         sampler.sample(types.ModelInput.from_ints([999]), 1, SP16)
-    with pytest.raises(NotImplementedError, match="prompt_alt_tokens_k"):
-        sampler.sample(_prompt("a"), 1, SP16, prompt_alt_tokens_k=2)
-    with pytest.raises(ValueError, match="topk_sample_logprobs"):
-        sampler.sample(_prompt("a"), 1, SP16, topk_sample_logprobs=-1)
+    for option in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+        with pytest.raises(ValueError, match=rf"sample\.{option}: expected a whole"):
+            sampler.sample(_prompt("a"), 1, SP16, **{option: -1})
 
 
 def test_a_bad_request_fails_alone_and_never_the_tick_it_would_join() -> None:
@@ -527,6 +526,57 @@ def test_topk_sample_logprobs_rank_the_tempered_distribution_each_token_came_fro
         for token, lp in entries:
             got[token] = lp
         np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def _tempered_rows(sampler: Any, tokens: list[int], temperature: float) -> np.ndarray:
+    """float64 `[len(tokens) − 1, V]`: log_softmax(untempered / T) after each `tokens[: i + 1]`
+    (untempered at T = 0), read from the whole-vocabulary top-k prompt logprobs."""
+    v = model_lib.VOCAB_SIZE
+    params = types.SamplingParams(max_tokens=1, seed=0)
+    scored = sampler.sample(
+        types.ModelInput.from_ints(tokens), 1, params, topk_prompt_logprobs=v
+    ).result()
+    rows = np.zeros((len(tokens) - 1, v))
+    for i, entries in enumerate(scored.topk_prompt_logprobs[1:]):
+        for token, lp in entries:
+            rows[i, token] = lp / (temperature or 1.0)
+    return rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
+def test_prompt_alt_tokens_are_seeded_draws_from_each_prompt_position(temperature: float) -> None:
+    sampler = _trainer().save_weights_and_get_sampling_client().result()
+    prompt = _prompt("count: 1 2 3")
+    tokens, k = prompt.to_ints(), 2048
+    params = types.SamplingParams(max_tokens=4, temperature=temperature, seed=11, stop=[])
+    drawn = sampler.sample(prompt, 2, params, prompt_alt_tokens_k=k).result()
+    plain = sampler.sample(prompt, 2, params).result()
+    assert plain.prompt_alt_tokens is None
+    for a, b in zip(drawn.sequences, plain.sequences, strict=True):  # a stream of their own
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    alt = drawn.prompt_alt_tokens
+    assert alt is not None
+    ids, lps = alt.tokens.to_numpy(), alt.logprobs.to_numpy()
+    assert ids.shape == lps.shape == (len(tokens) - 1, k) and ids.dtype == np.int64
+    again = sampler.sample(prompt, 1, params, prompt_alt_tokens_k=k).result().prompt_alt_tokens
+    assert again is not None and np.array_equal(again.tokens.to_numpy(), ids)  # seeded
+    rows = _tempered_rows(sampler, tokens, temperature)
+    np.testing.assert_allclose(lps, np.take_along_axis(rows, ids, axis=1), atol=1e-4)
+    if temperature == 0:  # greedy: every draw the most likely token
+        assert np.array_equal(ids, np.broadcast_to(rows.argmax(axis=1)[:, None], ids.shape))
+        return
+    other = types.SamplingParams(max_tokens=4, temperature=temperature, seed=12, stop=[])
+    reseeded = sampler.sample(prompt, 1, other, prompt_alt_tokens_k=k).result().prompt_alt_tokens
+    assert reseeded is not None and not np.array_equal(reseeded.tokens.to_numpy(), ids)
+    # Drawn from p: the draws' mean logprob is −H(p) within four standard errors (uniform
+    # draws, or draws at another temperature, land far outside).
+    p = np.exp(rows)
+    mean, spread = (
+        (p * rows).sum(axis=1),
+        np.sqrt((p * rows**2).sum(axis=1) - (p * rows).sum(axis=1) ** 2),
+    )
+    z = (lps.mean(axis=1) - mean) / (spread / np.sqrt(k))
+    assert np.all(np.abs(z) < 4), z
 
 
 def test_target_prompt_logprobs_score_the_ids_asked_for_dense_or_sparse() -> None:

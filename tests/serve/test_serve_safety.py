@@ -358,21 +358,19 @@ def test_a_refused_training_request_keeps_the_clients_later_requests_in_order(
     assert step.result(30) is not None
 
 
-def test_unsupported_sampling_options_are_400s_naming_the_option(service: tinker.ServiceClient):
+def test_out_of_range_sampling_options_are_failures_naming_the_option(
+    service: tinker.ServiceClient,
+):
     sampler = service.create_sampling_client(base_model=MODEL).result(SDK_TIMEOUT_S)
     params = types.SamplingParams(max_tokens=2)
-    message = _raises(
-        tinker.BadRequestError,
-        lambda: sampler.sample(PROMPT, 1, params, prompt_alt_tokens_k=2).result(SDK_TIMEOUT_S),
-    )
-    assert "prompt_alt_tokens_k" in message
-    too_many = 10**6  # top-k prompt logprobs are served, for k up to the vocabulary
-    message = _user_failure(  # checked where the local sampler checks its requests
-        lambda: sampler.sample(PROMPT, 1, params, topk_prompt_logprobs=too_many).result(
-            SDK_TIMEOUT_S
+    too_many = 10**6  # each is served for k up to the vocabulary
+    for option in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        message = _user_failure(  # checked where the local sampler checks its requests
+            lambda option=option: sampler.sample(PROMPT, 1, params, **{option: too_many}).result(
+                SDK_TIMEOUT_S
+            )
         )
-    )
-    assert "topk_prompt_logprobs" in message and str(too_many) in message
+        assert option in message and str(too_many) in message
 
 
 def test_an_unknown_sampling_session_is_404(service: tinker.ServiceClient):

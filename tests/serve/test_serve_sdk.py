@@ -425,6 +425,7 @@ def _probes(service: Any) -> Probes:
             topk_prompt_logprobs=TOPK,
             topk_sample_logprobs=TOPK,
             target_prompt_logprobs=types.TensorData.from_numpy(TARGET_IDS),
+            prompt_alt_tokens_k=TOPK,
         ).result(),
         sampled_last=sampler.sample(
             prompt,
@@ -491,6 +492,14 @@ def test_forward_logprobs_and_unseeded_samples_match_in_process(
         )
         assert got_seq.topk_logprobs == want_seq.topk_logprobs
     assert served.sampled_last.sequences[0].topk_logprobs is None
+    # Prompt alt tokens (proto `PromptAltTokens`): the same seeded draws as in-process.
+    alt, want_alt = served.sampled.prompt_alt_tokens, reference.sampled.prompt_alt_tokens
+    assert (
+        alt is not None and want_alt is not None and served.sampled_last.prompt_alt_tokens is None
+    )
+    assert alt.tokens.to_numpy().shape == (len(PROBE) - 1, TOPK)
+    assert _tensor_parts(alt.tokens) == _tensor_parts(want_alt.tokens)
+    assert _tensor_parts(alt.logprobs) == _tensor_parts(want_alt.logprobs)
     # Target prompt logprobs (proto `Tensor`, dense or sparse as asked), as in-process.
     targeted, sparse = (p.target_prompt_logprobs for p in (served.sampled, served.sampled_last))
     assert targeted is not None and sparse is not None
