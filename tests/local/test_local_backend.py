@@ -385,8 +385,9 @@ def test_sampling_requests_are_validated_at_submission() -> None:
     with pytest.raises(ValueError, match="outside"):
         sampler.sample(types.ModelInput.from_ints([999]), 1, SP16)
     for option in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+        negative: dict[str, Any] = {option: -1}
         with pytest.raises(ValueError, match=rf"sample\.{option}: expected a whole"):
-            sampler.sample(_prompt("a"), 1, SP16, **{option: -1})
+            sampler.sample(_prompt("a"), 1, SP16, **negative)
 
 
 def test_a_bad_request_fails_alone_and_never_the_tick_it_would_join() -> None:

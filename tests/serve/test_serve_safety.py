@@ -363,10 +363,11 @@ def test_out_of_range_sampling_options_are_failures_naming_the_option(
 ):
     sampler = service.create_sampling_client(base_model=MODEL).result(SDK_TIMEOUT_S)
     params = types.SamplingParams(max_tokens=2)
-    too_many = 10**6  # each is served for k up to the vocabulary
+    too_many = 10**6  # past what each serves (the vocabulary, or 4,096 draws)
     for option in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        options: dict[str, Any] = {option: too_many}
         message = _user_failure(  # checked where the local sampler checks its requests
-            lambda option=option: sampler.sample(PROMPT, 1, params, **{option: too_many}).result(
+            lambda options=options: sampler.sample(PROMPT, 1, params, **options).result(
                 SDK_TIMEOUT_S
             )
         )
