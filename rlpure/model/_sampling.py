@@ -257,18 +257,19 @@ def _prompt_alt_tokens(
     greedy_B = temperature_B <= 0
     shifted_B_T_V = logits_B_T_V - jnp.max(logits_B_T_V, axis=-1, keepdims=True)
     scaled_B_T_V = shifted_B_T_V / jnp.where(greedy_B, 1.0, temperature_B)[:, None, None]
-    log_norm_B_T = jnp.log(jnp.sum(jnp.exp(scaled_B_T_V), axis=-1))
+    mass_B_T_V = jnp.exp(scaled_B_T_V)
+    log_norm_B_T = jnp.log(jnp.sum(mass_B_T_V, axis=-1))
+    cdf_B_T_V = jnp.cumsum(mass_B_T_V, axis=-1)
     keys_B = _row_keys(jnp.asarray(key_material_B_K, jnp.uint32))
-    shape_T_V = scaled_B_T_V.shape[1:]
-
-    def draw(j: jax.Array) -> jax.Array:
-        noise_B_T_V = jax.vmap(
-            lambda key: jax.random.gumbel(jax.random.fold_in(key, j), shape_T_V)
-        )(keys_B)
-        noisy_B_T_V = jnp.where(greedy_B[:, None, None], 0.0, noise_B_T_V) + scaled_B_T_V
-        return jnp.argmax(noisy_B_T_V, axis=-1).astype(jnp.int32)
-
-    ids_B_T_K = jnp.moveaxis(jax.lax.map(draw, jnp.arange(k, dtype=jnp.uint32)), 0, -1)
+    n_t = tokens_B_T.shape[1]
+    u_B_T_K = jax.vmap(lambda key: jax.random.uniform(key, (n_t, k)))(keys_B)
+    # the first token whose cumulative mass exceeds u · total: inverse-CDF sampling
+    search = jax.vmap(jax.vmap(partial(jnp.searchsorted, side="right")))
+    drawn_B_T_K = search(cdf_B_T_V, u_B_T_K * cdf_B_T_V[..., -1:])
+    drawn_B_T_K = jnp.minimum(drawn_B_T_K, cdf_B_T_V.shape[-1] - 1)
+    argmax_B_T = jnp.argmax(scaled_B_T_V, axis=-1)
+    ids_B_T_K = jnp.where(greedy_B[:, None, None], argmax_B_T[..., None], drawn_B_T_K)
+    ids_B_T_K = ids_B_T_K.astype(jnp.int32)
     picked_B_T_K = jnp.take_along_axis(scaled_B_T_V, ids_B_T_K, axis=-1)
     return ids_B_T_K, jnp.minimum(picked_B_T_K - log_norm_B_T[..., None], 0.0)
 
@@ -282,9 +283,11 @@ float32 logprobs `[B, T, k]`) (jitted).
 `prompt_alt_tokens(params, tokens_B_T, temperature_B, key_material_B_K, k=, config=)`:
 `temperature_B` float32 `[B]` (0: greedy, every draw the most likely token, logprobs
 untempered); `key_material_B_K` uint32 `[B, K]` each row's key material (its key as
-`SampleBatch`'s, `_row_keys`). Draw `j` at position `t` is the Gumbel-max of the tempered
-logits with `jax.random.gumbel(fold_in(key, j), (T, V))[t]`: with JAX's partitionable
-threefry an element's noise depends on its flat index alone, so padding `T` changes no draw.
+`SampleBatch`'s, `_row_keys`). Draws are inverse-CDF: draw `j` at position `t` is the first
+token whose cumulative tempered mass (float32, in id order) exceeds `u · total` for
+`u = jax.random.uniform(key, (T, k))[t, j]`, so the cost is one pass over the logits plus a
+binary search a draw, not a pass over the vocabulary a draw; with JAX's partitionable
+threefry an element's bits depend on its flat index alone, so padding `T` changes no draw.
 Unfiltered by top-k/top-p; the logprobs are `tempered_token_logprobs`' (never above 0).
 `k` and `config` are static.
 """

@@ -20,6 +20,7 @@ need it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,10 +66,9 @@ def forward_data(data: Sequence[types.Datum]) -> list[types.Datum]:
         if target_tokens is None:
             raise ValueError("target_tokens must be provided when using cross_entropy")
         weights = datum.loss_fn_inputs.get("weights")
-        if weights is None:
-            weights = types.TensorData(
-                data=[0.0] * len(target_tokens.data), dtype="float32", shape=target_tokens.shape
-            )
+        if weights is None:  # zeros of the targets' dense shape (they may come sparse)
+            shape = target_tokens.shape or [len(target_tokens.data)]
+            weights = types.TensorData(data=[0.0] * math.prod(shape), dtype="float32", shape=shape)
         out.append(_with_inputs(datum, {"target_tokens": target_tokens, "weights": weights}))
     return out
 

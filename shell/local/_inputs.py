@@ -19,9 +19,9 @@ Conventions:
   (`prefix_key_weight`; `shell.local._training`). Tinker's shifted alignment is
   kept: input position `i` predicts `loss_fn_inputs["target_tokens"][i]`, and every
   `loss_fn_inputs` tensor is 1-D with the length of its `model_input`, but `cross_entropy`'s
-  `target_tokens` and `weights`, which may be `(N, K)`: `K` targets a position, one `K` a
-  call (top-K distillation; they pack to `[D, T, K]`). Sparse tensors are densified (0 where
-  unlisted). Datums are right-padded
+  `target_tokens` and `weights`, which may be `(N, K)`: `K` targets a position (top-K
+  distillation; a call's datums may mix `K`s and `(N,)`, packed to `[D, T, K_max]`, the
+  padding weighted 0). Sparse tensors are densified (0 where unlisted). Datums are right-padded
   to `[D, T]`: `D` a power of two (two sizes per doubling on the grouped route: 3, 6, 12, …),
   `T` a `length_bucket` (16, then two sizes per doubling), so
   that training compiles a handful of times; `valid_D_T` is 1.0 on real positions and 0.0 on
@@ -125,7 +125,8 @@ def dense_from_csr(
     `values`' dtype, `fill` where nothing is listed (Tinker's `TensorData` sparse layout).
 
     Raises:
-        ValueError: `shape` is not 2-D, or the indices do not describe it (naming `where`).
+        ValueError: `shape` is not 2-D, or the indices do not describe it (a row's columns
+            not increasing included; naming `where`).
 
     Examples:
         >>> dense_from_csr(np.array([5, 7]), np.array([0, 1, 1, 2]), np.array([1, 0]), [3, 2],
@@ -142,8 +143,11 @@ def dense_from_csr(
         or (col.size and (col.min() < 0 or col.max() >= cols))
     ):
         raise ValueError(f"{where}: inconsistent sparse CSR indices for shape {list(shape)}")
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    if np.any((np.diff(col) <= 0) & (np.diff(row_of) == 0)):  # as torch's invariants check
+        raise ValueError(f"{where}: sparse CSR column indices must increase within each row")
     dense = np.full((rows, cols), fill, dtype=values.dtype)
-    dense[np.repeat(np.arange(rows), np.diff(crow)), col] = values
+    dense[row_of, col] = values
     return dense
 
 
@@ -161,15 +165,27 @@ class CheckedData(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """Validated `tinker.Datum`s, still ragged (host-side numpy).
 
     `tokens_D[d]` is datum `d`'s int64 `[N_d]` model input and `inputs_D[d]` its
-    `loss_fn_inputs` arrays, each `[N_d]` (`target_tokens` int64, the others float), those of
-    the loss's `top_k_inputs` `[N_d, top_k]` when `top_k` is not 0 (`cross_entropy`'s top-K
-    distillation targets); every datum has the same `keys`.
+    `loss_fn_inputs` arrays, each `[N_d]` (`target_tokens` int64, the others float) but
+    `cross_entropy`'s top-K distillation inputs, which may be `[N_d, K_d]`; every datum has the
+    same `keys`. `top_k` is the largest `K_d` (0: every datum `[N_d]`): the `top_k_keys`
+    pack to `[D, T, top_k]`, a datum's `K_d` columns first (an `[N_d]` one in column 0), the
+    rest zeros (weight 0: no loss, no gradient).
     """
 
     tokens_D: tuple[np.ndarray, ...]
     inputs_D: tuple[dict[str, np.ndarray], ...]
     keys: tuple[str, ...]
     top_k: int = 0
+    top_k_keys: tuple[str, ...] = ()
+
+    def unpadded(self, d: int, values_T: np.ndarray) -> np.ndarray:
+        """Datum `d`'s row of a packed `[T]` or `[T, top_k]` output, cut to its own `[N_d]`
+        or `[N_d, K_d]` (the shape of its `target_tokens`)."""
+        shape = self.inputs_D[d]["target_tokens"].shape if self.top_k else self.tokens_D[d].shape
+        out = values_T[: shape[0]]
+        if self.top_k:
+            out = out[:, : shape[1]] if len(shape) == 2 else out[:, 0]
+        return out
 
     @property
     def length_D(self) -> np.ndarray:
@@ -244,7 +260,7 @@ def check_data(
     tokens_D: list[np.ndarray] = []
     inputs_D: list[dict[str, np.ndarray]] = []
     keys: frozenset[str] | None = None
-    top_k: int | None = None
+    top_k = 0
     for d, datum in enumerate(data):
         where = f"Datum[{d}]"
         if not isinstance(datum, types.Datum):
@@ -262,14 +278,7 @@ def check_data(
             key: _loss_input(key, tensor, tokens, spec, config, f"{where}.loss_fn_inputs[{key!r}]")
             for key, tensor in datum.loss_fn_inputs.items()
         }
-        k = _targets_per_position(arrays, spec, where)
-        if top_k is None:
-            top_k = k
-        elif k != top_k:
-            raise ValueError(
-                f"{where}.loss_fn_inputs['target_tokens']: {_k_text(k)} but Datum[0] has "
-                f"{_k_text(top_k)}; one call takes one K"
-            )
+        top_k = max(top_k, _targets_per_position(arrays, spec, where))
         if keys is None:
             keys = frozenset(arrays)
         elif frozenset(arrays) != keys:
@@ -287,7 +296,8 @@ def check_data(
         tokens_D=tuple(tokens_D),
         inputs_D=tuple(inputs_D),
         keys=tuple(sorted(keys)),
-        top_k=top_k or 0,
+        top_k=top_k,
+        top_k_keys=tuple(key for key in spec.top_k_inputs if key in keys) if top_k else (),
     )
 
 
@@ -358,10 +368,6 @@ def _targets_per_position(arrays: dict[str, np.ndarray], spec: LossSpec, where: 
     return shape[1] if len(shape) == 2 else 0
 
 
-def _k_text(k: int) -> str:
-    return f"(N, {k}) targets" if k else "(N,) targets"
-
-
 def plan_chunks(length_D: np.ndarray, *, rows_for_width: Callable[[int], int]) -> list[TrainChunk]:
     """Splits datums of `length_D` into jitted training calls, longest datums first.
 
@@ -422,9 +428,10 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
     valid_D_T = np.zeros((n_d, n_t), np.float32)
     inputs = {
         key: np.zeros(
-            (n_d, n_t, *(arr.shape[1:])), np.int32 if key == "target_tokens" else np.float32
+            (n_d, n_t, checked.top_k) if key in checked.top_k_keys else (n_d, n_t),
+            np.int32 if key == "target_tokens" else np.float32,
         )
-        for key, arr in checked.inputs_D[chunk.index_D[0]].items()
+        for key in checked.keys
     }
     length_D = np.zeros(len(chunk.index_D), np.int64)
     for row, d in enumerate(chunk.index_D):
@@ -434,7 +441,10 @@ def pack_rows(checked: CheckedData, chunk: TrainChunk) -> PackedData:
         input_D_T[row, :n] = tokens
         valid_D_T[row, :n] = 1.0
         for key, arr in checked.inputs_D[d].items():
-            inputs[key][row, :n] = arr
+            if key in checked.top_k_keys:
+                inputs[key][row, :n, : arr.shape[1] if arr.ndim == 2 else 1] = arr.reshape(n, -1)
+            else:
+                inputs[key][row, :n] = arr
     return PackedData(
         input_D_T=input_D_T,
         inputs=inputs,

@@ -315,7 +315,8 @@ class LocalSamplingClient:
         sampled position with their logprobs under the request's temperature, the distribution
         its `logprobs` are reported under (`SampledSequence.topk_logprobs`), from a forward
         pass over prompt and completion: a sampled token among them has its reported logprob
-        to float32 rounding (about 1e-5). `prompt_alt_tokens_k=k` adds `k` independent
+        to float32 rounding (about 1e-5; more on a bfloat16 model, whose forward and cached
+        decode round differently). `prompt_alt_tokens_k=k` adds `k` independent
         draws at the request's temperature (greedy at 0) after each `prompt[: i + 1]`, with
         their tempered logprobs (`SampleResponse.prompt_alt_tokens`, `[len(prompt) − 1, k]`),
         reproducible with `SamplingParams.seed` and drawn from a stream of their own (the

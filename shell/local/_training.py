@@ -371,8 +371,8 @@ class LocalTrainingClient:
                 results = self._lora_forward_call(packs, loss_fn, loss_config)
             for packed, (chunk_lp_D_T, chunk_metrics) in zip(packs, results, strict=True):
                 chunk_lp_D_T = np.asarray(chunk_lp_D_T, np.float32)
-                for row, (d, n) in enumerate(zip(packed.index_D, packed.length_D, strict=True)):
-                    lp_D[d] = chunk_lp_D_T[row, :n]
+                for row, d in enumerate(packed.index_D):
+                    lp_D[d] = checked.unpadded(d, chunk_lp_D_T[row])
                 metric_chunks.append({key: float(value) for key, value in chunk_metrics.items()})
         if backward:
             self._grads = grads

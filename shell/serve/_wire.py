@@ -10,8 +10,9 @@ Conventions:
   (the local models read text). A sparse CSR tensor (torch-built 2-D `target_tokens` or
   `weights`) is densified with 0 for the missing entries, as the SDK's converter does.
 - Provenance spans (`stable_reinforce` only, which the local backend refuses) are dropped.
-- Encoding writes each output field of every datum into one `BatchedTensor` (per-datum arrays
-  concatenated, int64 byte offsets, the trailing shape of 2-D-or-more fields) and the metrics
+- Encoding writes each output field into one `BatchedTensor` per run of datums whose outputs
+  share their trailing shapes (per-datum arrays concatenated, int64 byte offsets, the trailing
+  shape of 2-D-or-more fields; an `ArrayRecord` per run) and the metrics
   as they are (`name:reduction` keys); `prompt_logprobs` of a sample response is float32 with
   NaN where the SDK expects `None`, `topk_prompt_logprobs` its `TopkLogprobs` matrices
   (the SDK's empty rows, id 0 and logprob −99999, where it expects `None`) and
@@ -207,18 +208,32 @@ def _batched(arrays: Sequence[np.ndarray], name: str) -> pb.BatchedTensor:
 
 
 def encode_forward_backward_output(output: types.ForwardBackwardOutput) -> bytes:
-    """`output` as a serialized `ForwardBackwardOutput` message (one `ArrayRecord`)."""
-    outputs = output.loss_fn_outputs
-    names = list(outputs[0]) if outputs else []
-    record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(outputs))
-    for name in names:
-        arrays = [datum[name].to_numpy() for datum in outputs]
-        record.fields[name].CopyFrom(_batched(arrays, name))
+    """`output` as a serialized `ForwardBackwardOutput` message: one `ArrayRecord` per run of
+    consecutive datums whose outputs share their trailing shapes (one for the usual `[N]`
+    outputs; `(N, K)` top-K outputs of several `K`s come as several, which the SDK reads in
+    order as it reads its server's ragged outputs)."""
     message = pb.ForwardBackwardOutput(
         loss_fn_output_type=output.loss_fn_output_type or "ArrayRecord",
         metrics={key: float(value) for key, value in output.metrics.items()},
     )
-    message.loss_fn_outputs.append(record)
+    arrays_D = [
+        {name: tensor.to_numpy() for name, tensor in datum.items()}
+        for datum in output.loss_fn_outputs
+    ]
+    start = 0
+    while start < len(arrays_D):
+        trailing = {name: array.shape[1:] for name, array in arrays_D[start].items()}
+        end = start + 1
+        while end < len(arrays_D) and trailing == {
+            name: array.shape[1:] for name, array in arrays_D[end].items()
+        }:
+            end += 1
+        record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=end - start)
+        for name in trailing:
+            batch = [arrays[name] for arrays in arrays_D[start:end]]
+            record.fields[name].CopyFrom(_batched(batch, name))
+        message.loss_fn_outputs.append(record)
+        start = end
     return bytes(message.SerializeToString())
 
 

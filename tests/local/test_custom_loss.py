@@ -59,6 +59,24 @@ def test_the_forward_pass_reads_targets_and_weights_only_and_zeroes_missing_weig
         forward_data([plain, missing])
 
 
+def test_missing_weights_are_zeros_of_the_targets_dense_shape_even_sparse() -> None:
+    sparse_targets = types.TensorData(  # (3, 2) top-2 targets, one listed
+        data=[7],
+        dtype="int64",
+        shape=[3, 2],
+        sparse_crow_indices=[0, 1, 1, 1],
+        sparse_col_indices=[0],
+    )
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": sparse_targets},
+    )
+    (forward,) = forward_data([datum])
+    weights = forward.loss_fn_inputs["weights"]
+    assert weights.shape == [3, 2] and weights.to_numpy().shape == (3, 2)
+    assert not np.any(weights.to_numpy())
+
+
 def test_the_backward_pass_weights_are_minus_the_gradient_in_float32() -> None:
     data = [_datum(3, advantages=np.ones(3, np.float32)), _datum(1)]
     grads: list[np.ndarray] = [np.array([0.25, -1.5, 0.0]), np.array([3.0], np.float32)]

@@ -4,8 +4,9 @@ backend.
 
 The identity pinned here: one top-K call is the sum of its `K` one-target calls — per-column
 logprobs, `loss:sum` and the accumulated gradient — for full fine-tuning and LoRA, unshared and
-on both prefix-shared routes (tries, groups), `forward` and `forward_backward`. Then what is
-refused, each in one line naming the datum.
+on both prefix-shared routes (tries, groups), `forward` and `forward_backward`; a call that
+mixes `K`s and one-target datums computes each as if alone. Then what is refused, each in one
+line naming the datum.
 """
 
 from __future__ import annotations
@@ -144,6 +145,37 @@ def test_lora_top_k_is_the_sum_of_its_columns(
     _assert_sum_of_columns(lora, route, backward=backward)
 
 
+def test_a_call_may_mix_k_and_one_target_datums(tmp_path: Path) -> None:
+    """Datums of `K` = 3, 2 and `(N,)` in one call: each datum's logprobs and the summed
+    loss and gradient as when each runs alone (padding columns weigh nothing)."""
+    trainer = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
+    three, two, one = _topk_data(np.random.default_rng(9), trainer.config.vocab_size)[:3]
+    two = types.Datum(
+        model_input=two.model_input,
+        loss_fn_inputs={
+            key: _td(np.ascontiguousarray(tensor.to_numpy()[:, :2]))
+            for key, tensor in two.loss_fn_inputs.items()
+        },
+    )
+    (one,) = _column([one], 1)
+    data = [three, one, two]
+    mixed = trainer.forward_backward(data, "cross_entropy").result()
+    mixed_grads, trainer._grads = trainer._grads, None
+    alone = [trainer.forward_backward([datum], "cross_entropy").result() for datum in data]
+    alone_grads, trainer._grads = trainer._grads, None
+    for datum, got, want in zip(data, mixed.loss_fn_outputs, alone, strict=True):
+        lp = got["logprobs"].to_numpy()
+        assert lp.shape == datum.loss_fn_inputs["target_tokens"].to_numpy().shape
+        np.testing.assert_allclose(lp, want.loss_fn_outputs[0]["logprobs"].to_numpy(), atol=2e-5)
+    want_loss = sum(out.metrics["loss:sum"] for out in alone)
+    assert mixed.metrics["loss:sum"] == pytest.approx(want_loss, rel=1e-5)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(mixed_grads), jax.tree_util.tree_leaves(alone_grads), strict=True
+    ):
+        a, b = np.asarray(a), np.asarray(b)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(b).max()))
+
+
 def test_sparse_soft_targets_train_as_their_dense_form(tmp_path: Path) -> None:
     trainer = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
     (dense,) = _topk_data(np.random.default_rng(3), trainer.config.vocab_size, groups=1, samples=1)
@@ -199,12 +231,6 @@ def test_what_top_k_targets_refuse_is_one_line_naming_the_datum(tmp_path: Path) 
         ),
         (
             "cross_entropy",
-            datum(target_tokens=targets_N_K[:, :2], weights=weights_N_K[:, :2]),
-            rf"Datum\[1\]\.loss_fn_inputs\['target_tokens'\]: \(N, 2\) targets but Datum\[0\] has "
-            rf"\(N, {K}\) targets; one call takes one K",
-        ),
-        (
-            "cross_entropy",
             datum(target_tokens=targets_N_K, weights=weights_N_K[:, 0].copy()),
             rf"Datum\[1\]\.loss_fn_inputs: shapes differ: target_tokens \({n}, {K}\), "
             rf"weights \({n},\)",
@@ -224,6 +250,23 @@ def test_what_top_k_targets_refuse_is_one_line_naming_the_datum(tmp_path: Path) 
             rf"column 2 is outside \[0, {vocab}\)",
         ),
     ]
+    bad_columns = types.TensorData(  # row 0 lists column 1 twice
+        data=[0.5, 0.5],
+        dtype="float32",
+        shape=[n, K],
+        sparse_crow_indices=[0, 2] + [2] * (n - 1),
+        sparse_col_indices=[1, 1],
+    )
+    cases.append(
+        (
+            "cross_entropy",
+            types.Datum(
+                model_input=good[1].model_input,
+                loss_fn_inputs={"target_tokens": _td(targets_N_K), "weights": bad_columns},
+            ),
+            r"Datum\[1\]\.loss_fn_inputs\['weights'\]: sparse CSR column indices must increase",
+        )
+    )
     for loss, bad, message in cases:
         data = [bad] if loss == "ppo" else [good[0], bad]  # Datum[0]: a good one for its loss
         with pytest.raises(ValueError, match=message):

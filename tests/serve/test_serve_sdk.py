@@ -145,20 +145,22 @@ def _group_datums(responses_P: Sequence[types.SampleResponse]) -> list[types.Dat
     return data_D
 
 
-def _fixed_datums(loss: str, top_k: int = 0) -> list[types.Datum]:
+def _fixed_datums(loss: str, top_k: Sequence[int] = (0, 0, 0)) -> list[types.Datum]:
     """Three datums with the inputs `loss` reads; for the RL losses the behaviour logprobs sit
     at the untrained model's (about -ln 259) ± 0.7, so the ratios (0.5 to 2) cross every clip
-    threshold used here. With `top_k`, `cross_entropy`'s targets and weights are `(N, top_k)`
+    threshold used here. Where `top_k[i]` is not 0, datum `i`'s `cross_entropy` targets and
+    weights are `(N, top_k[i])`
     soft targets (top-K distillation), the datum's own next token first."""
     data_D = []
     for index, prompt in enumerate(PROMPTS_P):
         tokens_T = [*prompt, *b" reply %d" % index]
         targets_T = np.array(tokens_T[1:], np.int64)
         action_T = np.arange(targets_T.size) >= len(prompt) - 1
-        if loss == "cross_entropy" and top_k:
-            soft_K = np.arange(top_k, 0, -1, dtype=np.float32) / (top_k * (top_k + 1) / 2)
+        k = top_k[index]
+        if loss == "cross_entropy" and k:
+            soft_K = np.arange(k, 0, -1, dtype=np.float32) / (k * (k + 1) / 2)
             inputs: dict[str, np.ndarray] = {
-                "target_tokens": (targets_T[:, None] + 7 * np.arange(top_k)) % 256,
+                "target_tokens": (targets_T[:, None] + 7 * np.arange(k)) % 256,
                 "weights": action_T[:, None] * soft_K,
             }
         elif loss == "cross_entropy":
@@ -325,7 +327,10 @@ def test_grpo_loop_through_the_sdk_matches_in_process(
 
 
 def _loss_steps(
-    service: Any, loss: types.LossFnType, config: dict[str, float] | None, top_k: int = 0
+    service: Any,
+    loss: types.LossFnType,
+    config: dict[str, float] | None,
+    top_k: Sequence[int] = (0, 0, 0),
 ) -> list[Any]:
     """A fresh model: forward_backward, optim_step, then the next forward_backward."""
     training = service.create_lora_training_client(MODEL, rank=RANK).result()
@@ -339,17 +344,19 @@ def _loss_steps(
 @pytest.mark.parametrize(
     ("loss", "config", "top_k"),
     [
-        ("cross_entropy", None, 0),
-        ("cross_entropy", None, 3),
-        ("importance_sampling", None, 0),
-        ("ppo", None, 0),
-        ("cispo", None, 0),
-        ("dro", {"beta": 0.5}, 0),
-        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, 0),
+        ("cross_entropy", None, (0, 0, 0)),
+        ("cross_entropy", None, (3, 3, 3)),
+        ("cross_entropy", None, (3, 0, 2)),
+        ("importance_sampling", None, (0, 0, 0)),
+        ("ppo", None, (0, 0, 0)),
+        ("cispo", None, (0, 0, 0)),
+        ("dro", {"beta": 0.5}, (0, 0, 0)),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, (0, 0, 0)),
     ],
     ids=[
         "cross_entropy",
         "cross_entropy-top3",
+        "cross_entropy-mixed-K",
         "importance_sampling",
         "ppo",
         "cispo",
@@ -360,14 +367,14 @@ def _loss_steps(
 def test_each_loss_computes_what_it_computes_in_process(
     loss: types.LossFnType,
     config: dict[str, float] | None,
-    top_k: int,
+    top_k: tuple[int, int, int],
     service: tinker.ServiceClient,
     local: LocalServiceClient,
 ) -> None:
     first, optim, after = _loss_steps(service, loss, config, top_k)
     want_first, want_optim, want_after = _loss_steps(local, loss, config, top_k)
-    if top_k:  # (N, K) logprobs come back (N, K) through the wire
-        assert first.loss_fn_outputs[0]["logprobs"].to_numpy().shape[1:] == (top_k,)
+    shapes = [output["logprobs"].to_numpy().shape[1:] for output in first.loss_fn_outputs]
+    assert shapes == [(k,) if k else () for k in top_k]  # each datum's own, through the wire
     assert_same_output(first, want_first)
     assert optim.metrics == want_optim.metrics
     assert_same_output(after, want_after)
