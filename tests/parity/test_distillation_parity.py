@@ -16,6 +16,9 @@ untrained model.
   every step logged with a finite loss, its final checkpoint recorded. So does
   `train_on_policy.main` on the arithmetic env: the student samples, the teacher scores its
   samples (`compute_logprobs`), and the reverse KL to the teacher is logged at every step.
+  And sdft's `main` (self-distillation: the teacher is the model with the answer in context),
+  both ways: top-K `cross_entropy` on the teacher's `topk_prompt_logprobs`, and the
+  reverse-KL custom loss.
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ from tinker_cookbook.distillation.datasets import (  # noqa: E402
     TeacherConfig,
 )
 from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder  # noqa: E402
+from tinker_cookbook.recipes.sdft.datasets import SDFTDataset  # noqa: E402
+from tinker_cookbook.renderers import get_renderer  # noqa: E402
 from tinker_cookbook.supervised.data import FromConversationFileBuilder  # noqa: E402
+from tinker_cookbook.tokenizer_utils import get_tokenizer  # noqa: E402
 
 from tests.parity.chat_corpus import common_config, write_sum_chats  # noqa: E402
 
@@ -284,3 +290,35 @@ def test_the_cookbook_on_policy_distillation_main_trains_over_serve(
     assert [row["step"] for row in rows] == [0, 1]
     assert all(math.isfinite(row["teacher_kl"]) for row in rows)
     assert any(row["teacher_kl"] != 0 for row in rows)  # the teacher is not the student
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["top-k-cross-entropy", "reverse-kl"])
+def test_sdft_main_trains_over_serve(
+    reverse: bool, server: Server, tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in offline_sdk_env(server).items():
+        monkeypatch.setenv(name, value)
+    renderer = get_renderer("role_colon", get_tokenizer(tiny_llama))
+    pairs = ((3, 4), (5, 6), (7, 8), (9, 1))
+    questions, answers = [f"{a}+{b}=" for a, b in pairs], [str(a + b) for a, b in pairs]
+    dataset = SDFTDataset(questions, answers, batch_size=2, group_size=2, renderer=renderer)
+    log_path = tmp_path / "sdft"
+    config = sdft.Config(
+        model_name=tiny_llama,
+        recipe_name="sdft-parity",
+        renderer_name="role_colon",
+        lora_rank=RANK,
+        learning_rate=1e-3,
+        max_tokens=6,
+        topk=K,
+        reverse=reverse,
+        eval_every=0,
+        save_every=0,
+        log_path=str(log_path),
+    )
+    asyncio.run(sdft.main(config, dataset))
+    rows = [row for row in jsonl_rows(log_path / "metrics.jsonl") if "sdft/topk" in row]
+    assert [row["step"] for row in rows] == [0, 1] and all(row["sdft/topk"] == K for row in rows)
+    key = "sdft/total_completion_positions" if reverse else "sdft/total_completion_tokens"
+    assert all(row[key] > 0 for row in rows)
+    assert all(math.isfinite(row["sdft/mean_teacher_entropy"]) for row in rows)
