@@ -97,6 +97,25 @@ def _facade_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _defines(root: Path, module: str, name: str) -> bool:
+    """Whether the cookbook module `module` (dotted, under `root`) binds `name` at top level."""
+    base = root / Path(*module.split("."))
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    if not module or not path.is_file():
+        return False
+    bound: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign):
+            bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            bound.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return name in bound
+
+
 def _has_module(root: Path, relative: Path) -> bool:
     """Whether the package directory `root` holds the module or package `relative`."""
     return (root / relative).is_dir() or (root / relative).with_suffix(".py").is_file()
@@ -235,6 +254,11 @@ def classify_import_error(error: BaseException, *, cookbook: Path) -> tuple[Cate
         match = _CANNOT_IMPORT_NAME.search(str(error))  # `from pkg import mod`, mod absent
         if match and match[2].split(".")[:2] == FACADE.split("."):
             missing = f"{match[2]}.{match[1]}"  # a cookbook module only if the cookbook has it
+            module = match[2].removeprefix(FACADE).removeprefix(".")
+            if not _has_module(cookbook, Path(*missing.split(".")[2:])) and _defines(
+                cookbook, module, match[1]
+            ):  # a name of a cookbook module the facade has without it
+                return "cookbook", f"{module}.{match[1]}"
     if missing is not None and missing.split(".")[:2] == FACADE.split("."):
         module = missing.removeprefix(FACADE).removeprefix(".")
         if module and _has_module(cookbook, Path(*module.split("."))):

@@ -129,6 +129,7 @@ EXPECTED_IMPORTS: frozenset[str] = frozenset(
         "recipes/search_tool/search_env.py",
         "recipes/search_tool/tools.py",
         "recipes/search_tool/train.py",
+        "recipes/sl_loop.py",
         "recipes/true_thinking_score/__init__.py",
         "recipes/true_thinking_score/analyze.py",
         "recipes/true_thinking_score/run_small_experiment.py",
@@ -138,6 +139,7 @@ EXPECTED_IMPORTS: frozenset[str] = frozenset(
         "recipes/verifiers_rl/train.py",
         "recipes/verifiers_rl/verifiers_env.py",
         "rl/__init__.py",
+        "rl/data_processing.py",
         "rl/dataset_utils.py",
         "rl/interleaved.py",
         "rl/message_env.py",
@@ -167,14 +169,17 @@ KNOWN_GAPS: dict[str, tuple[Category, str]] = {
     "recipes/audio/emotion/sl_train.py": ("cookbook", "renderers.tml_v0"),
     "recipes/audio/medical_asr/env.py": ("cookbook", "renderers.tml_v0"),
     "recipes/audio/medical_asr/train.py": ("cookbook", "renderers.tml_v0"),
-    "recipes/chat_sl/chat_datasets.py": ("cookbook", "supervised"),
-    "recipes/chat_sl/train.py": ("cookbook", "supervised"),
+    "recipes/chat_sl/chat_datasets.py": (
+        "cookbook",
+        "supervised.data.SupervisedDatasetFromHFDataset",
+    ),
+    "recipes/chat_sl/train.py": ("cookbook", "supervised.data.SupervisedDatasetFromHFDataset"),
     "recipes/decisions/__init__.py": ("cookbook", "renderers.tml_v0"),
     "recipes/decisions/decision.py": ("cookbook", "renderers.tml_v0"),
     "recipes/decisions/demo.py": ("cookbook", "renderers.tml_v0"),
     "recipes/decisions/forecasting.py": ("cookbook", "renderers.tml_v0"),
     "recipes/decisions/train.py": ("cookbook", "renderers.tml_v0"),
-    "recipes/distillation/off_policy_reasoning.py": ("cookbook", "supervised"),
+    "recipes/distillation/off_policy_reasoning.py": ("cookbook", "supervised.train"),
     "recipes/distillation/on_policy_distillation.py": ("cookbook", "distillation"),
     "recipes/distillation/on_policy_distillation_harbor_multi_turn.py": (
         "cookbook",
@@ -186,18 +191,16 @@ KNOWN_GAPS: dict[str, tuple[Category, str]] = {
         "cookbook",
         "preference.comparison_policy_evaluator",
     ),
-    "recipes/prompt_distillation/train.py": ("cookbook", "supervised"),
+    "recipes/prompt_distillation/train.py": ("cookbook", "supervised.train"),
     "recipes/sdft/datasets.py": ("cookbook", "distillation"),
     "recipes/sdft/run_continual_learning.py": ("cookbook", "distillation"),
     "recipes/sdft/train.py": ("cookbook", "distillation"),
-    "recipes/sl_basic.py": ("cookbook", "supervised"),
-    "recipes/sl_loop.py": ("cookbook", "supervised"),
+    "recipes/sl_basic.py": ("cookbook", "supervised.data.SupervisedDatasetFromHFDataset"),
     "recipes/vlm_classifier/data.py": ("cookbook", "image_processing_utils"),
     "recipes/vlm_classifier/eval.py": ("cookbook", "image_processing_utils"),
     "recipes/vlm_classifier/eval_sweep.py": ("cookbook", "image_processing_utils"),
     "recipes/vlm_classifier/sweep.py": ("cookbook", "image_processing_utils"),
     "recipes/vlm_classifier/train.py": ("cookbook", "image_processing_utils"),
-    "rl/data_processing.py": ("cookbook", "supervised"),
     "rl/metric_util.py": ("cookbook", "eval.benchmarks._types"),
     "rl/train.py": ("cookbook", "rl.metrics"),
 }
@@ -365,6 +368,13 @@ def _raised(error: BaseException, *, cause: BaseException | None = None) -> Base
                 "cannot import name 'metrics' from 'shell.cookbook.rl' (/x/rl/__init__.py)"
             ),
             ("cookbook", "rl.metrics"),
+        ),
+        (
+            ImportError(
+                "cannot import name 'SupervisedDatasetFromHFDataset' from "
+                "'shell.cookbook.supervised.data' (/x/supervised/data.py)"
+            ),
+            ("cookbook", "supervised.data.SupervisedDatasetFromHFDataset"),
         ),
         (
             ImportError("cannot import name 'Nope' from 'shell.cookbook.rl' (/x/rl/__init__.py)"),
