@@ -19,6 +19,7 @@ hub would do it: `write_local_dataset` writes one (JSON-lines files and a README
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tinker.lib.internal_client_holder import InternalClientHolder
 
 from tests.parity.porting import _checked_port, require_cookbook, serve_ported_recipes
 from tests.serve.server import Server, sdk_env
@@ -97,3 +99,11 @@ def write_local_dataset(
             lines += [f"  - split: {split}", f"    path: {name}/{split}.jsonl"]
     (folder / "README.md").write_text("\n".join([*lines, "---", ""]))
     return folder
+
+
+def close_sdk_sessions() -> None:
+    """Closes every SDK client holder still open in this process. The cookbook's trainers open
+    a `tinker.ServiceClient` they never close; its session heartbeat outlives the test's
+    server and, two minutes on, logs failures (at the worker's exit, to a closed stream)."""
+    for holder in [o for o in gc.get_objects() if type(o) is InternalClientHolder]:
+        holder.close()

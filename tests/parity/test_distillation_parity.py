@@ -39,7 +39,7 @@ from tinker import types  # noqa: E402
 
 from shell.local import LocalServiceClient  # noqa: E402
 from tests.parity.porting import require_cookbook  # noqa: E402
-from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env  # noqa: E402
+from tests.parity.recipe_runs import close_sdk_sessions, jsonl_rows, offline_sdk_env  # noqa: E402
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, assert_same_output, running_server  # noqa: E402
 
@@ -85,6 +85,13 @@ def _builder(corpus: Path, model: str) -> FromConversationFileBuilder:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(tmp_path_factory.mktemp("serve-distill") / "state") as served:
         yield served
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sessions_closed(server: Server) -> Iterator[None]:
+    """After the module, before its server stops: the sessions the cookbook left open."""
+    yield
+    close_sdk_sessions()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the cookbook's trainers need torch (.cbvenv)")
 
 from tests.parity.porting import require_cookbook  # noqa: E402
-from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env  # noqa: E402
+from tests.parity.recipe_runs import close_sdk_sessions, jsonl_rows, offline_sdk_env  # noqa: E402
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, running_server  # noqa: E402
 
@@ -56,6 +56,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(tmp_path_factory.mktemp("serve-sl") / "state") as served:
         yield served
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sessions_closed(server: Server) -> Iterator[None]:
+    """After the module, before its server stops: the sessions the cookbook left open."""
+    yield
+    close_sdk_sessions()
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from shell.cookbook.supervised import common as ours  # noqa: E402
 from shell.cookbook.supervised import data as our_data  # noqa: E402
 from tests.parity.porting import require_cookbook  # noqa: E402
 from tests.parity.recipe_runs import (  # noqa: E402
+    close_sdk_sessions,
     jsonl_rows,
     offline_sdk_env,
     run_ported_main,
@@ -176,6 +177,13 @@ def test_mean_nll_and_bits_per_byte_are_the_cookbooks(
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(tmp_path_factory.mktemp("serve-sl") / "state") as running:
         yield running
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sessions_closed(server: Server) -> Iterator[None]:
+    """After the module, before its server stops: the sessions the cookbook left open."""
+    yield
+    close_sdk_sessions()
 
 
 def test_sl_loop_ported_trains_over_serve(
