@@ -286,7 +286,9 @@ untempered); `key_material_B_K` uint32 `[B, K]` each row's key material (its key
 `SampleBatch`'s, `_row_keys`). Draws are inverse-CDF: draw `j` at position `t` is the first
 token whose cumulative tempered mass (float32, in id order) exceeds `u · total` for
 `u = jax.random.uniform(key, (T, k))[t, j]`, so the cost is one pass over the logits plus a
-binary search a draw, not a pass over the vocabulary a draw; with JAX's partitionable
+binary search a draw, not a pass over the vocabulary a draw (each token's chance is exact
+to the float32 sum's rounding: off by at most ~1e-7 of the total mass, which only an
+ultra-rare token notices); with JAX's partitionable
 threefry an element's bits depend on its flat index alone, so padding `T` changes no draw.
 Unfiltered by top-k/top-p; the logprobs are `tempered_token_logprobs`' (never above 0).
 `k` and `config` are static.
