@@ -95,7 +95,8 @@ _UINT32 = 1 << 32
 _ALT_TOKENS_TAG = _UINT32 - 1
 MOST_ALT_TOKENS = 4096
 """Most `prompt_alt_tokens_k` draws a position (with replacement, so more than the vocabulary
-is meaningful; each costs a pass over the prompt's `[T, V]` logits)."""
+is meaningful; each is a binary search over the position's cumulative mass, and the call's
+outputs grow as `T · k`)."""
 _Item = TypeVar("_Item")  # what a scoring chunk's rows stand for (a request, a sample's index)
 
 
