@@ -27,6 +27,7 @@ import errno
 import inspect
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -429,7 +430,22 @@ def terminate_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # not a stopping run's
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _exit_at_once(signum: int, frame: Any) -> None:
+    print("rlpure: interrupted again; exiting now", file=sys.stderr, flush=True)
+    os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+def _exit_on_a_second_signal() -> None:
+    """Once a run is stopping: a second Ctrl-C (or SIGTERM) while it winds down (its clients
+    closing, JAX's exit hooks) exits at once, in one line, instead of a traceback from
+    whichever cleanup it lands in."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _exit_at_once)
 
 
 def main(
@@ -473,9 +489,11 @@ def _main(
             return _exit_code(result)
         return _exit_code(_run(commands[args.command].run, args))
     except Terminated:
+        _exit_on_a_second_signal()
         print("rlpure: terminated", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
+        _exit_on_a_second_signal()
         print("rlpure: interrupted", file=sys.stderr)
         return 130
     except Exception as err:

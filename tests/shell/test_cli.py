@@ -432,3 +432,46 @@ def test_a_finished_run_rerun_says_nothing_to_do(
     assert cli.main(argv) == 0
     again = capsys.readouterr().out.strip().splitlines()[-1]
     assert again.startswith(f"Nothing to do: {tmp_path / 't'} already trained 2 steps")
+
+
+_SLOW_EXIT = """
+import atexit, sys, time
+from shell.cli import main
+from shell.commands import Command
+
+def wait(args):
+    print("ready", flush=True)
+    time.sleep(60)
+
+def slow_exit_hook():  # as JAX's exit hooks, or a client closing, can take a while
+    print("exiting", flush=True)
+    time.sleep(60)
+
+atexit.register(slow_exit_hook)
+raise SystemExit(main(["wait"], commands={"wait": Command("wait", "waits", wait)}))
+"""
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_a_second_signal_while_stopping_exits_at_once_in_one_line(first: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_EXIT],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(first)
+        assert proc.stdout.readline().strip() == "exiting"  # stopping: in its exit hook
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr, stderr
+    stopped = "rlpure: terminated" if first == signal.SIGTERM else "rlpure: interrupted"
+    assert stderr.splitlines()[-2:] == [stopped, "rlpure: interrupted again; exiting now"]
