@@ -120,6 +120,10 @@ class _Pending:
     what: str
     created: float
     delivered_at: float | None = None
+    finished_at: float | None = None  # set when `future` completes (its done callback)
+
+    def __post_init__(self) -> None:
+        self.future.add_done_callback(lambda _: setattr(self, "finished_at", time.time()))
 
 
 class Engine:
@@ -197,8 +201,9 @@ class Engine:
             return request_id, True
 
     def purge_results(self) -> int:
-        """Forgets results delivered over `_DONE_KEEP_S` ago, or finished and never fetched for
-        `_UNCLAIMED_KEEP_S` (their client died); returns how many. The server's janitor calls
+        """Forgets results delivered over `_DONE_KEEP_S` ago, or finished over
+        `_UNCLAIMED_KEEP_S` ago and never fetched (their client died; counted from the finish,
+        so an operation that ran longer than that keeps its result); returns how many. The server's janitor calls
         it, off the request path: the scan is over every request the server still holds."""
         with self._lock:
             return self._purge_locked()
@@ -209,7 +214,7 @@ class Engine:
             rid
             for rid, pending in self._futures.items()
             if (pending.delivered_at is not None and now - pending.delivered_at > _DONE_KEEP_S)
-            or (pending.future.done() and now - pending.created > _UNCLAIMED_KEEP_S)
+            or (pending.finished_at is not None and now - pending.finished_at > _UNCLAIMED_KEEP_S)
         ]
         for rid in stale:
             del self._futures[rid]

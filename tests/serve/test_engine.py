@@ -289,6 +289,21 @@ def test_errors_name_checkpoints_by_tinker_path_never_by_folder(engine: Engine) 
     assert str(engine.state_dir) not in again["error"]
 
 
+def test_an_unclaimed_result_is_kept_an_hour_from_its_finish_not_from_its_request(
+    engine: Engine,
+) -> None:
+    model_id = _create(engine)
+    slow = engine.submit_training(model_id, 1, "op", lambda c: json_reply({"slow": 1}))
+    gone = engine.submit_training(model_id, 2, "op", lambda c: json_reply({}))
+    engine._future(slow).result(30), engine._future(gone).result(30)  # finished, never fetched
+    engine._futures[slow].created = 0.0  # asked at the epoch: it ran for decades, finished now
+    engine._futures[gone].finished_at = 0.0  # finished at the epoch: its client is long gone
+    assert engine.purge_results() == 1
+    assert _json(_result(engine, slow)) == {"slow": 1}
+    with pytest.raises(KeyError):
+        _result(engine, gone)
+
+
 def test_purge_forgets_results_delivered_long_ago_and_keeps_recent_ones(engine: Engine) -> None:
     model_id = _create(engine)
     old = engine.submit_training(model_id, 1, "op", lambda c: json_reply({}))
