@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import io
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -77,7 +78,7 @@ async def _parse(request: Request, model: type[M]) -> M:
     body = await request.body()
     try:
         data = json.loads(body or b"null")
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested past Python's stack
         raise BadRequest(f"body: not valid JSON ({err})") from err
     if not isinstance(data, dict):
         raise BadRequest(f"body: expected a JSON object for {model.__name__}")
@@ -103,11 +104,17 @@ class Api:
     """The route handlers (one instance per app)."""
 
     def __init__(
-        self, engine: Engine, *, poll_s: float, capabilities: types.GetServerCapabilitiesResponse
+        self,
+        engine: Engine,
+        *,
+        poll_s: float,
+        capabilities: types.GetServerCapabilitiesResponse,
+        max_body_bytes: int = 128 << 20,
     ) -> None:
         self.engine = engine
         self.poll_s = poll_s
         self.capabilities = capabilities
+        self.max_body_bytes = max_body_bytes
         self.ttl = engine.ttl
 
     # -- service --
@@ -169,7 +176,7 @@ class Api:
     async def forward_backward(self, request: Request) -> Response:
         raw = await request.body()
         if request.headers.get("content-encoding", "").lower() == "zstd":
-            raw = _zstd_decompressed(raw)
+            raw = _zstd_decompressed(raw, limit=self.max_body_bytes)
         if "json" in request.headers.get("content-type", ""):
             raise BadRequest("body: forward_backward takes a protobuf ForwardBackwardRequest")
         try:
@@ -411,7 +418,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
     """A JSON object body (400 otherwise)."""
     try:
         data = json.loads(await request.body() or b"{}")
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested past Python's stack
         raise BadRequest(f"body: not valid JSON ({err})") from err
     if not isinstance(data, dict):
         raise BadRequest("body: expected a JSON object")
@@ -451,13 +458,23 @@ def _checkpoint_name(name: str | None) -> str:
         raise BadRequest(str(err)) from err
 
 
-def _zstd_decompressed(raw: bytes) -> bytes:
+def _zstd_decompressed(raw: bytes, *, limit: int) -> bytes:
+    """`raw` decompressed, read a megabyte at a time: a frame whose header declares a huge size
+    allocates nothing, and one that expands past `limit` bytes (the body limit) is a 413."""
     import zstandard
 
+    out = bytearray()
     try:
-        return zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+            while chunk := reader.read(1 << 20):
+                out += chunk
+                if len(out) > limit:
+                    raise BadRequest(
+                        f"body: decompresses past the server's limit of {limit} bytes", 413
+                    )
     except zstandard.ZstdError as err:
         raise BadRequest(f"body: not valid zstd ({err})") from err
+    return bytes(out)
 
 
 LOOPBACK_HOSTS = frozenset({b"127.0.0.1", b"localhost", b"[::1]"})
@@ -634,6 +651,7 @@ def build_app(
         engine,
         poll_s=poll_s,
         capabilities=capabilities or engine.service.get_server_capabilities(),
+        max_body_bytes=max_body_bytes,
     )
     v1 = "/api/v1"
     post, get = ["POST"], ["GET"]

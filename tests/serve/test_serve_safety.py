@@ -417,6 +417,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
     [
         ("POST", "/api/v1/create_session", b"not json {", ["body", "JSON"]),
         ("POST", "/api/v1/create_session", b"[1, 2, 3]", ["body", "JSON object"]),
+        ("POST", "/api/v1/create_session", b"[" * 100_000 + b"]" * 100_000, ["body", "JSON"]),
+        ("PUT", "/api/v1/training_runs/x/checkpoints/weights/a/ttl", b"[" * 100_000, ["JSON"]),
         ("POST", "/api/v1/get_info", b'"a string"', ["body", "JSON object"]),
         (
             "POST",
@@ -449,6 +451,33 @@ def test_random_bytes_to_forward_backward_are_a_400(server: Server, seed: int):
     )
     assert status == 400
     assert "ForwardBackwardRequest" in _detail(status, reply) or "body" in _detail(status, reply)
+
+
+def _zstd_to_forward_backward(server: Server, body: bytes) -> tuple[int, str]:
+    status, reply = _raw(
+        server,
+        "POST",
+        "/api/v1/forward_backward",
+        body,
+        {"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"},
+    )
+    return status, _detail(status, reply)
+
+
+def test_zstd_bodies_are_held_to_the_body_limit_and_a_lying_header_allocates_nothing(
+    server: Server,
+):
+    import zstandard
+
+    # a single-segment frame declaring 2^40 content bytes, then one raw block of one byte
+    magic, descriptor, raw_block = b"\x28\xb5\x2f\xfd", b"\xe0", b"\x09\x00\x00x"
+    lying = magic + descriptor + (1 << 40).to_bytes(8, "little") + raw_block
+    status, detail = _zstd_to_forward_backward(server, lying)
+    assert status == 400 and "not valid zstd" in detail, detail
+    zeros = zstandard.ZstdCompressor().compress(bytes((128 << 20) + 1))  # ~4 kB, 128 MB + 1
+    status, detail = _zstd_to_forward_backward(server, zeros)
+    assert status == 413 and "decompresses past the server's limit" in detail, detail
+    assert _healthy(server)
 
 
 # -- 1b. what a web page on this machine could send --
