@@ -108,6 +108,7 @@ def serve(
     seed: int = 0,
     max_samplers: int = 8,
     max_body_mb: int = 128,
+    session_timeout_s: int = 900,
     verbose: bool = False,
     **service_options: Any,
 ) -> int:
@@ -122,6 +123,7 @@ def serve(
         ("--seed", seed, 0),
         ("--max-samplers", max_samplers, 1),
         ("--max-body-mb", max_body_mb, 1),
+        ("--session-timeout", session_timeout_s, 1),
     ):
         if value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}")
@@ -148,7 +150,13 @@ def serve(
         sock.close()
         raise ConfigError(f"--state-dir {state}: cannot make it a directory: {err}") from err
     bound_port = sock.getsockname()[1]
-    engine = Engine(state_dir=state, seed=seed, max_samplers=max_samplers, **service_options)
+    engine = Engine(
+        state_dir=state,
+        seed=seed,
+        max_samplers=max_samplers,
+        session_timeout_s=float(session_timeout_s),
+        **service_options,
+    )
     capabilities = served_models(engine)
     app = build_app(
         engine, api_key=api_key, max_body_bytes=max_body_mb << 20, capabilities=capabilities
@@ -220,6 +228,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-samplers", type=int, default=8, help="sampling clients kept in memory at once"
     )
     parser.add_argument("--max-body-mb", type=int, default=128, help="largest request body")
+    parser.add_argument(
+        "--session-timeout",
+        type=int,
+        default=900,
+        help="seconds without a client heartbeat before a session's models are released "
+        "(default 900; raise it for clients that sleep, e.g. a suspended laptop)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every request")
 
 
@@ -239,6 +254,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_samplers=args.max_samplers,
         max_body_mb=args.max_body_mb,
+        session_timeout_s=args.session_timeout,
         verbose=args.verbose,
     )
     print(f"rlpure serve: stopped after {time.time() - started:.0f} s", flush=True)

@@ -43,6 +43,7 @@ from tinker import types
 from tinker._client import AsyncTinker  # the SDK's raw API client: one call, no retries
 from tinker.lib.public_interfaces.training_client import TrainingClient
 
+import shell.serve as serve_module
 from rlpure.model import MODEL_CONFIGS
 from shell import cli
 from shell.serve import Engine
@@ -634,9 +635,19 @@ def test_the_command_line_refuses_a_public_host_without_a_key_and_documents_the_
         (["serve", "--seed", "-1"], "--seed -1: expected an integer >= 0"),
         (["serve", "--max-samplers", "0"], "--max-samplers 0: expected an integer >= 1"),
         (["serve", "--max-body-mb", "0"], "--max-body-mb 0: expected an integer >= 1"),
+        (["serve", "--session-timeout", "0"], "--session-timeout 0: expected an integer >= 1"),
         (["serve", "--state-dir", "{file}"], "cannot make it a directory: [Errno 17] File exists"),
     ],
-    ids=["port-high", "port-negative", "sandbox-port", "seed", "samplers", "body", "state-file"],
+    ids=[
+        "port-high",
+        "port-negative",
+        "sandbox-port",
+        "seed",
+        "samplers",
+        "body",
+        "session-timeout",
+        "state-file",
+    ],
 )
 def test_bad_server_arguments_are_one_line_before_anything_starts(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -652,6 +663,22 @@ def test_bad_server_arguments_are_one_line_before_anything_starts(
     assert lines == [lines[0]] and lines[0].startswith("rlpure: configuration error: "), err
     assert message in lines[0]
     assert not out and not (tmp_path / "state").exists()
+
+
+def test_the_session_timeout_flag_reaches_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Built(Exception):
+        pass
+
+    def engine(**kwargs: Any) -> None:
+        raise Built(kwargs)
+
+    monkeypatch.setattr(serve_module, "Engine", engine)
+    argv = ["serve", "--port", "0", "--state-dir", str(tmp_path), "--session-timeout", "3600"]
+    with pytest.raises(Built) as built:
+        cli.main(argv)
+    assert built.value.args[0]["session_timeout_s"] == 3600.0
 
 
 # -- 3. the SDK's tinker CLI --
