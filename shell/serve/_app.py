@@ -298,7 +298,9 @@ class Api:
                 self.engine.sampler_spec(sampler_id)
             except KeyError:
                 raise BadRequest(f"sampling_session_id: unknown {sampler_id!r}", 404) from None
-        seq_id = body.seq_id if body.seq_id is not None else -1
+        # a seq_id identifies a request within its sampling session (the SDK's retries repeat
+        # it): sessionless requests from different clients may share one, so never dedupe them
+        seq_id = body.seq_id if body.seq_id is not None and body.sampling_session_id else -1
         request_id = self.engine.submit_sample(sampler_id, seq_id, _ops.sample(body))
         sequence_ids = [f"{request_id}-{index}" for index in range(body.num_samples)]
         return _future(request_id, sample_sequence_ids=sequence_ids)

@@ -454,6 +454,27 @@ def test_random_bytes_to_forward_backward_are_a_400(server: Server, seed: int):
     assert "ForwardBackwardRequest" in _detail(status, reply) or "body" in _detail(status, reply)
 
 
+def test_sessionless_samples_with_one_seq_id_are_different_requests(server: Server):
+    """Two clients sampling a base model without a session may both send `seq_id` 1: each
+    gets its own request (the second used to get the first's result)."""
+
+    def asample(tokens: list[int]) -> str:
+        body = {
+            "base_model": MODEL,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
+            "num_samples": 1,
+            "sampling_params": {"max_tokens": 2, "seed": 1},
+            "seq_id": 1,
+        }
+        status, reply = _raw(
+            server, "POST", "/api/v1/asample", json.dumps(body).encode(), JSON_HEADERS
+        )
+        assert status == 200, reply
+        return str(json.loads(reply)["request_id"])
+
+    assert asample([104, 105]) != asample([111, 107])
+
+
 def _zstd_to_forward_backward(server: Server, body: bytes) -> tuple[int, str]:
     status, reply = _raw(
         server,
