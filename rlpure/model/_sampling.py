@@ -184,6 +184,15 @@ def _row_keys(key_material_B_K: jax.Array) -> jax.Array:
     return jax.vmap(one)(key_material_B_K)
 
 
+def _tempered_terms(logits_X_V: jax.Array, temperature_X: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The two terms of `log_softmax(logits / T)` over the last axis, each `T` broadcast over
+    it: (`(logits − max) / T`, `log Σ_v exp` of those). Their difference is `≤ 0` whatever the
+    rounding (`tempered_token_logprobs`); every tempered logprob here is taken from them."""
+    shifted_X_V = logits_X_V - jnp.max(logits_X_V, axis=-1, keepdims=True)
+    scaled_X_V = shifted_X_V / temperature_X[..., None]
+    return scaled_X_V, jnp.log(jnp.sum(jnp.exp(scaled_X_V), axis=-1))
+
+
 def tempered_token_logprobs(
     logits_B_V: jax.Array, temperature_B: jax.Array, token_B: jax.Array
 ) -> jax.Array:
@@ -210,9 +219,7 @@ def tempered_token_logprobs(
         >>> round(float(np.exp(lp[0])), 6)
         0.75
     """
-    shifted_B_V = logits_B_V - jnp.max(logits_B_V, axis=-1, keepdims=True)
-    scaled_B_V = shifted_B_V / temperature_B[:, None]
-    log_norm_B = jnp.log(jnp.sum(jnp.exp(scaled_B_V), axis=-1))
+    scaled_B_V, log_norm_B = _tempered_terms(logits_B_V, temperature_B)
     token_term_B = jnp.take_along_axis(scaled_B_V, token_B[:, None], axis=-1)[:, 0]
     # The clamp only guards against exp/log approximations that could put exp(0) or log(1) an
     # ulp off; the algebra above already gives <= 0.
@@ -223,9 +230,7 @@ def _topk_tempered_logprobs(
     params: Params, tokens_B_T: jax.Array, temperature_B: jax.Array, k: int, config: ModelConfig
 ) -> tuple[jax.Array, jax.Array]:
     logits_B_T_V = _logits(params, tokens_B_T, config)
-    shifted_B_T_V = logits_B_T_V - jnp.max(logits_B_T_V, axis=-1, keepdims=True)
-    scaled_B_T_V = shifted_B_T_V / temperature_B[:, None, None]
-    log_norm_B_T = jnp.log(jnp.sum(jnp.exp(scaled_B_T_V), axis=-1))
+    scaled_B_T_V, log_norm_B_T = _tempered_terms(logits_B_T_V, temperature_B[:, None])
     values_B_T_K, ids_B_T_K = jax.lax.top_k(scaled_B_T_V, k)
     return ids_B_T_K.astype(jnp.int32), jnp.minimum(values_B_T_K - log_norm_B_T[..., None], 0.0)
 
@@ -255,11 +260,10 @@ def _prompt_alt_tokens(
 ) -> tuple[jax.Array, jax.Array]:
     logits_B_T_V = _logits(params, tokens_B_T, config)
     greedy_B = temperature_B <= 0
-    shifted_B_T_V = logits_B_T_V - jnp.max(logits_B_T_V, axis=-1, keepdims=True)
-    scaled_B_T_V = shifted_B_T_V / jnp.where(greedy_B, 1.0, temperature_B)[:, None, None]
-    mass_B_T_V = jnp.exp(scaled_B_T_V)
-    log_norm_B_T = jnp.log(jnp.sum(mass_B_T_V, axis=-1))
-    cdf_B_T_V = jnp.cumsum(mass_B_T_V, axis=-1)
+    scaled_B_T_V, log_norm_B_T = _tempered_terms(
+        logits_B_T_V, jnp.where(greedy_B, 1.0, temperature_B)[:, None]
+    )
+    cdf_B_T_V = jnp.cumsum(jnp.exp(scaled_B_T_V), axis=-1)
     keys_B = _row_keys(jnp.asarray(key_material_B_K, jnp.uint32))
     n_t = tokens_B_T.shape[1]
     u_B_T_K = jax.vmap(lambda key: jax.random.uniform(key, (n_t, k)))(keys_B)
