@@ -43,6 +43,20 @@ def offline_sdk_env(server: Server) -> dict[str, str]:
     return {**sdk_env(server), **OFFLINE_HUB}
 
 
+def point_sdk_at(server: Server, patch: pytest.MonkeyPatch) -> None:
+    """Sets `offline_sdk_env(server)` in this process (undone with `patch`): what a user sets
+    to run Tinker code against `server`."""
+    for name, value in offline_sdk_env(server).items():
+        patch.setenv(name, value)
+
+
+def final_checkpoint(log_path: Path) -> dict[str, Any]:
+    """The one `final` row of a run's `checkpoints.jsonl`, asserted to name a `tinker://` state."""
+    (final,) = [row for row in jsonl_rows(log_path / "checkpoints.jsonl") if row["name"] == "final"]
+    assert final["state_path"].startswith("tinker://"), final
+    return final
+
+
 def run_ported_main(
     relative_path: str, argv: Sequence[str], *, monkeypatch: pytest.MonkeyPatch
 ) -> types.ModuleType:

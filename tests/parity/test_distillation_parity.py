@@ -39,7 +39,12 @@ from tinker import types  # noqa: E402
 
 from shell.local import LocalServiceClient  # noqa: E402
 from tests.parity.porting import require_cookbook  # noqa: E402
-from tests.parity.recipe_runs import close_sdk_sessions, jsonl_rows, offline_sdk_env  # noqa: E402
+from tests.parity.recipe_runs import (  # noqa: E402
+    close_sdk_sessions,
+    final_checkpoint,
+    jsonl_rows,
+    point_sdk_at,
+)
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, assert_same_output, running_server  # noqa: E402
 
@@ -97,8 +102,7 @@ def _sessions_closed(server: Server) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def sdk(server: Server) -> Iterator[tinker.ServiceClient]:
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in offline_sdk_env(server).items():
-            patch.setenv(name, value)
+        point_sdk_at(server, patch)
         client = tinker.ServiceClient()
         yield client
         client.close("success").result()
@@ -200,8 +204,7 @@ def test_sdft_reverse_kl_over_serve_computes_what_runs_in_process(
     server: Server, topk_data: list[types.Datum], tiny_llama: str, tmp_path: Path
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in offline_sdk_env(server).items():
-            patch.setenv(name, value)
+        point_sdk_at(server, patch)
         fresh = tinker.ServiceClient()  # a new session: its first LoRA, as in process
         served = _reverse_kl_steps(fresh, topk_data, tiny_llama)
         fresh.close("success").result()
@@ -224,8 +227,7 @@ def test_the_cookbook_off_policy_distillation_main_trains_over_serve(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
+    point_sdk_at(server, monkeypatch)
     log_path = tmp_path / "distill"
     config = train_off_policy.Config(
         learning_rate=2e-2,
@@ -252,8 +254,7 @@ def test_the_cookbook_off_policy_distillation_main_trains_over_serve(
     rows = [row for row in jsonl_rows(log_path / "metrics.jsonl") if "train/loss:sum" in row]
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(math.isfinite(row["train/loss:sum"]) and row["train/loss:sum"] > 0 for row in rows)
-    (final,) = [row for row in jsonl_rows(log_path / "checkpoints.jsonl") if row["name"] == "final"]
-    assert final["state_path"].startswith("tinker://")
+    final_checkpoint(log_path)
 
 
 def test_the_cookbook_on_policy_distillation_main_trains_over_serve(
@@ -263,8 +264,7 @@ def test_the_cookbook_on_policy_distillation_main_trains_over_serve(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
+    point_sdk_at(server, monkeypatch)
     log_path = tmp_path / "on-policy"
     config = train_on_policy.Config(
         learning_rate=1e-2,
@@ -303,8 +303,7 @@ def test_the_cookbook_on_policy_distillation_main_trains_over_serve(
 def test_sdft_main_trains_over_serve(
     reverse: bool, server: Server, tiny_llama: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
+    point_sdk_at(server, monkeypatch)
     renderer = get_renderer("role_colon", get_tokenizer(tiny_llama))
     pairs = ((3, 4), (5, 6), (7, 8), (9, 1))
     questions, answers = [f"{a}+{b}=" for a, b in pairs], [str(a + b) for a, b in pairs]

@@ -49,10 +49,10 @@ import pytest
 
 from shell.cookbook.rl import train
 from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
-from tests.parity.recipe_runs import jsonl_rows, offline_sdk_env, run_ported_main
+from tests.parity.recipe_runs import jsonl_rows, point_sdk_at, run_ported_main
 from tests.parity.tiny_chat_model import write_tiny_chat_llama
 from tests.parity.tiny_hf_model import write_tiny_llama
-from tests.serve.server import RLPURE, Server, running_server
+from tests.serve.server import RLPURE, running_server
 
 require_cookbook()
 
@@ -78,12 +78,6 @@ def _recipe(path: str) -> types.ModuleType:
     return import_ported(f"recipes/{path}")
 
 
-def _point_at(monkeypatch: pytest.MonkeyPatch, server: Server) -> None:
-    """The SDK's environment for `server`, the Hugging Face hub offline (`offline_sdk_env`)."""
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
-
-
 def _step_rows(log_path: Path) -> list[dict[str, Any]]:
     """The training steps' rows (not the final totals row)."""
     return [row for row in jsonl_rows(log_path / "metrics.jsonl") if "final_totals" not in row]
@@ -104,7 +98,7 @@ def test_twenty_questions_trains_with_the_answerer_on_rlpure_serve(
 
     log_path = tmp_path / "run"
     with running_server(tmp_path / "state", "-v") as server:
-        _point_at(monkeypatch, server)
+        point_sdk_at(server, monkeypatch)
         monkeypatch.setattr(train, "main", main_with_a_local_answerer)
         run_ported_main(
             "recipes/multiplayer_rl/twenty_questions/train.py",
@@ -144,7 +138,7 @@ def test_text_arena_tictactoe_trains_by_self_play(
     opponent (the base model, sampled on the server)."""
     log_path = tmp_path / "run"
     with running_server(tmp_path / "state") as server:
-        _point_at(monkeypatch, server)
+        point_sdk_at(server, monkeypatch)
         module = run_ported_main(
             "recipes/multiplayer_rl/text_arena/train.py",
             [
@@ -338,7 +332,7 @@ def test_code_rl_trains_with_a_local_run_code_server(
         running_sandbox_serve(tmp_path / "sandbox-serve.log") as sandbox_url,
         running_server(tmp_path / "state", "-v") as server,
     ):
-        _point_at(monkeypatch, server)
+        point_sdk_at(server, monkeypatch)
         monkeypatch.setenv("SANDBOX_URL", sandbox_url)
         cli = chz.entrypoint(
             module.CLIConfig,

@@ -53,7 +53,7 @@ import pytest
 from tests.parity.porting import import_ported, require_cookbook, serve_ported_recipes
 from tests.parity.recipe_runs import (
     jsonl_rows,
-    offline_sdk_env,
+    point_sdk_at,
     run_ported_main,
     write_local_dataset,
 )
@@ -89,8 +89,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture
 def on_server(server: Server, monkeypatch: pytest.MonkeyPatch) -> Server:
     """The SDK's environment pointed at `server`, the hub offline."""
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
+    point_sdk_at(server, monkeypatch)
     return server
 
 

@@ -27,7 +27,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="the cookbook's trainers need torch (.cbvenv)")
 
 from tests.parity.porting import require_cookbook  # noqa: E402
-from tests.parity.recipe_runs import close_sdk_sessions, jsonl_rows, offline_sdk_env  # noqa: E402
+from tests.parity.recipe_runs import (  # noqa: E402
+    close_sdk_sessions,
+    final_checkpoint,
+    jsonl_rows,
+    point_sdk_at,
+)
 from tests.parity.tiny_hf_model import write_tiny_llama  # noqa: E402
 from tests.serve.server import Server, running_server  # noqa: E402
 
@@ -67,14 +72,7 @@ def _sessions_closed(server: Server) -> Iterator[None]:
 
 @pytest.fixture
 def pointed(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
-
-
-def _final_checkpoint(log_path: Path) -> dict:
-    (final,) = [row for row in jsonl_rows(log_path / "checkpoints.jsonl") if row["name"] == "final"]
-    assert final["state_path"].startswith("tinker://")
-    return final
+    point_sdk_at(server, monkeypatch)
 
 
 @pytest.mark.usefixtures("pointed")
@@ -102,7 +100,7 @@ def test_the_cookbook_supervised_main_trains_over_serve(tiny_llama: str, tmp_pat
     nll = [row["train_mean_nll"] for row in rows]
     assert all(math.isfinite(value) for value in nll)
     assert sum(nll[4:]) < 0.9 * sum(nll[:4]), nll
-    _final_checkpoint(log_path)
+    final_checkpoint(log_path)
 
 
 @pytest.mark.usefixtures("pointed")
@@ -134,4 +132,4 @@ def test_the_cookbook_dpo_main_starts_at_log_2_and_trains_over_serve(
     losses = [row["dpo_loss"] for row in rows]
     assert losses[0] == pytest.approx(math.log(2), abs=1e-4)  # policy = reference at step 0
     assert sum(losses[4:]) < sum(losses[:4]) < 4 * math.log(2), losses
-    _final_checkpoint(log_path)
+    final_checkpoint(log_path)

@@ -39,7 +39,7 @@ from tests.parity.porting import require_cookbook  # noqa: E402
 from tests.parity.recipe_runs import (  # noqa: E402
     close_sdk_sessions,
     jsonl_rows,
-    offline_sdk_env,
+    point_sdk_at,
     run_ported_main,
     write_local_dataset,
 )
@@ -189,8 +189,7 @@ def _sessions_closed(server: Server) -> Iterator[None]:
 def test_sl_loop_ported_trains_over_serve(
     server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in offline_sdk_env(server).items():
-        monkeypatch.setenv(name, value)
+    point_sdk_at(server, monkeypatch)
     rows: list[dict[str, Any]] = [{"messages": chat} for chat in CHATS * 4]
     write_local_dataset(tmp_path, "HuggingFaceH4/no_robots", {"default": {"train": rows}})
     monkeypatch.chdir(tmp_path)  # the dataset's name is a folder here
