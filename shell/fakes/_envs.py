@@ -85,7 +85,9 @@ class ScriptedEnv(Env):
     The episode has `len(rewards)` steps; step `k` returns `rewards[k]` (or
     `reward_fn(action)` when given) and the next observation is the previous one plus the
     action (multi-turn with the prefix property). With `fail_at_step=k`, step `k` raises
-    `error` (default `EnvFailure`); with `hang_at_step=k`, step `k` never returns.
+    `error` (default `EnvFailure`); with `hang_at_step=k`, step `k` never returns. `latency`
+    sleeps that many seconds in each step; `turns` yields that many event-loop turns instead
+    (a latency that keeps the same order of events whatever the machine's load).
 
     Attributes:
         steps_taken: number of completed `step` calls.
@@ -99,6 +101,7 @@ class ScriptedEnv(Env):
         rewards: Sequence[float] = (1.0,),
         reward_fn: Callable[[np.ndarray], float] | None = None,
         latency: float = 0.0,
+        turns: int = 0,
         fail_at_step: int | None = None,
         error: BaseException | None = None,
         hang_at_step: int | None = None,
@@ -111,6 +114,7 @@ class ScriptedEnv(Env):
         self.rewards = list(rewards)
         self.reward_fn = reward_fn
         self.latency = latency
+        self.turns = turns
         self.fail_at_step = fail_at_step
         self.error = error
         self.hang_at_step = hang_at_step
@@ -128,6 +132,8 @@ class ScriptedEnv(Env):
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
+            for _ in range(self.turns):
+                await asyncio.sleep(0)
             if k == self.hang_at_step:
                 await asyncio.Event().wait()
         except asyncio.CancelledError:

@@ -100,8 +100,8 @@ class Stop(BaseException):
 
 class _Group(ScriptedGroupBuilder):
     """Group `(batch, problem)`: prompt `[1, 100 + batch, 200 + problem]`, rewards `index % 2`
-    (all 1 when `constant`), env latency `latency`; logs `("start", where)` / `("done", where)`
-    in `log`."""
+    (all 1 when `constant`), env latency `latency` seconds and `turns` event-loop turns; logs
+    `("start", where)` / `("done", where)` in `log`."""
 
     def __init__(
         self,
@@ -110,6 +110,7 @@ class _Group(ScriptedGroupBuilder):
         *,
         log: list[tuple[Any, ...]],
         latency: float = 0.0,
+        turns: int = 0,
         error: BaseException | None = None,
         constant: bool = False,
     ) -> None:
@@ -121,6 +122,7 @@ class _Group(ScriptedGroupBuilder):
                 prompt=[1, 100 + batch, 200 + problem],
                 rewards=(1.0 if constant else float(index % 2),),
                 latency=latency,
+                turns=turns,
                 stop=(),
                 fail_at_step=None if error is None else 0,
                 error=error,
@@ -156,9 +158,12 @@ def _trained(service: FakeServiceClient) -> list[list[tuple[int, int]]]:
 
 
 def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: Path) -> None:
+    # problem p's rollouts take 3p event-loop turns, so groups finish out of order, and in the
+    # same order whatever the machine's load (wall-clock latencies made the schedule, and so
+    # the staleness, depend on it)
     log: list[tuple[Any, ...]] = []
     dataset = ScriptedDataset(
-        lambda b, p: _Group(b, p, log=log, latency=0.002 * p), num_batches=4, groups_per_batch=3
+        lambda b, p: _Group(b, p, log=log, turns=3 * p), num_batches=4, groups_per_batch=3
     )
     service = FakeServiceClient()
     config = _config(tmp_path, async_config=_async(max_steps_off_policy=1, groups_per_batch=3))
@@ -168,6 +173,15 @@ def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: P
     assert len(trained) == 4 and all(len(step) == 3 for step in trained)
     flat = [g for step in trained for g in step]
     assert sorted(flat) == [(b, p) for b in range(4) for p in range(3)]  # each once
+    # each step trains the groups of the oldest sampler first; the slow (2, 2), sampled after
+    # step 0, trains at step 3, two steps stale: no group is discarded for staleness (the
+    # cookbook's rule), so staleness may exceed max_steps_off_policy
+    assert trained == [
+        [(0, 0), (0, 1), (1, 0)],
+        [(0, 2), (1, 1), (1, 2)],
+        [(2, 0), (2, 1), (3, 0)],
+        [(2, 2), (3, 1), (3, 2)],
+    ]
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -185,7 +199,11 @@ def test_an_async_run_trains_every_group_once_with_staleness_metrics(tmp_path: P
             "env/all/reward/total",
         ):
             assert key in row, key
-        assert 0 <= row["async/staleness_min"] <= row["async/staleness_max"] <= 1
+        step = row["training_client/step"]
+        assert row["async/staleness_max"] == step - row["sampling_client/step_min"]
+        assert row["async/staleness_min"] == step - row["sampling_client/step_max"]
+    staleness = [(row["async/staleness_min"], row["async/staleness_max"]) for row in steps]
+    assert staleness == [(0, 0), (1, 1), (0, 1), (1, 2)]
     records = (tmp_path / "run" / "checkpoints.jsonl").read_text().splitlines()
     assert [json.loads(r)["name"] for r in records] == ["000000", "final"]  # as the cookbook
     # stable_reinforce (the default) sent with provenance on every datum
