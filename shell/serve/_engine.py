@@ -28,6 +28,9 @@ Conventions:
   weights (`save_weights_and_get_sampling_client`) cannot be: a request to it then fails with a
   message naming `--max-samplers`. A session's models and samplers are released when it
   finishes or when no heartbeat came for `session_timeout_s`; its checkpoints stay on disk.
+- **Reads.** The REST client's reads (training runs, checkpoint listings and infos) run on
+  a thread of their own (`read_async`), so they answer while the worker trains; deleting a
+  checkpoint runs on the worker, between operations.
 - **Shutdown.** `close()` refuses new work, lets the operation that is running finish (a
   checkpoint being written is completed), fails the queued ones with category `server`, and
   stops the worker.
@@ -284,6 +287,16 @@ class Engine:
                 raise EngineClosed("the server is shutting down")
         future = asyncio.run_coroutine_threadsafe(_as_coroutine(fn), self._loop)
         return await asyncio.wrap_future(future)
+
+    async def read_async(self, fn: Callable[[], Any]) -> Any:
+        """`fn`'s value, computed on a thread of its own, not the worker: for reads of the
+        checkpoint folders and the runs' records (the REST client's), which touch no model, so
+        that they do not wait behind a `forward_backward` the worker is running (minutes on a
+        CPU). What changes checkpoints (a deletion) goes through `call_async`, in order."""
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the server is shutting down")
+        return await asyncio.to_thread(fn)
 
     # -- sessions --
 

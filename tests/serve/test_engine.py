@@ -241,6 +241,40 @@ def test_close_lets_the_running_op_finish_and_fails_the_queued_ones_unrun(
     assert ran == [1]
 
 
+def test_reads_answer_while_the_worker_trains(engine: Engine) -> None:
+    """A REST read (`read_async`) runs beside a long training operation; a write
+    (`call_async`) waits for it. Reads used to queue behind training: minutes on a CPU."""
+    model_id = _create(engine)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(client: LocalTrainingClient) -> Reply:
+        started.set()
+        assert release.wait(30)
+        return json_reply({"seq": 1})
+
+    running = engine.submit_training(model_id, 1, "op", slow)
+    assert started.wait(30)
+
+    async def read_then_write() -> tuple[list[str], bool]:
+        rest = engine.service.create_rest_client
+        runs = await asyncio.wait_for(
+            engine.read_async(lambda: rest().list_training_runs().result()), 10
+        )
+        write = asyncio.ensure_future(engine.call_async(lambda: "written"))
+        await asyncio.sleep(0.3)
+        waited = not write.done()
+        release.set()
+        assert await asyncio.wait_for(write, 30) == "written"
+        return [run.training_run_id for run in runs.training_runs], waited
+
+    run_ids, write_waited = asyncio.run(read_then_write())
+    assert model_id in run_ids and write_waited
+    assert _json(_result(engine, running)) == {"seq": 1}
+    engine.close()
+    with pytest.raises(RuntimeError, match="shutting down"):
+        asyncio.run(engine.read_async(lambda: None))
+
+
 def test_a_refused_requests_seq_id_is_skipped_so_the_next_one_runs(engine: Engine) -> None:
     model_id = _create(engine)
     engine.skip_training_seq(model_id, 1, "save_weights")  # refused with a 400 by the app
