@@ -195,9 +195,9 @@ class Api:
     async def optim_step(self, request: Request) -> Response:
         body = await _parse(request, types.OptimStepRequest)
         seq_id = _require_seq(body.seq_id)
-        request_id = self.engine.submit_training(
-            body.model_id, seq_id, "optim_step", _ops.optim_step(body)
-        )
+        with self._in_order(body.model_id, seq_id, "optim_step"):
+            op = _ops.optim_step(body)
+        request_id = self.engine.submit_training(body.model_id, seq_id, "optim_step", op)
         return _future(request_id, model_id=body.model_id)
 
     async def save_weights(self, request: Request) -> Response:

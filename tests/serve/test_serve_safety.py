@@ -342,8 +342,9 @@ def _image_datum() -> types.Datum:
         (lambda tc: tc.save_weights_for_sampler(".."), "not a plain name"),
         (lambda tc: tc.load_state(f"tinker://{tc.model_id}/blobs/x"), "unknown checkpoint kind"),
         (lambda tc: tc.forward_backward([_image_datum()], "cross_entropy"), "image chunks"),
+        (lambda tc: tc.optim_step(types.DimuonParams(learning_rate=1e-3)), "AdamW steps only"),
     ],
-    ids=["save-name", "save-ttl", "sampler-name", "load-kind", "image-datum"],
+    ids=["save-name", "save-ttl", "sampler-name", "load-kind", "image-datum", "optim-dimuon"],
 )
 @pytest.mark.filterwarnings("ignore:DEPRECATED:FutureWarning")  # load_state
 def test_a_refused_training_request_keeps_the_clients_later_requests_in_order(
