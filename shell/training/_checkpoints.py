@@ -18,10 +18,13 @@ Conventions:
   `sampler_path` hold what the backend returned (an absolute path, as the cookbook writes), so
   the cookbook's `main` resumes the log dir where it is; a URI (`tinker://...`, `fake://...`)
   is the service's name for a state and is written as it is, with no relative key. A state saved
-  outside the log dir gets no relative key (with a warning: that log dir cannot be resumed once
-  moved), and reading refuses any rlpure record whose path lies outside the log dir it is read
-  from — a relative path climbing out with `..`, or an absolute one such as a copied log dir's
-  records naming the original's states — with a `CheckpointError` saying how to fix it.
+  outside the log dir (the local backend's default store, as `LocalServiceClient()` keeps its
+  states) gets no relative key and marks its row `outside_log_dir` (with a warning: that log dir
+  resumes only where that state is); such a row's absolute paths are read as they are, as a
+  URI is. Reading refuses any other rlpure record whose path lies outside the log dir it is
+  read from — a relative path climbing out with `..`, or an unmarked absolute one such as the
+  records of an rlpure that wrote absolute paths into its own log dir, moved since — with a
+  `CheckpointError` saying how to fix it.
 - Rows are the cookbook's (tinker-cookbook 0.6.1 `checkpoint_utils`): each line rlpure writes
   carries the cookbook's keys `name` (`"000020"`: the batch, six digits; `"final"` for the end
   of the run), `batch` (the next batch to train), `state_path`, `sampler_path` (periodic and
@@ -162,6 +165,7 @@ class _Row(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Fals
     rolling: bool | None = None
     relative_state_path: str | None = None
     relative_sampler_path: str | None = None
+    outside_log_dir: bool | None = None
 
 
 class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -183,6 +187,7 @@ class _WrittenRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     kl_reference_path: str | None  # always written (null: none), as in every earlier row
     relative_state_path: str | None = None
     relative_sampler_path: str | None = None
+    outside_log_dir: bool | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Row)
@@ -241,7 +246,7 @@ _WARNED_OUTSIDE: set[Path] = set()
 """Log dirs already warned about states saved outside them (one warning per run, not per save)."""
 
 
-def recorded_path(path: str, log_dir: str | os.PathLike[str]) -> str:
+def recorded_path(path: str, log_dir: str | os.PathLike[str], *, warn: bool = True) -> str:
     """How a record stores the backend's `path`: relative to `log_dir` when inside it.
 
     Examples:
@@ -259,13 +264,13 @@ def recorded_path(path: str, log_dir: str | os.PathLike[str]) -> str:
     # compare resolved paths too: a log dir reached through a symlink
     if absolute.resolve().is_relative_to(root.resolve()):
         return absolute.resolve().relative_to(root.resolve()).as_posix()
-    if root not in _WARNED_OUTSIDE:
+    if warn and root not in _WARNED_OUTSIDE:
         _WARNED_OUTSIDE.add(root)
         logger.warning(
-            "%s: the state %s is saved outside this log dir, so the log dir cannot be resumed "
-            "from elsewhere, nor at all once that state is gone (a LocalServiceClient with "
-            "temporary_checkpoints=True deletes its states at exit; the local backend keeps "
-            "states inside the log dir with "
+            "%s: the state %s is saved outside this log dir, so the log dir resumes only on a "
+            "machine where that state is, and not at all once it is gone (a LocalServiceClient "
+            "with temporary_checkpoints=True deletes its states at exit; the local backend "
+            "keeps states inside the log dir with "
             "LocalServiceClient(checkpoint_dir=<log_dir>/local_states), the CLI's default)",
             root,
             path,
@@ -285,8 +290,10 @@ def _legacy_hint(path: Path) -> str:
     return " A record may only name states inside its log dir (or a service URI)."
 
 
-def resolved_path(stored: str, log_dir: Path, *, where: str) -> str:
-    """The path a record's `stored` path names, read from `log_dir` (URIs as they are).
+def resolved_path(stored: str, log_dir: Path, *, where: str, outside_ok: bool = False) -> str:
+    """The path a record's `stored` path names, read from `log_dir` (URIs as they are; an
+    absolute path outside `log_dir` as it is when `outside_ok`: a row marked
+    `outside_log_dir`, its states saved there on purpose).
 
     Raises:
         CheckpointError: `stored` lies outside `log_dir` (message says how to fix it).
@@ -301,7 +308,7 @@ def resolved_path(stored: str, log_dir: Path, *, where: str) -> str:
         return str(root / path)
     target = Path(os.path.normpath(path)) if path.is_absolute() else None
     if target is not None and (
-        target.is_relative_to(root) or target.resolve().is_relative_to(root.resolve())
+        outside_ok or target.is_relative_to(root) or target.resolve().is_relative_to(root.resolve())
     ):
         return str(target)
     if path.is_absolute():
@@ -389,6 +396,7 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
         assert row.batch is not None  # for mypy
         step, key_data, rederived = row.batch, rederived_key_data(seed, row.batch), True
     assert row.name is not None and row.state_path is not None  # for mypy
+    outside_ok = bool(row.outside_log_dir)
     if not row.state_path:
         raise CheckpointError(f"{where}: 'state_path' is empty")
     if step < 0:
@@ -407,7 +415,9 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
         # where the log dir was written, for the cookbook); older rows by `state_path` itself
         def ours_read(relative: str | None, path: str | None) -> str | None:
             stored = relative if relative is not None else path
-            return None if stored is None else resolved_path(stored, log_dir, where=where)
+            if stored is None:
+                return None
+            return resolved_path(stored, log_dir, where=where, outside_ok=outside_ok)
 
         state_path = ours_read(row.relative_state_path, row.state_path)
         sampler_path = ours_read(row.relative_sampler_path, row.sampler_path)
@@ -423,7 +433,7 @@ def _record(row: _Row, *, where: str, log_dir: Path, seed: int) -> CheckpointRec
         kl_reference_path=(
             None
             if row.kl_reference_path is None
-            else resolved_path(row.kl_reference_path, log_dir, where=where)
+            else resolved_path(row.kl_reference_path, log_dir, where=where, outside_ok=outside_ok)
         ),
         rng_key_rederived=rederived,
         cumulative_tokens=_token_totals(
@@ -475,7 +485,18 @@ def _written_row(record: CheckpointRecord, log_dir: str | os.PathLike[str]) -> _
         ),
         relative_state_path=_relative(record.state_path, log_dir),
         relative_sampler_path=_relative(record.sampler_path, log_dir),
+        outside_log_dir=True
+        if any(
+            _outside(path, log_dir)
+            for path in (record.state_path, record.sampler_path, record.kl_reference_path)
+        )
+        else None,
     )
+
+
+def _outside(path: str | None, log_dir: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a filesystem path outside `log_dir` (a URI is not)."""
+    return path is not None and Path(recorded_path(path, log_dir, warn=False)).is_absolute()
 
 
 def append_checkpoint(log_dir: str | os.PathLike[str], record: CheckpointRecord) -> None:

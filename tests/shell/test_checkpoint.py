@@ -91,6 +91,41 @@ def test_an_absolute_record_outside_the_log_dir_is_refused(tmp_path: Path) -> No
         load_checkpoints(log_dir)
 
 
+def test_a_state_saved_outside_the_log_dir_on_purpose_resumes_where_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `LocalServiceClient()` keeps its states in the user's store, outside any log dir (the
+    # cookbook facade's documented `main(config, service_client=LocalServiceClient())`): its
+    # rows are marked, read back as written, and resume; they used to be refused as a copied
+    # log dir's, so a killed run could not resume even in place
+    from tests.local.micro import MICRO_NAME, micro_service
+
+    log_dir, store = tmp_path / "run", tmp_path / "store"
+    service = micro_service(store)
+
+    async def save() -> str:
+        client = await service.create_lora_training_client_async(base_model=MICRO_NAME)
+        await save_checkpoint(client, log_dir=log_dir, step=2, rng_key_data=(0, 1))
+        return str(store)
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(save())
+    assert "saved outside this log dir" in caplog.text
+    [row] = _rows(log_dir)
+    assert row["outside_log_dir"] is True and "relative_state_path" not in row
+    [record] = load_checkpoints(log_dir)
+    assert record.step == 2 and Path(record.state_path).is_relative_to(store)
+    assert Path(record.state_path).is_dir()
+    kl = msgspec.structs.replace(record, kl_reference_path=str(store / "kl"))
+    append_checkpoint(log_dir, kl)
+    assert load_checkpoints(log_dir)[-1].kl_reference_path == str(store / "kl")
+    # a row inside its log dir is not marked, and an unmarked absolute outside path is still
+    # refused (`test_an_absolute_record_outside_the_log_dir_is_refused`)
+    inside = msgspec.structs.replace(record, state_path=str(log_dir / "local_states" / "s"))
+    append_checkpoint(log_dir, inside)
+    assert "outside_log_dir" not in _rows(log_dir)[-1]
+
+
 # --- cookbook-compatible rows ------------------------------------------------------------------
 
 
