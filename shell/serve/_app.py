@@ -341,16 +341,13 @@ class Api:
             await self._rest(lambda rest: rest.get_weights_info_by_tinker_path(directory).result())
         )
 
-    async def _rest(self, fn: Callable[[Any], Any], *, writes: bool = False) -> Any:
-        """`fn` of a local REST client: on a reader thread (`Engine.read_async`), or, when it
-        `writes`, on the worker between operations."""
+    async def _rest(self, fn: Callable[[Any], Any]) -> Any:
+        """`fn` of a local REST client, on a thread beside the worker (`Engine.read_async`)."""
 
         def run() -> Any:
             return fn(self.engine.service.create_rest_client())
 
         try:
-            if writes:
-                return await self.engine.call_async(run)
             return await self.engine.read_async(run)
         except (LookupError, LocalLookupError) as err:  # LocalLookupError is a ValueError
             raise BadRequest(self.engine.public_message(str(err)), 404) from err
@@ -396,8 +393,7 @@ class Api:
         directory = str(ref.directory(self.engine.checkpoint_root))
         if action == "" and request.method == "DELETE":
             await self._rest(
-                lambda rest: rest.delete_checkpoint_from_tinker_path(directory).result(),
-                writes=True,
+                lambda rest: rest.delete_checkpoint_from_tinker_path(directory).result()
             )
             self.ttl.forget(ref)
             return _ok({})

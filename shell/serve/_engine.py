@@ -28,9 +28,9 @@ Conventions:
   weights (`save_weights_and_get_sampling_client`) cannot be: a request to it then fails with a
   message naming `--max-samplers`. A session's models and samplers are released when it
   finishes or when no heartbeat came for `session_timeout_s`; its checkpoints stay on disk.
-- **Reads.** The REST client's reads (training runs, checkpoint listings and infos) run on
-  a thread of their own (`read_async`), so they answer while the worker trains; deleting a
-  checkpoint runs on the worker, between operations.
+- **REST.** The REST client's calls (training runs, checkpoint listings and infos,
+  deletions) run on threads of their own (`read_async`), so they answer while the worker
+  trains.
 - **Shutdown.** `close()` refuses new work, lets the operation that is running finish (a
   checkpoint being written is completed), fails the queued ones with category `server`, and
   stops the worker.
@@ -280,19 +280,13 @@ class Engine:
         self._loop.call_soon_threadsafe(run)
         return result.result(timeout_s)
 
-    async def call_async(self, fn: Callable[[], Any]) -> Any:
-        """`call` awaited from another event loop (an HTTP handler)."""
-        with self._lock:
-            if self._closed:
-                raise EngineClosed("the server is shutting down")
-        future = asyncio.run_coroutine_threadsafe(_as_coroutine(fn), self._loop)
-        return await asyncio.wrap_future(future)
-
     async def read_async(self, fn: Callable[[], Any]) -> Any:
-        """`fn`'s value, computed on a thread of its own, not the worker: for reads of the
-        checkpoint folders and the runs' records (the REST client's), which touch no model, so
-        that they do not wait behind a `forward_backward` the worker is running (minutes on a
-        CPU). What changes checkpoints (a deletion) goes through `call_async`, in order."""
+        """`fn`'s value, computed on a thread of its own, not the worker: for the REST client's
+        work on the checkpoint folders and the runs' records (listings, infos, deletions), which
+        touches no model, so that it does not wait behind a `forward_backward` the worker is
+        running (minutes on a CPU; the SDK times a request out after 60 s and retries it, so a
+        deletion that waited ran again and answered 404). Deleting a checkpoint that an
+        operation is loading fails that operation, as the same two requests would on Tinker."""
         with self._lock:
             if self._closed:
                 raise EngineClosed("the server is shutting down")
@@ -695,7 +689,3 @@ def _shut_down(what: str) -> Reply:
     return json_reply(
         {"error": f"{what}: the server shut down before this ran", "category": "server"}
     )
-
-
-async def _as_coroutine(fn: Callable[[], Any]) -> Any:
-    return fn()
