@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from shell.errors import ConfigError
+from shell.training._lock import hold_log_dir
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
@@ -65,6 +66,9 @@ def check_log_dir(log_dir: str, behavior_if_exists: LogdirBehavior) -> None:
 
     Raises:
         ConfigError: `"raise"` and the directory exists.
+        LogDirLockedError: (a `ConfigError`) deleting a log dir a running run holds
+            (`shell.training._lock`): its files are left as they are. The cookbook deletes it
+            under the live run, which goes on writing into the new one's files.
         AssertionError: an unknown `behavior_if_exists` (the cookbook's error type).
     """
     if not Path(log_dir).exists():
@@ -76,7 +80,7 @@ def check_log_dir(log_dir: str, behavior_if_exists: LogdirBehavior) -> None:
         logger.info(
             "Log directory %s already exists. Will delete it and start logging there.", log_dir
         )
-        shutil.rmtree(log_dir)
+        _delete(log_dir)
     elif behavior_if_exists == "resume":
         return
     elif behavior_if_exists == "raise":
@@ -88,7 +92,7 @@ def check_log_dir(log_dir: str, behavior_if_exists: LogdirBehavior) -> None:
                 "[delete, resume, exit]: "
             )
             if answer == "delete":
-                shutil.rmtree(log_dir)
+                _delete(log_dir)
                 return
             if answer == "resume":
                 return
@@ -97,3 +101,9 @@ def check_log_dir(log_dir: str, behavior_if_exists: LogdirBehavior) -> None:
             logger.warning("Invalid input: %s. Please enter 'delete', 'resume', or 'exit'.", answer)
     else:
         raise AssertionError(f"Invalid behavior_if_exists: {behavior_if_exists}")
+
+
+def _delete(log_dir: str) -> None:
+    """Removes `log_dir` while holding its lock, so a run writing there is never wiped."""
+    with hold_log_dir(log_dir):
+        shutil.rmtree(log_dir)

@@ -4,8 +4,10 @@ logtree (+ formatters) and preference, without the cookbook installed."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import os
 import pickle
 import re
 from pathlib import Path
@@ -29,6 +31,7 @@ from shell.cookbook.preference.types import (
 )
 from shell.cookbook.utils import logtree, misc_utils
 from shell.cookbook.utils.logtree_formatters import ConversationFormatter
+from shell.training._lock import LOCK_FILE, LogDirLockedError
 
 # --- exceptions ----------------------------------------------------------------------------------
 
@@ -183,6 +186,30 @@ def test_check_log_dir_behaviours(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     run.mkdir()
     with pytest.raises(AssertionError, match="Invalid behavior_if_exists"):
         cli_utils.check_log_dir(str(run), "bogus")  # type: ignore[arg-type]
+
+
+def test_deleting_a_log_dir_a_run_holds_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a run holds its log dir's flock; deleting the dir under it used to succeed (the lock
+    # file went with it, so the next run locked a new one while the first kept writing)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoints.jsonl").write_text("{}\n")
+    held = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(held, b"4242 elsewhere\n", 0)
+        with pytest.raises(LogDirLockedError, match="pid 4242 on elsewhere"):
+            cli_utils.check_log_dir(str(run), "delete")
+        monkeypatch.setattr("builtins.input", lambda _prompt: "delete")
+        with pytest.raises(LogDirLockedError):
+            cli_utils.check_log_dir(str(run), "ask")
+        assert (run / "checkpoints.jsonl").read_text() == "{}\n"
+    finally:
+        os.close(held)
+    cli_utils.check_log_dir(str(run), "delete")  # released: deleted
+    assert not run.exists()
 
 
 # --- logtree -------------------------------------------------------------------------------------
