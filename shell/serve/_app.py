@@ -38,7 +38,7 @@ from tinker import types
 
 from shell.local import LocalLookupError
 from shell.serve import _ops
-from shell.serve._engine import Engine, EngineClosed, SamplerSpec
+from shell.serve._engine import Engine, EngineClosed, SamplerSpec, SessionEnded
 from shell.serve._paths import PathError, check_folder_name, parse_checkpoint_id
 from shell.serve._replies import JSON, BadRequest, Reply, error_body, json_reply
 from shell.serve._ttl import check_ttl
@@ -141,7 +141,10 @@ class Api:
 
     async def heartbeat(self, request: Request) -> Response:
         body = await _parse(request, types.SessionHeartbeatRequest)
-        self.engine.touch_session(body.session_id)
+        try:
+            self.engine.touch_session(body.session_id)
+        except SessionEnded as err:
+            raise BadRequest(str(err), 410) from None
         return _ok({"type": "session_heartbeat"})
 
     async def finish_session(self, request: Request) -> Response:

@@ -27,7 +27,9 @@ Conventions:
   saved weights (a path or a base model) is rebuilt when it is needed again, one on unsaved
   weights (`save_weights_and_get_sampling_client`) cannot be: a request to it then fails with a
   message naming `--max-samplers`. A session's models and samplers are released when it
-  finishes or when no heartbeat came for `session_timeout_s`; its checkpoints stay on disk.
+  finishes or when no heartbeat came for `session_timeout_s`; its checkpoints stay on disk,
+  and a later heartbeat for it gets 410 (which stops the SDK's heartbeat loop: pickled
+  sampling clients in worker processes keep one each).
 - **REST.** The REST client's calls (training runs, checkpoint listings and infos,
   deletions) run on threads of their own (`read_async`), so they answer while the worker
   trains.
@@ -62,7 +64,7 @@ from shell.serve._paths import CheckpointRef, parse_tinker_path, ref_from_direct
 from shell.serve._replies import Reply, failure_reply, json_reply
 from shell.serve._ttl import CheckpointTtl
 
-__all__ = ["Engine", "EngineClosed", "SamplerSpec", "TrainingOp"]
+__all__ = ["Engine", "EngineClosed", "SamplerSpec", "SessionEnded", "TrainingOp"]
 
 _logger = logging.getLogger("rlpure.serve")
 
@@ -74,6 +76,10 @@ _GATHER_QUIET_S = 0.005  # samples are started together once none arrived for th
 _GATHER_QUIET_MAX_S = 0.03  # ... or for 3x the longest gap between this round's arrivals
 _GATHER_MAX_S = 0.1  # ... or once the first waited this long
 _UNCLAIMED_KEEP_S = 3600.0  # a result nobody fetched (its client died) is dropped after this
+
+
+class SessionEnded(LookupError):
+    """A heartbeat for a session this server finished or released (HTTP 410)."""
 
 
 class EngineClosed(RuntimeError):
@@ -172,6 +178,7 @@ class Engine:
         self._futures: dict[str, _Pending] = {}
         self._seen: dict[tuple[str, str, int], str] = {}
         self._sessions: dict[str, _Session] = {}
+        self._ended: set[str] = set()  # sessions finished or released (a heartbeat gets 410)
         self._infos: dict[str, types.GetInfoResponse] = {}
         self._specs: dict[str, SamplerSpec] = {}
         self._evicted: set[str] = set()
@@ -302,8 +309,15 @@ class Engine:
         return session_id
 
     def touch_session(self, session_id: str) -> None:
-        """Records a heartbeat (an unknown session, e.g. after a restart, is adopted)."""
+        """Records a heartbeat (an unknown session, e.g. after a restart, is adopted).
+
+        Raises:
+            SessionEnded: this server finished the session, or released it for want of
+                heartbeats (the SDK stops a session's heartbeats when told so: HTTP 410).
+        """
         with self._lock:
+            if session_id in self._ended:
+                raise SessionEnded(f"session_id: session {session_id!r} has finished")
             now = time.time()
             session = self._sessions.setdefault(session_id, _Session(created=now, last_seen=now))
             session.last_seen = now
@@ -312,6 +326,7 @@ class Engine:
         """Releases the session's models and samplers (its checkpoints stay)."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
+            self._ended.add(session_id)
         if session is not None:
             self._release(session)
 
@@ -325,6 +340,7 @@ class Engine:
                 if now - session.last_seen > self.session_timeout_s
             ]
             released = [self._sessions.pop(sid) for sid in idle]
+            self._ended.update(idle)
         for session in released:
             self._release(session)
         return idle

@@ -455,6 +455,31 @@ def test_random_bytes_to_forward_backward_are_a_400(server: Server, seed: int):
     assert "ForwardBackwardRequest" in _detail(status, reply) or "body" in _detail(status, reply)
 
 
+def test_a_finished_sessions_heartbeat_is_410_which_stops_the_sdks_loop(server: Server):
+    """The SDK stops a session's heartbeat loop on 410 only; a finished session used to be
+    re-adopted by every heartbeat (pickled sampling clients keep one each), so it came back
+    empty and stayed."""
+    host = {"Host": f"127.0.0.1:{server.port}", "Content-Type": "application/json"}
+
+    def post(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        return _raw(server, "POST", f"/api/v1/{path}", json.dumps(body).encode(), host)
+
+    status, body = post(
+        "create_session", {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}
+    )
+    assert status == 200, body
+    session_id = json.loads(body)["session_id"]
+    beat = {"session_id": session_id, "type": "session_heartbeat"}
+    assert post("session_heartbeat", beat)[0] == 200
+    assert post(f"sessions/{session_id}/finish", {})[0] == 200
+    status, body = post("session_heartbeat", beat)
+    assert status == 410 and session_id in _detail(status, body)
+    listed = _raw_json(server, "GET", "/api/v1/sessions")
+    assert session_id not in json.dumps(listed)
+    other = {"session_id": "s-restarted000", "type": "session_heartbeat"}
+    assert post("session_heartbeat", other)[0] == 200  # unknown (a restart): adopted
+
+
 def test_sessionless_samples_with_one_seq_id_are_different_requests(server: Server):
     """Two clients sampling a base model without a session may both send `seq_id` 1: each
     gets its own request (the second used to get the first's result)."""
