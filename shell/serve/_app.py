@@ -386,9 +386,11 @@ class Api:
         run_id = request.path_params["run_id"]
         rest_of_path: str = request.path_params["rest"]
         action = ""
-        for suffix in ("/ttl", "/publish", "/external_weights_urls"):
-            if rest_of_path.endswith(suffix):
-                rest_of_path, action = rest_of_path[: -len(suffix)], suffix[1:]
+        # `<kind>/<name>/<action>`: a third part is the action, so a checkpoint may be named
+        # `ttl` (`weights/ttl`, `weights/ttl/ttl`)
+        parts = rest_of_path.split("/")
+        if len(parts) == 3 and parts[2] in ("ttl", "publish", "external_weights_urls"):
+            rest_of_path, action = "/".join(parts[:2]), parts[2]
         try:
             ref = parse_checkpoint_id(run_id, rest_of_path)
         except PathError as err:

@@ -765,6 +765,24 @@ def test_the_tinker_cli_lists_describes_expires_and_deletes_checkpoints(
     assert before + 7200 - 1 <= _expiry(expires) <= after + 7200 + 1
 
 
+def test_checkpoints_named_like_an_action_are_deleted_and_given_a_ttl(
+    server: Server, trainer: TrainingClient
+):
+    """`weights/ttl` is the checkpoint `ttl`, `weights/ttl/ttl` its TTL: the action suffix
+    used to be stripped from any path, so these were refused as malformed ids."""
+    rest = _rest(server)
+    named = {
+        name: trainer.save_state(name).result(SDK_TIMEOUT_S).path
+        for name in ("ttl", "publish", "external_weights_urls")
+    }
+    rest.set_checkpoint_ttl_from_tinker_path(named["ttl"], 3600).result(SDK_TIMEOUT_S)
+    listed = _listed(server, trainer.model_id)
+    assert listed[named["ttl"]]["expires_at"] is not None
+    for path in named.values():
+        rest.delete_checkpoint_from_tinker_path(path).result(SDK_TIMEOUT_S)
+        assert not _folder(server, path).exists()
+
+
 # -- 4. expiry --
 
 
