@@ -37,7 +37,9 @@ rollout wall time), and the cookbook's spans (`shell.timing`):
 The batch must hold exactly `groups_per_batch` groups (`check_stream_dataset`, a
 `ConfigError` before anything runs): with more, the cookbook trains the first ones to finish
 and leaves the others rolling out unused; with fewer, it waits forever. A step whose batch is
-still short (a dataset whose batches vary) trains what it has: the last minibatch is partial.
+still short (a dataset whose batches vary) trains what it has: the last minibatch is partial;
+a later batch with more groups stops the run at its step, with a `ConfigError`, before any of
+them rolls out.
 
 Cancellation: a step that raises (a group error the strategy does not skip, a training call
 failing) cancels its other rollouts and waits for them (each group's `cleanup()` still runs
@@ -198,6 +200,7 @@ async def run_stream_step(
     after it.
 
     Raises:
+        ConfigError: the batch holds more than `groups_per_batch` groups (nothing rolled out).
         ValueError: `stable_reinforce` and a minibatch datum without provenance (earlier
             minibatches may have been sent, as in the cookbook).
         Exception: a group error the strategy does not skip, or a training call's error,
@@ -207,6 +210,14 @@ async def run_stream_step(
     start = await begin_step(ctx, state, step)
     state = state._replace(key=start.key)
     builders = list(dataset.get_batch(step))
+    stream = config.stream_minibatch_config
+    assert stream is not None  # a streaming run
+    if len(builders) > stream.groups_per_batch:  # batch 0 was checked; later ones may differ
+        raise ConfigError(
+            f"TrainConfig.stream_minibatch_config.groups_per_batch: {stream.groups_per_batch} "
+            f"is smaller than the dataset's batch {step} ({len(builders)} groups); streaming "
+            "trains each step on one whole batch (the cookbook drops the extra groups)"
+        )
     policy = sampling_policy(config, state.sampling_client, seed=start.seed)
     arrivals: asyncio.Queue[_Arrival | Exception] = asyncio.Queue()
     limit = asyncio.Semaphore(config.max_concurrent_groups or max(1, len(builders)))

@@ -252,6 +252,27 @@ def test_train_refuses_a_bad_stream_batch_size_before_anything_runs(tmp_path: Pa
     assert service.events == [] and not (tmp_path / "run" / "config.json").exists()
 
 
+class _GrowingDataset(ScriptedDataset):
+    """Batch `b` holds `groups_per_batch + b` groups."""
+
+    def get_batch(self, index: int) -> Any:
+        return [self.make_builder(index, p) for p in range(self.groups_per_batch + index)]
+
+
+def test_a_later_batch_with_more_groups_stops_the_run_instead_of_dropping_them(
+    tmp_path: Path,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    dataset = _GrowingDataset(lambda b, p: _Group(b, p, log=log), num_batches=3, groups_per_batch=2)
+    service = FakeServiceClient()
+    with pytest.raises(
+        ConfigError, match=r"groups_per_batch: 2 is smaller than the dataset's batch 1 \(3 groups\)"
+    ):
+        _run(_config(tmp_path, stream_minibatch_config=_stream(2, 1)), dataset, service)
+    assert {batch for _, batch, _ in log} == {0}  # batch 1 never rolled out
+    assert sum(1 for e in service.events if e[0] == "optim_step") == 1  # step 0 trained
+
+
 @pytest.mark.slow  # compiles the micro model's stages (a few seconds)
 def test_a_streaming_run_trains_and_resumes_on_the_local_backend(tmp_path: Path) -> None:
     import json
