@@ -13,9 +13,11 @@
   (`service_client.create_rest_client().delete_checkpoint_from_tinker_path`, as the cookbook;
   a failed or impossible deletion is a warning, the TTL cleans up on Tinker). A rolling save
   that fails (the backend's error or an `OSError`) is a warning too and the run goes on, as
-  the cookbook's manager only logs it: a resume then starts from the save before it. A run
-  resumed from a rolling row deletes that state too once it saved a newer one (the cookbook's
-  manager only deletes what its own process saved, and the local backend has no TTL);
+  the cookbook's manager only logs it: a resume then starts from the save before it. A
+  resumed run deletes the rolling state its log dir still holds (`live_rolling_state`: the
+  last rolling row's, unless a final row followed it) once it saved a newer one, also when it
+  resumed from a periodic row saved after it (the cookbook's manager only deletes what its own
+  process saved, and the local backend has no TTL, so such a state stayed for good);
 - **final**: after the last step, state and sampler weights with no TTL (kept
   indefinitely), name `"final"`, then the last rolling state is deleted.
 
@@ -42,9 +44,14 @@ from rlpure.usage import TokenUsage
 from shell.clients import ServiceClient, TrainingClient
 from shell.config import TrainConfig
 from shell.errors import CheckpointError
-from shell.training._checkpoints import CheckpointRecord, append_checkpoint, checkpoint_name
+from shell.training._checkpoints import (
+    CheckpointRecord,
+    append_checkpoint,
+    checkpoint_name,
+    load_checkpoints,
+)
 
-__all__ = ["Checkpointer", "save_checkpoint"]
+__all__ = ["Checkpointer", "live_rolling_state", "save_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +132,28 @@ _SAVE_ERRORS = (tinker.TinkerError, CheckpointError, OSError)
 (`checkpoints.jsonl`). Only a rolling save's is caught (a warning); others stop the run."""
 
 
+def live_rolling_state(records: list[CheckpointRecord]) -> str | None:
+    """The rolling state a log dir's `records` (oldest first) leave undeleted: the last
+    rolling row's, unless a final row (which deletes it) followed; each rolling save deletes
+    the one before it, a periodic save none.
+
+    Examples:
+        >>> def row(name, rolling=False, final=False):
+        ...     return CheckpointRecord(step=0, name=name, state_path=name, rng_key_data=(0,),
+        ...         final=final, wall_time=0.0, kl_reference_path=None, rolling=rolling)
+        >>> live_rolling_state([row("r1", True), row("r2", True), row("p3")])
+        'r2'
+        >>> live_rolling_state([row("r1", True), row("final", final=True)]) is None
+        True
+    """
+    for record in reversed(records):
+        if record.final:
+            return None
+        if record.rolling:
+            return record.state_path
+    return None
+
+
 class Checkpointer:
     """The periodic, rolling and final saves of one `train` call (the cookbook's
     `CheckpointManager`; see the module docstring for what is saved when).
@@ -183,7 +212,7 @@ class Checkpointer:
         self._config = config
         self._num_steps = num_steps
         self._previous_rolling = (
-            resumed_from.state_path if resumed_from is not None and resumed_from.rolling else None
+            None if resumed_from is None else live_rolling_state(load_checkpoints(log_dir))
         )
 
     def due(self, step: int) -> Literal["periodic", "rolling"] | None:

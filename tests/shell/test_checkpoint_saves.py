@@ -173,6 +173,29 @@ def test_a_run_resumed_from_a_rolling_save_deletes_it_once_superseded(tmp_path: 
     assert rows[-1]["name"] == "final"
 
 
+def test_a_run_resumed_from_a_periodic_save_deletes_the_rolling_state_before_it(
+    tmp_path: Path,
+) -> None:
+    # rolling 1, 2 (deletes 1), periodic 3, killed: the resumed run used to know only the row
+    # it resumed from, so rolling state 2 stayed for good on the local backend (no TTL)
+    service = _ServiceWithRest()
+    client = _TtlRecordingClient(service)
+    _run(service, client, tmp_path, steps=range(1, 4), num_steps=9, save_every=3,
+         rolling_save_every=1)  # fmt: skip
+    rows = _rows(tmp_path)
+    assert [(r["name"], r.get("rolling", False)) for r in rows] == [
+        ("000001", True), ("000002", True), ("000003", False)
+    ]  # fmt: skip
+    resumed_from = last_checkpoint(tmp_path)
+    assert resumed_from is not None and not resumed_from.rolling
+    service.deleted.clear()
+    _run(service, client, tmp_path, steps=range(4, 5), num_steps=9, save_every=3,
+         rolling_save_every=1, resumed_from=resumed_from)  # fmt: skip
+    rows = _rows(tmp_path)
+    assert service.deleted == [rows[1]["state_path"]]  # by rolling 4, once it was recorded
+    assert rows[2]["state_path"] in service.store.states  # the periodic one stays
+
+
 def test_a_service_without_a_rest_client_keeps_its_rolling_states_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
