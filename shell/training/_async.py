@@ -100,6 +100,7 @@ __all__ = [
     "ASYNC_STATE_FILE",
     "AsyncState",
     "check_async_dataset",
+    "check_async_state",
     "group_seed",
     "run_async",
 ]
@@ -161,16 +162,38 @@ def group_seed(seed: int, position: Position) -> int:
 # --- resume state --------------------------------------------------------------------------------
 
 
+def _states(path: Path) -> list[AsyncState]:
+    """Every `ASYNC_STATE_FILE` row of `path` (none when it is missing).
+
+    Raises:
+        LogFileError: a line that is not JSON (`read_jsonl`).
+        CheckpointError: a row that is not an `AsyncState`, naming its row number.
+    """
+    states = []
+    for n, row in enumerate(read_jsonl(path), start=1):
+        try:
+            states.append(msgspec.convert(row, AsyncState))
+        except msgspec.ValidationError as err:
+            raise CheckpointError(f"{path}: row {n}: {err}") from None
+    return states
+
+
+def check_async_state(log_dir: Path) -> None:
+    """Reads the log dir's `ASYNC_STATE_FILE` without changing it, so that a damaged one stops a
+    resumed run before anything in the log dir is rewritten (`train`'s preflight).
+
+    Raises:
+        LogFileError | CheckpointError: as `_states`.
+    """
+    _states(log_dir / ASYNC_STATE_FILE)
+
+
 def _state_at(log_dir: Path, step: int) -> AsyncState | None:
     """The `ASYNC_STATE_FILE` row of `step`, after dropping rows past it."""
     path = log_dir / ASYNC_STATE_FILE
     truncate_jsonl_by_step(path, keep_below=step + 1)
     found = None
-    for n, row in enumerate(read_jsonl(path), start=1):
-        try:
-            state = msgspec.convert(row, AsyncState)
-        except msgspec.ValidationError as err:
-            raise CheckpointError(f"{path}:{n}: {err}") from None
+    for state in _states(path):
         if state.step == step:
             found = state
     return found

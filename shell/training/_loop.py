@@ -107,7 +107,7 @@ from shell.evaluation import RLTestSetEvaluator, SamplingClientEvaluatorBuilder
 from shell.rollouts import RolloutErrorCounter, RolloutStrategy
 from shell.timing import TIMING_SPANS_FILE, StepTimer, recording, step_timer
 from shell.trace_events import TRACE_EVENTS_FILE, start_tracing, stop_tracing
-from shell.training._async import check_async_dataset, run_async
+from shell.training._async import check_async_dataset, check_async_state, run_async
 from shell.training._checkpoints import CheckpointRecord, prng_key_from_data
 from shell.training._dynamic_sampling import check_dynamic_sampling_dataset
 from shell.training._lock import hold_log_dir
@@ -464,6 +464,8 @@ def _preflight(
     resume = checked_last_checkpoint(config, recipe_options=recipe_options)
     for log in (METRICS_FILE, SAMPLES_FILE, TIMING_SPANS_FILE):
         read_jsonl(log_dir / log)  # a damaged log stops the run before anything is rewritten
+    if config.async_config is not None and resume is not None:
+        check_async_state(log_dir)  # likewise the async data's resume rows
     rates = rates_for_run(config.price_table, config.base_model)
     check_trackers(config)
     # issue 15's modes check the dataset against their batch shape before anything runs

@@ -17,7 +17,7 @@ import pytest
 
 from shell.cli import summary_line
 from shell.config import AsyncConfig, StreamMinibatchConfig, TrainConfig
-from shell.errors import ConfigError, EnvFailure
+from shell.errors import CheckpointError, ConfigError, EnvFailure
 from shell.fakes import (
     FakeCheckpointStore,
     FakeServiceClient,
@@ -366,6 +366,34 @@ def test_a_killed_async_run_resumes_without_training_a_group_twice(tmp_path: Pat
     assert (result.start_step, result.end_step) == (resumed_at, 6)
     everything = sorted(g for step in before + _trained(third) for g in step)
     assert everything == [(b, p) for b in range(6) for p in range(2)]  # each exactly once
+
+
+def test_a_damaged_async_state_stops_a_resume_before_the_log_dir_changes(
+    tmp_path: Path,
+) -> None:
+    # a bad row that is not the last one used to be read only once the run had rewritten
+    # config.json, cut its logs back and opened its clients
+    dataset = ScriptedDataset(lambda b, p: _Group(b, p, log=[]), num_batches=4, groups_per_batch=2)
+    store = FakeCheckpointStore()
+    config = _config(
+        tmp_path, save_every=1, async_config=_async(max_steps_off_policy=1, groups_per_batch=2)
+    )
+    asyncio.run(train(config, dataset=dataset, service_client=FakeServiceClient(store=store)))
+    run = tmp_path / "run"
+    with (run / "checkpoints.jsonl").open("r+") as rows:  # resume before the final row
+        kept = rows.read().splitlines()[:-1]
+        rows.seek(0)
+        rows.write("\n".join(kept) + "\n")
+        rows.truncate()
+    state = run / ASYNC_STATE_FILE
+    lines = state.read_text().splitlines()
+    state.write_text("\n".join(['{"step": 1, "cursor": "nowhere"}', *lines[1:]]) + "\n")
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    service = FakeServiceClient(store=store)
+    with pytest.raises(CheckpointError, match=f"{ASYNC_STATE_FILE}: row 1: "):
+        asyncio.run(train(config, dataset=dataset, service_client=service))
+    after = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    assert after == before and service.events == []
 
 
 def test_group_seeds_do_not_depend_on_the_schedule() -> None:
