@@ -30,7 +30,7 @@ import msgspec.inspect as mi
 
 from rlpure.advantages import AggregationMode, Estimator
 from rlpure.corrections import KLEstimator, MismatchLevel, MismatchMode
-from rlpure.losses import PolicyLossName
+from rlpure.losses import LOSSES, PolicyLossName, check_loss_config
 from rlpure.model import MODEL_CONFIGS
 from shell.errors import ConfigError
 from shell.rollouts import (
@@ -338,6 +338,12 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             + ", ".join(sorted(LOCAL_LOSSES))
             + "); use backend 'tinker' or another loss",
         )
+        loss = self.training_loss_fn()
+        if loss in LOSSES:  # (async's stable_reinforce is refused by `_check_modes`)
+            try:  # what the local losses will refuse once the first batch trains
+                check_loss_config(loss, self.loss_fn_config)
+            except ValueError as err:
+                raise ConfigError(f"TrainConfig.loss_fn_config: {err}") from None
 
     def _check_dependent_options(self) -> None:
         """Options that only make sense together with another option's value."""

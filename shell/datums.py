@@ -37,7 +37,11 @@ def to_tinker_model_input(tokens: np.ndarray, *, validated: bool = False) -> tin
 
 
 def to_tinker_datums(
-    batch: DatumBatch, *, include_mask: bool = True, validated: bool = False
+    batch: DatumBatch,
+    *,
+    include_mask: bool = True,
+    sequence_ratio_mask: bool = False,
+    validated: bool = False,
 ) -> list[tinker.Datum]:
     """Converts the real rows of a padded batch to `tinker.Datum`s, in batch order.
 
@@ -46,11 +50,14 @@ def to_tinker_datums(
         include_mask: add the `mask` array to `loss_fn_inputs`, as the cookbook's
             `assemble_training_data` does. Tinker's built-in RL losses take only
             `target_tokens`, `logprobs` and `advantages`, so pass False when sending.
+        sequence_ratio_mask: add the mask again as `sequence_ratio_mask`, the input Tinker's
+            `gspo` requires (its sequence ratio runs over the sampled tokens).
 
     Returns:
         `batch.num_datums` datums; datum `d` has `model_input` = the input tokens, and
         `loss_fn_inputs` `target_tokens` (int64), `logprobs`, `advantages` (float32) and
-        optionally `mask` (float32), each of length `batch.length_D[d]`.
+        optionally `mask` and `sequence_ratio_mask` (float32), each of length
+        `batch.length_D[d]`.
     """
     check_datum_batch(batch, padding=False)  # padding is never read here
     n = int(batch.num_datums)
@@ -78,6 +85,10 @@ def to_tinker_datums(
         }
         if include_mask:
             inputs["mask"] = tensor(data=mask[d, :length], dtype="float32", shape=shape)
+        if sequence_ratio_mask:
+            inputs["sequence_ratio_mask"] = tensor(
+                data=mask[d, :length], dtype="float32", shape=shape
+            )
         datum = tinker.Datum(
             model_input=to_tinker_model_input(input_tokens[d, :length], validated=validated),
             loss_fn_inputs=inputs,

@@ -5,7 +5,8 @@
   `gspo_token_clipped_surrogate_loss`); its docstring states the notation, the sum reduction,
   the masks and the metrics.
 - `_registry`: `LOSSES` by Tinker's name (`LossSpec`: inputs, config defaults) and
-  `compute_loss`, what `forward_backward(data, loss_fn=name, loss_fn_config=config)` computes;
+  `compute_loss`, what `forward_backward(data, loss_fn=name, loss_fn_config=config)` computes
+  (`check_loss_config` refuses a bad `config` ahead);
   `loss_fn_inputs_from_batch` builds the inputs from a `DatumBatch`.
 - `_common`: `LossOutput` and the checks and ratio metrics the losses share.
 """
@@ -26,6 +27,7 @@ from rlpure.losses._registry import (
     LOSSES,
     LossSpec,
     PolicyLossName,
+    check_loss_config,
     compute_loss,
     loss_fn_inputs_from_batch,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "LossOutput",
     "LossSpec",
     "PolicyLossName",
+    "check_loss_config",
     "cispo_clipped_weight_loss",
     "compute_loss",
     "cross_entropy_loss",

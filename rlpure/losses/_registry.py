@@ -47,6 +47,7 @@ __all__ = [
     "LOSSES",
     "LossSpec",
     "PolicyLossName",
+    "check_loss_config",
     "compute_loss",
     "loss_fn_inputs_from_batch",
 ]
@@ -260,6 +261,27 @@ def _check_loss_inputs(
         ),
         ("valid_mask_D_T", valid_mask_D_T),
     )
+
+
+def check_loss_config(name: str, config: Mapping[str, float] | None) -> dict[str, float]:
+    """`config` for loss `name` over its documented defaults: what `compute_loss` will use, so
+    a caller (a run's configuration) can refuse bad keys before anything runs.
+
+    Raises:
+        ValueError: an unknown loss, unknown config keys, or a required key missing (naming
+            the loss and the keys).
+
+    Examples:
+        >>> check_loss_config("ppo", {"clip_high_threshold": 1.3})
+        {'clip_low_threshold': 0.8, 'clip_high_threshold': 1.3}
+        >>> check_loss_config("dro", None)
+        Traceback (most recent call last):
+        ...
+        ValueError: dro: config ['beta'] must be given (no documented Tinker default; see https://tinker-docs.thinkingmachines.ai/tinker/losses/dro)
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; known: {sorted(LOSSES)}")
+    return _loss_config(LOSSES[name], config)
 
 
 def _loss_config(spec: LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:

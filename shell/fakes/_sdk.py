@@ -43,6 +43,7 @@ from tinker.types import (
     SaveWeightsResponse,
 )
 
+from rlpure.losses import LOSSES
 from rlpure.model import ByteTokenizer
 
 __all__ = [
@@ -220,14 +221,9 @@ class FakeSamplingClient:
         return FakeFuture(logprobs, events=self.events, label="compute_logprobs")
 
 
-_LOSS_INPUTS = {
-    "cross_entropy": {"target_tokens", "weights"},
-    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
-    "ppo": {"target_tokens", "logprobs", "advantages"},
-    "cispo": {"target_tokens", "logprobs", "advantages"},
-    "dro": {"target_tokens", "logprobs", "advantages"},
-    "gspo": {"target_tokens", "logprobs", "advantages"},
-}
+# Tinker's inputs per built-in loss (`rlpure.losses.LOSSES`; gspo's `sequence_ratio_mask`
+# included, which this table once left out)
+_LOSS_INPUTS = {name: set(spec.required_inputs) for name, spec in LOSSES.items()}
 
 
 def _check_datums(data: list[tinker.Datum], loss_fn: str) -> None:

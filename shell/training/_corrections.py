@@ -203,6 +203,7 @@ async def mismatch_corrected(
     sent = to_tinker_datums(
         msgspec.structs.replace(corrected, logprobs_D_T=behaviour.astype(np.float32)),
         include_mask=False,
+        sequence_ratio_mask=config.training_loss_fn() == "gspo",
     )
     metrics = {key: float(value) for key, value in weights.metrics.items()}
     return MismatchCorrection(batch=corrected, datums=sent, metrics=metrics)

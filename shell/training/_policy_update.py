@@ -376,7 +376,8 @@ async def prepare_datums(
                 ref_D_T = await reference_logprobs_D_T(kl_reference_client, batch)
                 batch, kl_metrics = kl_shaped(batch, ref_D_T, config=config)
             metrics.update({k: float(v) for k, v in kl_metrics.items()})
-        datums = to_tinker_datums(batch, include_mask=False)
+        gspo = config.training_loss_fn() == "gspo"
+        datums = to_tinker_datums(batch, include_mask=False, sequence_ratio_mask=gspo)
         if config.mismatch_correction is not None:
             assert training_client is not None  # checked above
             batch, datums, weight_metrics = await mismatch_corrected(

@@ -63,7 +63,10 @@ def test_recipe_help_adds_the_recipe_options_and_defaults(
 
 def test_config_precedence_is_defaults_recipe_file_flags(tmp_path: Path) -> None:
     config_file = tmp_path / "run.toml"
-    config_file.write_text("max_tokens = 9\nlearning_rate = 0.5\nloss_fn_config = {a = 1.0}\n")
+    config_file.write_text(
+        'max_tokens = 9\nlearning_rate = 0.5\nloss_fn = "ppo"\n'
+        "loss_fn_config = {clip_high_threshold = 1.5}\n"
+    )
     parser = cli.build_parser()
     args = parser.parse_args(
         ["train", "toy", "--config", str(config_file), "--learning-rate", "0.25", "--max-steps", "none"]
@@ -72,7 +75,7 @@ def test_config_precedence_is_defaults_recipe_file_flags(tmp_path: Path) -> None
     assert config.max_tokens == 9  # file beats the recipe default (4)
     assert config.learning_rate == 0.25  # flag beats file
     assert config.save_every == 4  # recipe default beats TrainConfig's 0
-    assert config.loss_fn_config == {"a": 1.0}
+    assert config.loss_fn_config == {"clip_high_threshold": 1.5}
     assert config.max_steps is None
     assert config.seed == TrainConfig().seed
 
@@ -115,6 +118,16 @@ def test_json_config_files_load_and_bad_files_are_config_errors(tmp_path: Path) 
         build_config({"loss_fn_config": {"clip_high_threshold": inf}})
     with pytest.raises(ConfigError, match=r"rollout_timeout: must be finite"):
         build_config({"rollout_strategy": "retry", "rollout_timeout": inf})
+    # what the local losses would refuse at the first batch, after the rollouts (a traceback)
+    local = {"backend": "local"}
+    with pytest.raises(ConfigError, match=r"loss_fn_config: dro: config \['beta'\] must be"):
+        build_config({**local, "loss_fn": "dro"})
+    with pytest.raises(ConfigError, match=r"importance_sampling: unknown config keys \['bogus'\]"):
+        build_config({**local, "loss_fn_config": {"bogus": 1.0}})
+    with pytest.raises(ConfigError, match=r"ppo: unknown config keys \['beta'\]"):
+        build_config({**local, "async_config": {"max_steps_off_policy": 1, "groups_per_batch": 2,
+                      "loss_fn": "ppo"}, "loss_fn_config": {"beta": 0.1}})  # fmt: skip
+    assert build_config({**local, "loss_fn": "dro", "loss_fn_config": {"beta": 0.1}})
 
 
 def test_a_field_constraint_reads_the_same_built_directly_or_decoded() -> None:

@@ -33,8 +33,17 @@ def _advantages(groups_P, data):
 @given(batches(prefix="mixed", masked_turns=True), st.data())
 def test_datums_equal_the_reference_element_for_element(groups_P, data):
     advantages_P = _advantages(groups_P, data)
-    datums = to_tinker_datums(assemble_batch(groups_P, advantages_P))
+    batch = assemble_batch(groups_P, advantages_P)
+    datums = to_tinker_datums(batch)
     expected = reference_assemble_training_data(groups_P, advantages_P)
+    # gspo's `sequence_ratio_mask` (the cookbook sends no mask): the sampled tokens
+    for gspo, ref in zip(
+        to_tinker_datums(batch, include_mask=False, sequence_ratio_mask=True), expected, strict=True
+    ):
+        assert set(gspo.loss_fn_inputs) == {"target_tokens", "logprobs", "advantages",
+                                            "sequence_ratio_mask"}  # fmt: skip
+        mask = gspo.loss_fn_inputs["sequence_ratio_mask"].to_numpy()
+        np.testing.assert_array_equal(mask, np.float32(ref["mask"]))
     assert len(datums) == len(expected)
     for datum, ref in zip(datums, expected, strict=True):
         assert datum.model_input.to_ints() == ref["model_input"]

@@ -101,6 +101,25 @@ def _train(config: TrainConfig, service: FakeServiceClient, dataset: RLDataset, 
     return asyncio.run(train(config, dataset=dataset, service_client=service, **kw))
 
 
+def test_a_gspo_run_sends_its_sampled_tokens_as_the_sequence_ratio_mask(tmp_path: Path) -> None:
+    # Tinker's gspo requires `sequence_ratio_mask`; the loop used to send none, so a gspo run
+    # failed at its first batch
+    service = FakeServiceClient()
+    config = _config(
+        tmp_path,
+        loss_fn="gspo",
+        loss_fn_config={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    )
+    _train(config, service, _dataset(1))
+    sent = [d for client in service.training_clients for c in client.sent_data for d in c]
+    assert sent
+    for datum in sent:
+        inputs = datum.loss_fn_inputs
+        assert "mask" not in inputs
+        mask = inputs["sequence_ratio_mask"].to_numpy()
+        np.testing.assert_array_equal(mask, inputs["logprobs"].to_numpy() != 0)
+
+
 def _metric_lines(log_dir: Path, *, finished: bool = True) -> list[dict[str, Any]]:
     """The metrics rows but the final totals row, which a `finished` run writes once, last
     (its running totals: those of the final checkpoint), and an unfinished one never."""
