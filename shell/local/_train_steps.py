@@ -277,21 +277,24 @@ def merge_metrics(chunks: list[dict[str, float]]) -> dict[str, float]:
 
     `:sum` adds, `:min`/`:max` take the extreme, `:mean` is weighted by the chunk's
     `action_tokens:sum` (the positions the losses' means run over) when it is positive, else
-    by chunk. A single chunk is returned unchanged.
+    by chunk. The extremes skip chunks without action tokens when some chunk has them: those
+    report the on-policy placeholder 1.0 (`rlpure.losses`), which is no ratio of the call's. A
+    single chunk is returned unchanged.
     """
     if len(chunks) == 1:
         return chunks[0]
     weights = [c.get("action_tokens:sum", 0.0) for c in chunks]
     if sum(weights) <= 0:
         weights = [1.0] * len(chunks)
+    measured = [c for c, w in zip(chunks, weights, strict=True) if w > 0]
     out = {}
     for key in chunks[0]:
         values = [c[key] for c in chunks]
         reduction = key.rsplit(":", 1)[-1]
         if reduction == "min":
-            out[key] = min(values)
+            out[key] = min(c[key] for c in measured)
         elif reduction == "max":
-            out[key] = max(values)
+            out[key] = max(c[key] for c in measured)
         elif reduction == "mean":
             out[key] = sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
         else:

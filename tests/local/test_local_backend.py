@@ -993,6 +993,41 @@ def test_chunked_training_and_sampling_equal_unchunked() -> None:
         "ratio:min": 0.2,
         "action_tokens:sum": 4.0,
     }
+    # a chunk without action tokens (a constant-reward group's datums) reports ratio 1.0, a
+    # placeholder: the call's extremes are the other chunks' (they used to take it in)
+    idle = {"loss:sum": 0.0, "ratio:min": 1.0, "ratio:max": 1.0, "action_tokens:sum": 0.0}
+    busy = {"loss:sum": 2.0, "ratio:min": 0.2, "ratio:max": 0.5, "action_tokens:sum": 3.0}
+    merged = merge_metrics([busy, idle])
+    assert (merged["ratio:min"], merged["ratio:max"]) == (0.2, 0.5)
+    assert merge_metrics([idle, idle])["ratio:max"] == 1.0
+
+
+def test_a_chunk_without_action_tokens_leaves_the_ratio_extremes_alone() -> None:
+    # one datum with advantages, one without (a constant-reward group's), in one call and in
+    # one chunk each: the metrics agree (the idle chunk's placeholder ratio 1.0 used to become
+    # the call's ratio:max)
+    def datum(text: bytes, advantage: float) -> types.Datum:
+        tokens = list(text)
+        n = len(tokens) - 1
+        return types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": tokens[1:],
+                "logprobs": [0.0] * n,
+                "advantages": [advantage] * n,
+            },
+        )
+
+    data = [datum(b"hello world, abcdefgh", 1.0), datum(b"zzzz qqqq", 0.0)]
+    metrics = {}
+    for tokens in (16384, 16):
+        service = LocalServiceClient(seed=0, temporary_checkpoints=True, max_train_tokens=tokens)
+        trainer = service.create_lora_training_client(base_model=MODEL).result()
+        trainer.prefix_sharing_fraction = 0.0
+        metrics[tokens] = trainer.forward(data, "ppo").result().metrics
+    assert metrics[16]["ratio:max"] < 0.5  # every ratio exp(lp − 0) of a real datum
+    for key, value in metrics[16384].items():
+        assert metrics[16][key] == pytest.approx(value, rel=1e-5), key
 
 
 def _bandit_rewards(loss_fn: str, config: dict[str, float] | None, steps: int = 30) -> list[float]:
