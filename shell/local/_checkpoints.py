@@ -68,6 +68,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Checkpoint",
     "CheckpointInfo",
+    "checked_metadata",
     "checkpoint_name",
     "delete_checkpoint",
     "move_into_place",
@@ -230,6 +231,18 @@ def remove_stale_staging(directory: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def checked_metadata(metadata: object, where: str) -> dict[str, str] | None:
+    """`metadata` as a `dict[str, str]` copy (or `None`); a clear `TypeError` otherwise (the
+    SDK's requests declare `user_metadata: dict[str, str] | None`)."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+    ):
+        raise TypeError(f"{where}: expected a dict[str, str] or None, got {metadata!r}")
+    return dict(metadata)
+
+
 def write_checkpoint(
     directory: Path,
     *,
@@ -252,7 +265,13 @@ def write_checkpoint(
     run that saved it and that run's metadata. With `lora`, `params` are the LoRA adapters of
     the pretrained `base_model` of shape `config` (and `opt_state` their Adam state): the base
     weights are not written.
+
+    Raises:
+        TypeError: `user_metadata` is not a `dict[str, str]` or None (nothing is written: the
+            manifest could not be read back).
     """
+    where = "save_state" if kind == "state" else "save_weights_for_sampler"
+    user_metadata = checked_metadata(user_metadata, f"{where}.user_metadata")
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(directory.parent)
     staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}@{_HOST}-{uuid.uuid4().hex}"

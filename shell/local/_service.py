@@ -41,7 +41,7 @@ from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
 from shell.data_dir import default_checkpoint_dir
 from shell.errors import CheckpointError
-from shell.local._checkpoints import read_checkpoint, remove_stale_staging
+from shell.local._checkpoints import checked_metadata, read_checkpoint, remove_stale_staging
 from shell.local._compile_cache import enable_compilation_cache
 from shell.local._futures import ClientFuture, ReadyFuture
 from shell.local._rest import LocalRestClient
@@ -59,17 +59,6 @@ def _check_adam_optimizer(optimizer: object, where: str) -> None:
             f"{where}: the local backend supports the Adam optimizer only "
             f"(None or tinker.types.AdamOptimizerConfig), got {optimizer!r}"
         )
-
-
-def _check_metadata(metadata: object, where: str) -> dict[str, str] | None:
-    """`metadata` as a `dict[str, str]` copy (or `None`); a clear `TypeError` otherwise."""
-    if metadata is None:
-        return None
-    if not isinstance(metadata, Mapping) or not all(
-        isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
-    ):
-        raise TypeError(f"{where}: expected a dict[str, str] or None, got {metadata!r}")
-    return dict(metadata)
 
 
 def _checkpoint_root(
@@ -181,7 +170,7 @@ class LocalServiceClient:
         ):
             if value < 1:
                 raise ValueError(f"LocalServiceClient.{name}: expected >= 1, got {value}")
-        self.user_metadata: dict[str, str] | None = _check_metadata(
+        self.user_metadata: dict[str, str] | None = checked_metadata(
             user_metadata, "LocalServiceClient.user_metadata"
         )
         for name, text in (
@@ -427,7 +416,7 @@ class LocalServiceClient:
             NotImplementedError: `optimizer` is neither `None` nor `AdamOptimizerConfig`.
         """
         _check_adam_optimizer(optimizer, "create_lora_training_client.optimizer")
-        metadata = _check_metadata(user_metadata, "create_lora_training_client.user_metadata")
+        metadata = checked_metadata(user_metadata, "create_lora_training_client.user_metadata")
         self._check_open()
         model = self._runtime.base_model(base_model)
         lora = None
@@ -485,7 +474,7 @@ class LocalServiceClient:
         training_run_id: str | None,
     ) -> ClientFuture[LocalTrainingClient]:
         self._check_open()
-        metadata = _check_metadata(user_metadata, f"{where}.user_metadata")
+        metadata = checked_metadata(user_metadata, f"{where}.user_metadata")
         checkpoint = read_checkpoint(path, with_optimizer=with_optimizer)
         # A run resumed from here writes its checkpoints in its own run folder, so the writes
         # killed beside this one would otherwise stay forever: sweep the dead writers' staging.

@@ -1012,9 +1012,9 @@ def test_a_chunk_without_action_tokens_leaves_the_ratio_extremes_alone() -> None
         return types.Datum(
             model_input=types.ModelInput.from_ints(tokens[:-1]),
             loss_fn_inputs={
-                "target_tokens": tokens[1:],
-                "logprobs": [0.0] * n,
-                "advantages": [advantage] * n,
+                "target_tokens": types.TensorData.from_numpy(np.asarray(tokens[1:], np.int64)),
+                "logprobs": types.TensorData.from_numpy(np.zeros(n, np.float32)),
+                "advantages": types.TensorData.from_numpy(np.full(n, advantage, np.float32)),
             },
         )
 

@@ -139,6 +139,21 @@ async def _await(future: tinker.APIFuture[types.TrainingRun]) -> types.TrainingR
     return await future
 
 
+@pytest.mark.parametrize("metadata", [{"step": 10}, "abc", {1: "x"}])
+def test_a_save_refuses_metadata_that_is_not_str_to_str_and_writes_nothing(
+    tmp_path: Path, metadata: object
+) -> None:
+    # the SDK's requests declare dict[str, str]; such a save used to succeed locally and
+    # leave a checkpoint whose manifest could never be read back
+    trainer = micro_service(tmp_path).create_lora_training_client(base_model=MICRO_NAME).result()
+    for save in (trainer.save_state, trainer.save_weights_for_sampler):
+        with pytest.raises(TypeError, match=rf"{save.__name__}\.user_metadata: expected a dict"):
+            save("m", user_metadata=metadata)  # type: ignore[arg-type]
+    assert not list(tmp_path.glob(f"{trainer.model_id}/*/m"))
+    path = trainer.save_state("m", user_metadata={"step": "10"}).result().path
+    assert trainer.load_state(path).result() is not None
+
+
 def test_a_resumed_runs_checkpoints_carry_the_resumed_clients_metadata(tmp_path: Path) -> None:
     service = micro_service(tmp_path)
     trainer = service.create_lora_training_client(
