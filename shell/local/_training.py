@@ -38,6 +38,7 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -122,6 +123,38 @@ def auto_prefix_layout(
     cost = {"trie": trie_cost, "grouped": grouped_cost}
     other: Literal["trie", "grouped"] = "grouped" if last == "trie" else "trie"
     return other if cost[other] <= GROUPED_COST_MARGIN * cost[last] else last
+
+
+# AdamParams' ranges: (lowest, highest, whether the highest is excluded)
+_ADAM_RANGES = {
+    "learning_rate": (0.0, math.inf, False),
+    "beta1": (0.0, 1.0, True),
+    "beta2": (0.0, 1.0, True),
+    "eps": (0.0, math.inf, False),
+    "weight_decay": (0.0, math.inf, False),
+    "grad_clip_norm": (0.0, math.inf, False),
+}
+
+
+def _adam_hyperparams(params: types.AdamParams) -> model_lib.AdamHyperparams:
+    """`params` as `AdamHyperparams`, each value checked against `_ADAM_RANGES` (`eps` must be
+    positive).
+
+    Raises:
+        TypeError | ValueError: a value that is no finite number, or out of its range (named).
+    """
+    values = {}
+    for field, (low, high, open_high) in _ADAM_RANGES.items():
+        value = to_float(getattr(params, field), f"AdamParams.{field}")
+        above = value >= high if open_high else value > high
+        if value < low or above or (field == "eps" and value <= 0):
+            if field == "eps":
+                rule = "> 0"
+            else:
+                rule = f">= {low:g}" if math.isinf(high) else f"in [{low:g}, {high:g})"
+            raise ValueError(f"AdamParams.{field}: expected a value {rule}, got {value!r}")
+        values[field] = value
+    return model_lib.AdamHyperparams(**values)
 
 
 class LocalTrainingClient:
@@ -565,6 +598,10 @@ class LocalTrainingClient:
 
         Returns:
             `APIFuture[OptimStepResponse]` with metric `grad_norm` (before clipping).
+
+        Raises:
+            ValueError: a value outside its range (`_ADAM_RANGES`), naming the field: with
+                `beta1 = 1` Adam's bias correction divides by 0 and every weight becomes NaN.
         """
         if optim_params is not None and adam_params is not None:
             raise ValueError("Specify optim_params or legacy adam_params, not both")
@@ -574,14 +611,7 @@ class LocalTrainingClient:
                 f"optim_step: the local backend supports tinker.AdamParams only, got "
                 f"{type(params).__name__}"
             )
-        hyper = model_lib.AdamHyperparams(
-            learning_rate=to_float(params.learning_rate, "AdamParams.learning_rate"),
-            beta1=to_float(params.beta1, "AdamParams.beta1"),
-            beta2=to_float(params.beta2, "AdamParams.beta2"),
-            eps=to_float(params.eps, "AdamParams.eps"),
-            weight_decay=to_float(params.weight_decay, "AdamParams.weight_decay"),
-            grad_clip_norm=to_float(params.grad_clip_norm, "AdamParams.grad_clip_norm"),
-        )
+        hyper = _adam_hyperparams(params)
         grads = self._grads if self._grads is not None else zeros_like_tree(self._params)
         self._params, self._opt_state, grad_norm = model_lib.apply_adam_update(
             self._params, self._opt_state, grads, hyper

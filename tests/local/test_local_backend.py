@@ -949,6 +949,35 @@ def test_a_sample_batch_whose_rows_do_not_fit_its_grid_is_refused() -> None:
         model_lib.sample_tokens(params, indexed, config=config, max_new_tokens=2)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("beta1", 1.0, r"in \[0, 1\)"),
+        ("beta2", -3.0, r"in \[0, 1\)"),
+        ("learning_rate", -1.0, ">= 0"),
+        ("eps", 0.0, "> 0"),
+        ("weight_decay", -0.1, ">= 0"),
+        ("grad_clip_norm", -1.0, ">= 0"),
+    ],
+)
+def test_adam_params_out_of_range_are_refused_before_the_step(
+    field: str, value: float, rule: str
+) -> None:
+    # beta1 = 1 zeroes Adam's bias correction: every weight became NaN, for good
+    trainer = _trainer()
+    before = jax.tree_util.tree_map(np.asarray, trainer.params)
+    params = types.AdamParams(**{"learning_rate": 1e-3, field: value})
+    with pytest.raises(ValueError, match=rf"AdamParams\.{field}: expected a value {rule}, got"):
+        trainer.optim_step(params)
+    after = jax.tree_util.tree_map(np.asarray, trainer.params)
+    assert all(
+        np.array_equal(x, y)
+        for x, y in zip(
+            jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after), strict=True
+        )
+    )
+
+
 def test_chunked_training_and_sampling_equal_unchunked() -> None:
     data = [_sft_datum(text) for text in TEXTS]
     adam = types.AdamParams(learning_rate=1e-2)
