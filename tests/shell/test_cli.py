@@ -178,6 +178,17 @@ def test_a_numeric_flag_parses_as_its_field_type_and_names_what_it_expected(
     assert f"argument {flag}: expected {expected}, got {value!r}" in capsys.readouterr().err
 
 
+def test_another_base_model_for_smollm2_addition_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # its ChatML renderer refused the tokenizer with a ValueError: a traceback
+    code = cli.main(["train", "smollm2-addition", "--base-model", "rlpure/tiny", "--max-steps", "1", "--eval-every", "0", "--log-dir", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "TrainConfig.base_model: 'rlpure/tiny' cannot run this recipe" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_tinker_backend_needs_the_api_key_in_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

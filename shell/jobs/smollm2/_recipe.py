@@ -177,9 +177,14 @@ async def run_smollm2(
     service = service_client if service_client is not None else make_service_client(config)
     opened = await open_training_client(config, service, resume)
     tokenizer = await asyncio.to_thread(opened.client.get_tokenizer)
-    dataset, test_dataset = _addition_datasets(
-        split, get_renderer("smollm2", tokenizer), config=config, options=options
-    )
+    try:
+        renderer = get_renderer("smollm2", tokenizer)
+    except ValueError as err:  # another base model's tokenizer lacks ChatML's tokens
+        raise ConfigError(
+            f"TrainConfig.base_model: {config.base_model!r} cannot run this recipe, which renders "
+            f"with SmolLM2's ChatML template ({err})"
+        ) from None
+    dataset, test_dataset = _addition_datasets(split, renderer, config=config, options=options)
     rl_start = time.perf_counter()
     result: TrainResult = await train(
         config,
