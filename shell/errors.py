@@ -22,6 +22,7 @@ __all__ = [
     "BenchmarkNotFoundError",
     "CheckpointError",
     "ConfigError",
+    "ContextLengthError",
     "DataError",
     "DataFormatError",
     "DataValidationError",
@@ -104,6 +105,11 @@ class DataFormatError(DataError):
 
 class DataValidationError(DataError):
     """Data is well-formed but breaks a logical constraint (a stream cannot seek backward)."""
+
+
+class ContextLengthError(RlpureError, ValueError):
+    """A prompt and the tokens asked for exceed the model's context length (a `ValueError`, as
+    the SDK's callers catch)."""
 
 
 class RendererError(RlpureError, ValueError):

@@ -61,6 +61,7 @@ from tinker.types.topk_logprobs import MASK_LOGPROB, TopkLogprobs
 from rlpure import model as model_lib
 from rlpure.model import ByteTokenizer
 from rlpure.packing import plan_grouped_chunks
+from shell.errors import ContextLengthError
 from shell.local._futures import Batched
 from shell.local._inputs import (
     PREFIX_SHARING_FRACTION,
@@ -449,9 +450,10 @@ class LocalSamplingClient:
             if max_new < 1:
                 raise ValueError(f"SamplingParams.max_tokens: expected >= 1, got {max_new}")
         if max_new > room or room < 1:
-            raise ValueError(
+            raise ContextLengthError(
                 f"sample: prompt length {tokens.size} + max_tokens {max_new} exceeds the "
-                f"model's context length {config.max_seq_len}"
+                f"model's context length {config.max_seq_len}; lower max_tokens or shorten the "
+                "prompt"
             )
         temperature = to_float(params.temperature, "SamplingParams.temperature")
         if temperature < 0:

@@ -189,6 +189,20 @@ def test_another_base_model_for_smollm2_addition_is_one_line_naming_it(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_prompt_past_the_context_length_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # max_tokens passes the config check (< the context length), the prompt pushes it past
+    code = cli.main(["train", "toy", "--backend", "local", "--max-tokens", "2047", "--max-steps", "1", "--log-dir", str(tmp_path)])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "rlpure: ContextLengthError: sample: prompt length 3 + max_tokens 2047 exceeds the "
+        "model's context length 2048; lower max_tokens or shorten the prompt"
+    )
+    assert not any("Traceback" in line for line in err)
+
+
 def test_tinker_backend_needs_the_api_key_in_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
