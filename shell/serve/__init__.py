@@ -39,6 +39,7 @@ import uvicorn
 from tinker import types
 
 from shell.commands import Command
+from shell.config import MAX_SEED
 from shell.data_dir import rlpure_data_dir
 from shell.errors import ConfigError
 from shell.local._models import PACKAGED_MODELS, cached_hf_models
@@ -116,7 +117,7 @@ def serve(
 
     Raises:
         ConfigError: a non-loopback `host` without `api_key`, a port that cannot be bound, a
-            state dir that cannot be made, or a negative seed or non-positive size; each
+            state dir that cannot be made, or a seed outside `[0, MAX_SEED]` or non-positive size; each
             before anything starts.
     """
     for flag, value, least in (
@@ -127,6 +128,8 @@ def serve(
     ):
         if value < least:
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}")
+    if seed > MAX_SEED:  # `jax.random.key` takes an int64: every model would fail to start
+        raise ConfigError(f"--seed {seed}: expected an integer in [0, {MAX_SEED}]")
     if not _is_loopback(host) and not api_key:
         raise ConfigError(
             f"--host {host}: serving beyond this machine needs --api-key (anyone who can reach "
@@ -235,7 +238,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without a client heartbeat before a session's models are released "
         "(default 900; raise it for clients that sleep, e.g. a suspended laptop)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    # no default here: `rlpure -v serve` sets it before the subcommand, which must not reset it
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log every request"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

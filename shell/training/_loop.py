@@ -265,9 +265,17 @@ async def _kl_reference(
     checkpoint record).
     """
     if not config.kl_reference_initial_policy:
-        client = await service_client.create_sampling_client(
-            base_model=config.kl_reference_model, model_path=config.kl_reference_checkpoint
-        )
+        try:
+            client = await service_client.create_sampling_client(
+                base_model=config.kl_reference_model, model_path=config.kl_reference_checkpoint
+            )
+        except ConfigError as err:  # the backend names its own argument (`base_model`)
+            field = (
+                "kl_reference_checkpoint"
+                if config.kl_reference_checkpoint
+                else "kl_reference_model"
+            )
+            raise ConfigError(f"TrainConfig.{field}: {err}") from None
         return client, None
     if saved_path is None:
         saved = await training_client.save_weights_for_sampler("kl_reference")

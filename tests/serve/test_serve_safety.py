@@ -680,6 +680,10 @@ def test_the_command_line_refuses_a_public_host_without_a_key_and_documents_the_
         (["serve", "--port", "-5"], "--port -5: cannot listen there"),
         (["sandbox-serve", "--port", "70000"], "port 70000: cannot listen there"),
         (["serve", "--seed", "-1"], "--seed -1: expected an integer >= 0"),
+        (
+            ["serve", "--seed", str(2**64)],
+            f"--seed {2**64}: expected an integer in [0, {2**63 - 1}]",
+        ),
         (["serve", "--max-samplers", "0"], "--max-samplers 0: expected an integer >= 1"),
         (["serve", "--max-body-mb", "0"], "--max-body-mb 0: expected an integer >= 1"),
         (["serve", "--session-timeout", "0"], "--session-timeout 0: expected an integer >= 1"),
@@ -690,6 +694,7 @@ def test_the_command_line_refuses_a_public_host_without_a_key_and_documents_the_
         "port-negative",
         "sandbox-port",
         "seed",
+        "seed-high",
         "samplers",
         "body",
         "session-timeout",

@@ -203,6 +203,22 @@ def test_a_prompt_past_the_context_length_is_one_line(
     assert not any("Traceback" in line for line in err)
 
 
+def test_verbose_before_or_after_serve_is_kept() -> None:
+    # serve's own -v defaulted to False and reset `rlpure -v serve`'s
+    parser = cli.build_parser()
+    verbose = [parser.parse_args(argv).verbose for argv in (["-v", "serve"], ["serve", "-v"], ["serve"])]  # fmt: skip
+    assert verbose == [True, True, False]
+
+
+def test_an_unknown_kl_reference_model_is_named_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = cli.main(["train", "toy", "--backend", "local", "--kl-penalty-coef", "0.1", "--kl-reference-model", "nosuch/model", "--max-steps", "1", "--log-dir", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "TrainConfig.kl_reference_model: unknown base_model 'nosuch/model'" in err
+
+
 def test_tinker_backend_needs_the_api_key_in_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
