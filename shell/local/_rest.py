@@ -10,8 +10,9 @@ other and earlier processes sharing the checkpoint directory (by default the use
 Conventions:
 - A *tinker path* is what `save_state` / `save_weights_for_sampler` returned: the checkpoint
   directory's filesystem path (`<checkpoint_dir>/<training run id>/<state|sampler>/<name>`). A
-  checkpoint's id is `"<kind>/<name>"` (the SDK's `"weights/<name>"` /
-  `"sampler_weights/<name>"`), its type `"training"` or `"sampler"`.
+  checkpoint's id is the SDK's `"weights/<name>"` / `"sampler_weights/<name>"` (an earlier
+  rlpure's `"state/<name>"` / `"sampler/<name>"` is still accepted by `delete_checkpoint`), its
+  type `"training"` or `"sampler"`.
 - A training run is known if this service opened it, if its folder under the service's
   checkpoint directory holds its `run.json` (written when it was opened, so a run with no
   checkpoint yet is known to every process) or if the folder holds checkpoints of it (runs of an
@@ -60,6 +61,9 @@ from shell.local._runtime import LocalRuntime, TrainingRunRecord
 __all__ = ["LocalLookupError", "LocalRestClient"]
 
 _KIND_TO_TYPE: Mapping[str, types.CheckpointType] = {"state": "training", "sampler": "sampler"}
+# the SDK's checkpoint id prefixes (`ParsedCheckpointTinkerPath`): `weights/<name>`,
+# `sampler_weights/<name>`
+_KIND_TO_ID: Mapping[str, str] = {"state": "weights", "sampler": "sampler_weights"}
 _OWNER = "local"
 
 
@@ -78,9 +82,14 @@ def _check_page(limit: object, offset: object, where: str) -> None:
             raise ValueError(f"{where}.{name}: expected an int >= 0, got {value!r}")
 
 
+def _checkpoint_id(info: CheckpointInfo) -> str:
+    """The SDK's id of a checkpoint: `weights/<name>` or `sampler_weights/<name>`."""
+    return f"{_KIND_TO_ID[info.kind]}/{info.name}"
+
+
 def _as_checkpoint(info: CheckpointInfo) -> types.Checkpoint:
     return types.Checkpoint(
-        checkpoint_id=f"{info.kind}/{info.name}",
+        checkpoint_id=_checkpoint_id(info),
         checkpoint_type=_KIND_TO_TYPE[info.kind],
         time=_timestamp(info.saved_at),
         tinker_path=info.path,
@@ -330,13 +339,15 @@ class LocalRestClient:
     def delete_checkpoint(
         self, training_run_id: types.ModelID, checkpoint_id: str
     ) -> tinker.APIFuture[None]:
-        """Deletes checkpoint `checkpoint_id` (`"state/<name>"` or `"sampler/<name>"`) of a run.
+        """Deletes checkpoint `checkpoint_id` (the SDK's `"weights/<name>"` or
+        `"sampler_weights/<name>"`; an earlier rlpure's `"state/<name>"` or `"sampler/<name>"`
+        too) of a run.
 
         Raises:
             LocalLookupError: no such checkpoint.
         """
         for info in self._checkpoints(training_run_id):
-            if f"{info.kind}/{info.name}" == checkpoint_id:
+            if checkpoint_id in (_checkpoint_id(info), f"{info.kind}/{info.name}"):
                 delete_checkpoint(info.path)
                 return ReadyFuture(None)
         raise LocalLookupError(

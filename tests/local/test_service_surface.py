@@ -122,8 +122,8 @@ def test_the_rest_client_reports_the_run_metadata_of_a_checkpoint(tmp_path: Path
     assert rest.get_training_run(trainer.model_id).result() == run
     listed = rest.list_checkpoints(trainer.model_id).result().checkpoints
     assert sorted((c.checkpoint_id, c.checkpoint_type) for c in listed) == [
-        ("sampler/000001", "sampler"),
-        ("state/000001", "training"),
+        ("sampler_weights/000001", "sampler"),  # the SDK's ids (they were "sampler/…")
+        ("weights/000001", "training"),
     ]
     assert all(c.expires_at is None for c in listed)  # local checkpoints never expire
     info = rest.get_weights_info_by_tinker_path(state).result()
@@ -200,10 +200,13 @@ def test_rolling_checkpoints_are_deleted_and_nothing_else_is(tmp_path: Path) -> 
         assert isinstance(info.value, ValueError) and isinstance(info.value, CheckpointError)
     assert (other / "data.txt").read_text() == "keep me"
     kept = trainer.save_state("000002").result().path
-    with pytest.raises(LocalLookupError, match="has no checkpoint 'state/000009'"):
-        rest.delete_checkpoint(trainer.model_id, "state/000009")
-    rest.delete_checkpoint(trainer.model_id, "state/000002").result()
+    with pytest.raises(LocalLookupError, match="has no checkpoint 'weights/000009'"):
+        rest.delete_checkpoint(trainer.model_id, "weights/000009")
+    rest.delete_checkpoint(trainer.model_id, "weights/000002").result()  # the SDK's id
     assert not Path(kept).exists()
+    older = trainer.save_weights_for_sampler("000003").result().path
+    rest.delete_checkpoint(trainer.model_id, "sampler/000003").result()  # an earlier rlpure's
+    assert not Path(older).exists()
     with pytest.raises(LocalLookupError, match="unknown local training run 'local-9-9'"):
         rest.get_training_run("local-9-9")
 
