@@ -13,6 +13,9 @@ Deliberate differences from the cookbook (each pinned in `tests/parity/test_rend
 - `create_conversation_prefix_with_tools([], system_prompt)` returns the system prompt alone
   (the cookbook appends `"\\n\\n"` to it, and returns an empty system message without one).
 - No streaming parser (`parse_response_streaming`) and no `to_openai_message` reasoning split.
+- The one setting a caller may change after construction is `strip_thinking_from_history`;
+  a subclass's `frames_thinking` and the cookbook's overridable steps (`render_message`,
+  `_output_is_trained`) are not read: the core renders.
 """
 
 from __future__ import annotations
@@ -40,8 +43,18 @@ class Qwen3Renderer(CoreChatRenderer):
     def __init__(self, tokenizer: Any, strip_thinking_from_history: bool = True) -> None:
         super().__init__(tokenizer)
         self.strip_thinking_from_history = strip_thinking_from_history
+
+    @property
+    def strip_thinking_from_history(self) -> bool:
+        """Whether earlier turns' thinking is dropped; set it at any time (as the cookbook's
+        attribute, read on every call), the renderer follows."""
+        return self._strip_thinking
+
+    @strip_thinking_from_history.setter
+    def strip_thinking_from_history(self, strip: bool) -> None:
+        self._strip_thinking = bool(strip)
         with as_renderer_error():
-            self._core = self._make_core(tokenizer, strip_thinking_from_history)
+            self._core = self._make_core(self.tokenizer, self._strip_thinking)
 
     def _make_core(self, tokenizer: Any, strip: bool) -> render.Qwen3Renderer:
         return render.Qwen3Renderer(

@@ -284,6 +284,18 @@ def test_qwen3_with_and_without_history_stripping_is_the_cookbooks(qwen_tokenize
         _check_conversation(ours, theirs, messages)
 
 
+@pytest.mark.parametrize("strip", [True, False])
+def test_qwen3_history_stripping_set_after_construction_is_the_cookbooks(
+    qwen_tokenizer, strip
+) -> None:
+    # the cookbook reads the attribute on every call; ours was fixed when built
+    ours, theirs = _pair("qwen3", qwen_tokenizer)
+    ours.strip_thinking_from_history = theirs.strip_thinking_from_history = strip
+    assert ours.has_extension_property is theirs.has_extension_property is (not strip)
+    for messages in CONVERSATIONS:
+        _check_conversation(ours, theirs, messages)
+
+
 def test_qwen3_stop_sequences_and_tool_declaration_are_the_cookbooks(qwen_tokenizer) -> None:
     for name in ("qwen3", "qwen3_disable_thinking", "qwen3_instruct"):
         ours, theirs = _pair(name, qwen_tokenizer)
