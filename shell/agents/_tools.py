@@ -12,8 +12,10 @@ cookbook's.
 
 Additions to the cookbook, on purpose (a hanging or raising tool must not crash a rollout):
 - `timeout_seconds` on `tool(...)` / `FunctionTool(...)` / `handle_tool_call(...)`: a call that
-  runs longer becomes an error result with `metadata["error"] == "timeout"`. An async tool is
-  cancelled; a synchronous one with a timeout runs in a worker thread, which Python cannot stop —
+  runs longer becomes an error result with `metadata["error"] == "timeout"` (a `TimeoutError`
+  the tool raises itself is an `execution_failed` one, as any other exception). An async tool
+  is cancelled; a synchronous one under a timeout (its own or `handle_tool_call`'s) runs in a
+  worker thread, which Python cannot stop —
   the rollout goes on, the thread finishes in the background (put code that may loop forever in
   a `shell.sandboxes.LocalSandbox` subprocess, which is killed).
 - `handle_tool_call` also turns an exception from a custom `Tool.run` into an
@@ -23,6 +25,7 @@ Additions to the cookbook, on purpose (a hanging or raising tool must not crash 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 from collections.abc import Callable
@@ -143,6 +146,13 @@ def _params_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
     return model
 
 
+# Set while `handle_tool_call` holds a deadline over a tool: a synchronous `FunctionTool` then
+# runs in a worker thread, where the deadline can fire (in the event loop it could not).
+_UNDER_DEADLINE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rlpure_tool_under_deadline", default=False
+)
+
+
 class FunctionTool:
     """A `Tool` made from a function or method returning a `ToolResult` (see `tool`).
 
@@ -190,8 +200,9 @@ class FunctionTool:
         args = () if self._instance is None else (self._instance,)
         if inspect.iscoroutinefunction(self._fn):
             return await self._fn(*args, **kwargs)
-        if self.timeout_seconds is None:
+        if self.timeout_seconds is None and not _UNDER_DEADLINE.get():
             return self._fn(*args, **kwargs)
+        # in a thread, so that a deadline (this tool's or `handle_tool_call`'s) can fire
         return await asyncio.to_thread(self._fn, *args, **kwargs)
 
     async def run(self, input: ToolInput) -> ToolResult:
@@ -211,10 +222,18 @@ class FunctionTool:
                 name=self.name,
                 error_type="validation_failed",
             )
+        deadline = asyncio.timeout(self.timeout_seconds)
         try:
-            async with asyncio.timeout(self.timeout_seconds):
+            async with deadline:
                 result = await self._call(validated.model_dump())
-        except TimeoutError:
+        except TimeoutError as e:
+            if not deadline.expired():  # the tool's own TimeoutError (a socket's, say)
+                return error_tool_result(
+                    f"Tool execution failed: {e}",
+                    call_id=call_id,
+                    name=self.name,
+                    error_type="execution_failed",
+                )
             return error_tool_result(
                 f"Tool execution timed out after {self.timeout_seconds} s",
                 call_id=call_id,
@@ -309,10 +328,19 @@ async def handle_tool_call(
             name=name,
             error_type="json_decode_failed",
         )
+    deadline = asyncio.timeout(timeout_seconds)
+    token = _UNDER_DEADLINE.set(timeout_seconds is not None)
     try:
-        async with asyncio.timeout(timeout_seconds):
+        async with deadline:
             return await tools[name].run(ToolInput(arguments=arguments, call_id=call_id))
-    except TimeoutError:
+    except TimeoutError as e:
+        if not deadline.expired():  # a custom Tool.run's own TimeoutError
+            return error_tool_result(
+                f"Tool execution failed: {e}",
+                call_id=call_id,
+                name=name,
+                error_type="execution_failed",
+            )
         return error_tool_result(
             f"Tool execution timed out after {timeout_seconds} s",
             call_id=call_id,
@@ -323,3 +351,5 @@ async def handle_tool_call(
         return error_tool_result(
             f"Tool execution failed: {e}", call_id=call_id, name=name, error_type="execution_failed"
         )
+    finally:
+        _UNDER_DEADLINE.reset(token)

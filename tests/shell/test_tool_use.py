@@ -190,6 +190,48 @@ def test_handle_tool_call_bounds_a_tool_without_its_own_timeout() -> None:
         FunctionTool(slow._fn, timeout_seconds=0)
 
 
+def test_handle_tool_call_bounds_a_synchronous_tool_without_its_own_timeout() -> None:
+    # it ran in the event loop, where the deadline could not fire: the loop blocked for 3 s
+    @tool
+    def blocking() -> ToolResult:
+        """Blocks."""
+        time.sleep(3)
+        return simple_tool_result("late")
+
+    async def call() -> tuple[ToolResult, float]:
+        start = time.perf_counter()
+        result = await handle_tool_call(
+            {"blocking": blocking}, _call("blocking", "{}"), timeout_seconds=0.05
+        )
+        return result, time.perf_counter() - start
+
+    result, seconds = asyncio.run(call())  # (asyncio.run then waits for the thread to end)
+    assert _error(result)[0] == "timeout" and seconds < 2.5
+
+
+@pytest.mark.parametrize("deadline", [None, 5.0])
+def test_a_tools_own_timeout_error_is_an_execution_failure(deadline: float | None) -> None:
+    # a TimeoutError the tool raises (a socket's) was reported as "timed out after None s"
+    @tool
+    def upstream() -> ToolResult:
+        """Times out upstream."""
+        raise TimeoutError("upstream read timed out")
+
+    class Raising:
+        name = "custom"
+
+        async def run(self, input: Any) -> ToolResult:
+            raise TimeoutError("custom read timed out")
+
+    tools: dict[str, Any] = {"upstream": upstream, "custom": Raising()}
+    for name in tools:
+        result = asyncio.run(handle_tool_call(tools, _call(name, "{}"), timeout_seconds=deadline))
+        assert _error(result) == (
+            "execution_failed",
+            f"Tool execution failed: {name} read timed out",
+        )
+
+
 def _assistant(text: str = "", *calls: ToolCall, unparsed: tuple[str, ...] = ()) -> Message:
     message: Message = {"role": "assistant", "content": text}
     if calls:
