@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeAlias, cast
 import numpy as np
 import tinker
 
-from rlpure.records import ModelInput, TokensWithLogprobs
+from rlpure.records import ModelInput, TokensWithLogprobs, as_stop_condition
 from rlpure.records import StopCondition as _CoreStopCondition
 from shell.chat import Message
 from shell.clients import SamplingClient
@@ -238,7 +238,9 @@ class TinkerMessageCompleter:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.stop_condition: StopCondition = (
-            list(renderer.get_stop_sequences()) if stop_condition is None else stop_condition
+            as_stop_condition(renderer.get_stop_sequences())
+            if stop_condition is None
+            else as_stop_condition(stop_condition)
         )
 
     async def __call__(self, messages: list[Message]) -> Message:

@@ -19,7 +19,7 @@ from rlpure.records._cookbook_inputs import (
     as_model_input,
     as_tokens_with_logprobs,
 )
-from rlpure.records._fields import Logs, Metrics, StopCondition, TokenIds
+from rlpure.records._fields import Logs, Metrics, StopCondition, TokenIds, as_stop_condition
 from rlpure.records._records import (
     PARSE_ERROR_MASKED_METRIC_KEY,
     STOP_METRIC_PREFIX,
@@ -52,6 +52,7 @@ __all__ = [
     "TrajectoryGroup",
     "Transition",
     "as_model_input",
+    "as_stop_condition",
     "as_tokens_with_logprobs",
     "decode_json",
     "decode_msgpack",

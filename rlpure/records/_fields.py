@@ -23,6 +23,17 @@ StopCondition = tuple[str | int, ...]
 """Stop strings or stop token ids (all of one kind), as the sampler's `stop` parameter."""
 
 
+def as_stop_condition(stop: str | Sequence[str | int]) -> StopCondition:
+    """`stop` as a `StopCondition`: a single string is one stop string, as
+    `tinker.SamplingParams.stop` takes it (not a sequence of one-character stops).
+
+    Examples:
+        >>> as_stop_condition("</answer>"), as_stop_condition(["a", "b"]), as_stop_condition([7])
+        (('</answer>',), ('a', 'b'), (7,))
+    """
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
 _INT32_MAX = np.iinfo(np.int32).max
 
 

@@ -35,6 +35,7 @@ from rlpure.records._fields import (
     _plain_logs,
     _plain_metrics,
     _tuple_of,
+    as_stop_condition,
 )
 from rlpure.records._tokens import ModelInput, TokensWithLogprobs
 
@@ -289,14 +290,15 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
             "next_observation",
             as_model_input(self.next_observation, record="StepResult", field="next_observation"),
         )
-        if isinstance(self.next_stop_condition, (str, bytes)) or not isinstance(
-            self.next_stop_condition, (Sequence, np.ndarray)
+        if isinstance(self.next_stop_condition, bytes) or not isinstance(
+            self.next_stop_condition, (str, Sequence, np.ndarray)
         ):
             raise TypeError(
-                "StepResult.next_stop_condition: expected a list or tuple of stop strings or "
-                f"token ids, got {type(self.next_stop_condition).__name__}"
+                "StepResult.next_stop_condition: expected a stop string, or a list or tuple of "
+                f"stop strings or token ids, got {type(self.next_stop_condition).__name__}"
             )
-        stop = tuple(self.next_stop_condition)
+        # a str is one stop string, as `tinker.SamplingParams.stop` takes it
+        stop = as_stop_condition(self.next_stop_condition)
         if not (all(isinstance(s, str) for s in stop) or all(_is_token_id(s) for s in stop)):
             raise TypeError(
                 "StepResult.next_stop_condition: expected all strings or all non-negative "

@@ -43,6 +43,7 @@ from rlpure.records import (
     Trajectory,
     Transition,
     as_model_input,
+    as_stop_condition,
     as_tokens_with_logprobs,
 )
 from shell.completion import TokenCompleter
@@ -262,7 +263,7 @@ class _RolloutRun:
             return await self._finalize_initial_overflow(initial)
         ob, stop = initial
         self.ob = as_model_input(ob, record=env_name, field="initial_observation")
-        self.stop_condition = tuple(stop)
+        self.stop_condition = as_stop_condition(stop)
 
         while True:
             # 1. Between-turns deadline, then the runner's max_turns.
@@ -430,7 +431,7 @@ class _RolloutRun:
             )
         ob, stop = await inject(list(messages))
         self.ob = as_model_input(ob, record=type(self.env).__name__, field="inject_messages")
-        self.stop_condition = tuple(stop)
+        self.stop_condition = as_stop_condition(stop)
 
     def _push_tool_call_limit(self) -> None:
         if self.limits is None or self.limits.max_tool_calls is None:

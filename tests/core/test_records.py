@@ -69,6 +69,13 @@ def _group(num: int = 2, **overrides: Any) -> TrajectoryGroup:
 # --- validation: errors name the record and the field ------------------------------------------
 
 
+def test_a_stop_string_is_one_stop_as_the_sdks_stop_parameter() -> None:
+    # `tinker.SamplingParams.stop` takes a str as one stop string (it was refused here, and
+    # split into characters where an env's initial observation gave one)
+    step = StepResult(reward=0.0, episode_done=False, next_observation=[], next_stop_condition="\n")
+    assert step.next_stop_condition == ("\n",)
+
+
 @pytest.mark.parametrize(
     ("build", "error", "match"),
     [
@@ -107,7 +114,7 @@ def _group(num: int = 2, **overrides: Any) -> TrajectoryGroup:
         (lambda: _group(1, rollout_errors=("boom",)), TypeError, r"TrajectoryGroup\.rollout_errors\[0\]: expected RolloutError"),
         (lambda: StepResult(reward=float("nan"), episode_done=False, next_observation=ModelInput.empty()), ValueError, r"StepResult\.reward: non-finite"),
         (lambda: StepResult(reward=0.0, episode_done=False, next_observation=1), TypeError, r"StepResult\.next_observation: expected a ModelInput \(rlpure or tinker\) or a sequence of token ids, got int"),  # type: ignore[arg-type]
-        (lambda: StepResult(reward=0.0, episode_done=False, next_observation=[], next_stop_condition="\n"), TypeError, r"StepResult\.next_stop_condition: expected a list or tuple"),
+        (lambda: StepResult(reward=0.0, episode_done=False, next_observation=[], next_stop_condition=b"\n"), TypeError, r"StepResult\.next_stop_condition: expected a stop string, or a list or tuple"),  # type: ignore[arg-type]
     ],
 )  # fmt: skip
 def test_construction_errors_name_record_and_field(build, error, match) -> None:

@@ -93,6 +93,15 @@ def test_single_rollout_records_every_turn_with_the_prefix_property() -> None:
     assert policy.calls[1] == ([1, 2, 3], (0,))
 
 
+def test_a_single_stop_string_is_one_stop_not_its_characters() -> None:
+    # `tinker.SamplingParams.stop` takes a str; `tuple(stop)` made ('<', '/', 'a', ...), so
+    # sampling stopped at the first 'a'
+    env = ScriptedEnv(prompt=[1, 2], rewards=[1.0], stop="</answer>")  # type: ignore[arg-type]
+    policy = ScriptedPolicy(actions=[[3]])
+    _run(do_single_rollout(policy, env))
+    assert policy.calls[0] == ([1, 2], ("</answer>",))
+
+
 def test_group_rewards_are_added_to_step_rewards() -> None:
     builder = _builder(3, group_rewards=[1.0, 2.0, -1.0])
     group = _run(do_group_rollout(builder, POLICY))
