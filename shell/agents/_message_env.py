@@ -109,7 +109,8 @@ class MessageEnv(ABC):
         return None
 
 
-def _stop_metrics(reason: StopReason, **extra: float) -> Metrics:
+def _stop_metrics(reason: StopReason, extra: Metrics) -> Metrics:
+    """`extra` (any names: the inner env's metrics) with the stop reason's metric set."""
     return {**extra, f"{STOP_METRIC_PREFIX}{reason}": 1.0}
 
 
@@ -189,7 +190,7 @@ class EnvFromMessageEnv(Env):
             reserve = self.max_generation_tokens or 0
             return InitialObservationOverflow(
                 reward=self.context_overflow_reward,
-                metrics=_stop_metrics(StopReason.MAX_TOKENS, max_tokens_reached=1.0),
+                metrics=_stop_metrics(StopReason.MAX_TOKENS, {"max_tokens_reached": 1.0}),
                 logs={
                     "initial_observation_overflow": (
                         f"Initial observation ({model_input.length} tokens) + "
@@ -211,7 +212,7 @@ class EnvFromMessageEnv(Env):
                     return continued
             return self._final(
                 self.context_overflow_reward,
-                _stop_metrics(StopReason.MAX_TOKENS, max_tokens_reached=1.0),
+                _stop_metrics(StopReason.MAX_TOKENS, {"max_tokens_reached": 1.0}),
             )
 
         message, termination = self.renderer.parse_response(action)
@@ -220,7 +221,7 @@ class EnvFromMessageEnv(Env):
                 return self._structural_parse_error_step(message, termination)
             metrics: Metrics = {"parse_error": 1.0}
             if self.terminate_on_parse_error:
-                metrics = _stop_metrics(StopReason.PARSE_ERROR, **metrics)
+                metrics = _stop_metrics(StopReason.PARSE_ERROR, metrics)
             return StepResult(
                 reward=self.failed_parse_reward,
                 episode_done=self.terminate_on_parse_error,
@@ -234,7 +235,9 @@ class EnvFromMessageEnv(Env):
         if not result.episode_done and self._exceeds_context_limit(next_observation.length):
             return self._final(
                 self.context_overflow_reward,
-                _stop_metrics(StopReason.CONTEXT_OVERFLOW, **result.metrics, context_overflow=1.0),
+                _stop_metrics(
+                    StopReason.CONTEXT_OVERFLOW, {**result.metrics, "context_overflow": 1.0}
+                ),
                 result.logs,
             )
         return StepResult(
@@ -255,7 +258,7 @@ class EnvFromMessageEnv(Env):
             raise ValueError("EnvFromMessageEnv: a structural parse-error step needs a policy")
         classified = classify_parse_failure(message, termination)
         kind, detail = classified if classified is not None else ("structural", "")
-        metrics = _stop_metrics(StopReason.PARSE_ERROR, parse_error=1.0)
+        metrics = _stop_metrics(StopReason.PARSE_ERROR, {"parse_error": 1.0})
         if policy.mask_error_turns:
             metrics[PARSE_ERROR_MASKED_METRIC_KEY] = 1.0
         return self._final(
@@ -289,7 +292,7 @@ class EnvFromMessageEnv(Env):
         if self._exceeds_context_limit(next_observation.length):
             return self._final(
                 self.context_overflow_reward,
-                _stop_metrics(StopReason.CONTEXT_OVERFLOW, context_overflow=1.0),
+                _stop_metrics(StopReason.CONTEXT_OVERFLOW, {"context_overflow": 1.0}),
             )
         return StepResult(
             reward=0.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 from rlpure.records import InitialObservationOverflow
@@ -116,6 +117,24 @@ def test_a_next_prompt_that_would_overflow_ends_with_context_overflow() -> None:
     assert (result.reward, result.episode_done, result.next_observation.length) == (-0.1, True, 0)
     assert result.metrics == {"turn": 1.0, "context_overflow": 1.0, "stop/context_overflow": 1.0}
     assert result.logs["said"] == "a longer reply than fits"
+
+
+def test_an_overflow_keeps_inner_metrics_whatever_their_names() -> None:
+    # the inner env's metrics went in as keyword arguments of a helper with its own parameter
+    # `reason`: a metric of that name raised TypeError
+    class Reasoned(EchoEnv):
+        async def step(self, message: Message) -> MessageStepResult:
+            result = await super().step(message)
+            return msgspec.structs.replace(result, metrics={"reason": 1.0})
+
+    inner = Reasoned(turns=5)
+    start = RENDERER.build_generation_prompt(inner.history).length
+    env = EnvFromMessageEnv(
+        RENDERER, inner, max_trajectory_tokens=start + 30, max_generation_tokens=10
+    )
+    _run(env.initial_observation())
+    result = _run(env.step(_action("a longer reply than fits\n\nUser:")))
+    assert result.metrics == {"reason": 1.0, "context_overflow": 1.0, "stop/context_overflow": 1.0}
 
 
 def test_an_episode_that_ends_keeps_its_reward_even_past_the_budget() -> None:
