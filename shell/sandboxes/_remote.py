@@ -61,6 +61,26 @@ class SandboxBackend(StrEnum):
     MODAL = "modal"
 
 
+def _checked_url(url: str) -> str:
+    """`url` if it can name a SandboxFusion server: http(s), a host, a port in [1, 65535].
+
+    Raises:
+        ValueError: naming the URL and what is wrong (a bad port used to surface at the first
+            run as an `ExceptionGroup(OverflowError)` from the connection).
+    """
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as err:
+        raise ValueError(f"SandboxFusionClient.url: {url!r} is not a URL ({err})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"SandboxFusionClient.url: {url!r} is not an http(s) URL with a host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(
+            f"SandboxFusionClient.url: port {parsed.port} of {url!r} is not in [1, 65535]"
+        )
+    return url
+
+
 class SandboxFusionClient:
     """Async client of a SandboxFusion server (a docker container: `SANDBOXFUSION_START`).
 
@@ -72,7 +92,7 @@ class SandboxFusionClient:
     """
 
     def __init__(self, url: str | None = None, max_concurrency: int | None = None) -> None:
-        self._url: str = url or os.getenv("SANDBOX_URL") or _DEFAULT_URL
+        self._url: str = _checked_url(url or os.getenv("SANDBOX_URL") or _DEFAULT_URL)
         self._max_concurrency = max_concurrency or int(os.getenv("SANDBOX_MAX_CONCURRENCY", "4"))
         self._client: httpx.AsyncClient | None = None
         self._client_lock = asyncio.Lock()

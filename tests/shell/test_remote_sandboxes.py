@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -148,6 +149,19 @@ def test_an_unreachable_server_names_sandboxfusion_and_how_to_start_it_once(
         assert error.endswith(f"start it with `{SANDBOXFUSION_START}` or set SANDBOX_URL")
         assert "\n" not in error
     assert [r.getMessage() for r in caplog.records] == [results[0][1]["error"]]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://localhost:99999/run_code", "port 99999 of"),
+        ("localhost:8080", "'localhost:8080' is not an http(s) URL with a host"),
+    ],
+)
+def test_a_url_that_names_no_server_is_refused_when_made(url: str, message: str) -> None:
+    # a bad port surfaced at the first run as ExceptionGroup(OverflowError), not caught
+    with pytest.raises(ValueError, match=re.escape(f"SandboxFusionClient.url: {message}")):
+        SandboxFusionClient(url=url)
 
 
 def test_url_and_concurrency_come_from_the_environment(
