@@ -67,25 +67,27 @@ def _is_tokenizer(value: object) -> bool:
     return hasattr(value, "encode") and hasattr(value, "decode")
 
 
-def register_tokenizer(name: str, tokenizer: Tokenizer | Callable[[], Tokenizer]) -> None:
-    """Makes `get_tokenizer(name)` return `tokenizer` (or `tokenizer()` for a factory).
+def register_tokenizer(name: str, factory: Tokenizer | Callable[[], Tokenizer]) -> None:
+    """Makes `get_tokenizer(name)` return `factory()` (the cookbook's form, called on every
+    `get_tokenizer`; a tokenizer class is such a factory), or `factory` itself when it is a
+    tokenizer instance.
 
     Args:
         name: the model name cookbook code will ask for (e.g. `"Qwen/Qwen3-8B"`).
-        tokenizer: a tokenizer (anything with `encode` and `decode`), or a zero-argument
-            factory returning one (the cookbook's form; called on every `get_tokenizer`).
+        factory: a zero-argument factory (a class included), or a tokenizer (anything with
+            `encode` and `decode`).
 
     Raises:
-        TypeError: when `tokenizer` is neither.
+        TypeError: when `factory` is neither.
     """
-    if _is_tokenizer(tokenizer):
-        _REGISTRY[name] = lambda: tokenizer
-    elif callable(tokenizer):
-        _REGISTRY[name] = tokenizer
+    if _is_tokenizer(factory) and not isinstance(factory, type):
+        _REGISTRY[name] = lambda: factory
+    elif callable(factory):
+        _REGISTRY[name] = factory
     else:
         raise TypeError(
             f"register_tokenizer({name!r}): expected a tokenizer (with encode/decode) or a "
-            f"zero-argument factory, got {type(tokenizer).__name__}"
+            f"zero-argument factory, got {type(factory).__name__}"
         )
 
 

@@ -202,14 +202,20 @@ def test_registered_tokenizers_and_factories_win() -> None:
     tok = ByteTokenizer()
     tokenizer_utils.register_tokenizer("Org/model", tok)
     tokenizer_utils.register_tokenizer("Org/factory", lambda: "made")
+    # a tokenizer class is a factory (it has encode/decode as attributes: it was stored as
+    # the tokenizer), and the cookbook's keyword is `factory`
+    tokenizer_utils.register_tokenizer("Org/class", factory=ByteTokenizer)
     try:
         assert tokenizer_utils.get_tokenizer("Org/model") is tok
         assert tokenizer_utils.get_tokenizer("Org/factory") == "made"
+        made = tokenizer_utils.get_tokenizer("Org/class")
+        assert isinstance(made, ByteTokenizer) and made.encode("hi") == tok.encode("hi")
         assert tokenizer_utils.is_tokenizer_registered("Org/model")
         assert set(tokenizer_utils.get_registered_tokenizer_names()) >= {"Org/model", "Org/factory"}
     finally:
         assert tokenizer_utils.unregister_tokenizer("Org/model")
         assert tokenizer_utils.unregister_tokenizer("Org/factory")
+        assert tokenizer_utils.unregister_tokenizer("Org/class")
     assert not tokenizer_utils.is_tokenizer_registered("Org/model")
     with pytest.raises(TypeError, match="expected a tokenizer"):
         tokenizer_utils.register_tokenizer("Org/bad", 3)
