@@ -28,7 +28,7 @@ from returns.result import Success
 from rlpure import metrics as metrics_lib
 from rlpure.records import TrajectoryGroup
 from shell.clients import SamplingClient
-from shell.completion import TinkerTokenCompleter
+from shell.completion import TinkerTokenCompleter, TokenCompleter
 from shell.env import EnvGroupBuilder, RLDataset
 from shell.evaluation._benchmarks import BenchmarkResult
 from shell.evaluation._evaluators import SamplingClientEvaluator
@@ -124,6 +124,23 @@ class RLTestSetEvaluator(SamplingClientEvaluator):
             temperature=self.temperature,
             seed=self.seed if seed is None else seed,
         )
+        return await self.eval_token_completer(
+            policy, rollout_summary_export=rollout_summary_export, store=store
+        )
+
+    async def eval_token_completer(
+        self,
+        policy: TokenCompleter,
+        *,
+        rollout_summary_export: object | None = None,
+        store: object | None = None,
+    ) -> dict[str, float]:
+        """Rolls out every test group with `policy` (any `TokenCompleter`, the cookbook's
+        method of this name); returns the prefixed metrics, as `__call__`.
+
+        Raises:
+            Exception: under `FailFast`, the first rollout failure.
+        """
         outcomes = await do_batch_rollouts(
             self.env_group_builders_P,
             policy,

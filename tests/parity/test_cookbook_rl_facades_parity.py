@@ -793,3 +793,22 @@ def test_code_grading_without_a_sandboxfusion_server_names_it(
     )
     assert ok is False  # `import modal` fails first, inside the grader's own try
     assert "modal" in details["error"]
+
+
+def test_metric_util_has_the_cookbooks_names_and_parameters() -> None:
+    """`compute_trajectory_metrics` takes the cookbook's parameter names (it was rlpure's
+    `trajectory_metrics(groups_P, tags_P)`), and `RLTestSetEvaluator` has its public
+    `eval_token_completer`."""
+    from tinker_cookbook.rl import metric_util as theirs
+
+    from shell.cookbook.rl import metric_util as ours
+
+    def parameters(function: Any) -> list[tuple[str, Any]]:
+        return [(p.name, p.kind) for p in inspect.signature(function).parameters.values()]
+
+    assert parameters(ours.compute_trajectory_metrics) == parameters(
+        theirs.compute_trajectory_metrics
+    )
+    assert parameters(ours.RLTestSetEvaluator.eval_token_completer) == parameters(
+        theirs.RLTestSetEvaluator.eval_token_completer
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import cast
 
-from rlpure.metrics import trajectory_metrics as compute_trajectory_metrics
+from rlpure.metrics import trajectory_metrics
 from rlpure.records import TrajectoryGroup
 from shell.cookbook.rl.rollout_logging import (
     RolloutSummaryExportConfig,
@@ -26,6 +26,13 @@ from shell.evaluation import RLTestSetEvaluator as _RLTestSetEvaluator
 from shell.storage import TrainingRunStore
 
 __all__ = ["RLTestSetEvaluator", "compute_trajectory_metrics", "dataset_to_env_group_builders"]
+
+
+def compute_trajectory_metrics(
+    trajectory_groups_P: list[TrajectoryGroup], taglist_P: list[list[str]]
+) -> dict[str, float]:
+    """`rlpure.metrics.trajectory_metrics` under the cookbook's name and parameter names."""
+    return trajectory_metrics(trajectory_groups_P, taglist_P)
 
 
 def dataset_to_env_group_builders(dataset: RLDataset) -> list[EnvGroupBuilder]:
