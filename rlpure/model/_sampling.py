@@ -155,13 +155,24 @@ jax.tree_util.register_dataclass(
 )
 
 
-def _filter_logits(logits_B_V: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array) -> jax.Array:
-    """Masks logits outside each row's top-k set and top-p nucleus to `NEG_INF`."""
+def _filter_logits(
+    logits_B_V: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array, temperature_B: jax.Array
+) -> jax.Array:
+    """Masks logits outside each row's top-k set and top-p nucleus to `NEG_INF`.
+
+    In the order vLLM, SGLang and `transformers` sample: the nucleus is taken over the
+    distribution the row draws from, `softmax(logits / temperature)` renormalised over its
+    top-k tokens (it used to be taken over the untempered logits of the whole vocabulary, so a
+    low temperature with `top_p` kept far more tokens than asked for). `temperature_B` is the
+    row's, 0 already replaced by 1.
+    """
     v = logits_B_V.shape[-1]
     sorted_B_V = -jnp.sort(-logits_B_V, axis=-1)
     k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
     kth_B_1 = jnp.take_along_axis(sorted_B_V, (k_B - 1)[:, None], axis=-1)
-    probs_B_V = jax.nn.softmax(sorted_B_V, axis=-1)
+    in_top_k_B_V = jnp.arange(v)[None, :] < k_B[:, None]
+    tempered_B_V = jnp.where(in_top_k_B_V, sorted_B_V / temperature_B[:, None], -jnp.inf)
+    probs_B_V = jax.nn.softmax(tempered_B_V, axis=-1)
     mass_before_B_V = jnp.cumsum(probs_B_V, axis=-1) - probs_B_V
     keep_sorted_B_V = mass_before_B_V < top_p_B[:, None]
     n_keep_B = jnp.maximum(jnp.sum(keep_sorted_B_V, axis=-1), 1)
@@ -528,7 +539,7 @@ def _draw_tokens(
     def gumbel_max(filtered: bool) -> Callable[[jax.Array], jax.Array]:
         def draw(x_B_V: jax.Array) -> jax.Array:
             if filtered:
-                x_B_V = _filter_logits(x_B_V, rules.top_k_B, rules.top_p_B)
+                x_B_V = _filter_logits(x_B_V, rules.top_k_B, rules.top_p_B, rules.safe_temp_B)
             noise_B_V = _gumbel_noise(step_keys_B, v)
             perturbed_B_V = jax.lax.optimization_barrier(  # type: ignore[no-untyped-call]
                 noise_B_V + x_B_V / rules.safe_temp_B[:, None]
