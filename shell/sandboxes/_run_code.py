@@ -353,11 +353,11 @@ def _refusal(request: Request, *, max_body_bytes: int) -> Response | None:
             f"a request with an Origin header ({request.headers['origin']!r}) is "
             "refused: web pages may not run code here",
         )
-    elif _host_name(request.headers.get("host", "")).lower() not in LOOPBACK_HOSTS:
+    elif not _is_loopback_name(_host_name(request.headers.get("host", ""))):
         reason = (
             403,
             f"Host {request.headers.get('host')!r} is not a loopback name "
-            f"({sorted(LOOPBACK_HOSTS)})",
+            f"({sorted(LOOPBACK_HOSTS)}, or another loopback address)",
         )
     elif request.headers.get("content-type", "").split(";")[0].strip().lower() != (
         "application/json"
@@ -433,6 +433,17 @@ def run_code_app(
         return Response(_encode(reply), media_type="application/json")
 
     return Starlette(routes=[Route("/run_code", handle, methods=["POST"])])
+
+
+def _is_loopback_name(name: str) -> bool:
+    """Whether a `Host` name is a loopback one: `localhost`, or a loopback address literal
+    (all of 127.0.0.0/8, which the server may be bound to, and `::1`)."""
+    if name.lower() in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _loopback_socket(host: str, port: int) -> socket.socket:
@@ -520,7 +531,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-limit-mb",
-        type=int,
+        type=_non_negative_int,
         default=1024,
         help="the cap on each process's address space; a request's memory_limit_MB can lower "
         "it, not raise it (0: no cap)",
@@ -531,6 +542,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="runs at once, at least 1 (default: the number of CPUs)",
     )
+
+
+def _non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0 (a negative memory cap used to mean none)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -144,6 +144,7 @@ def test_rlpure_sandbox_serve_is_a_command() -> None:
         ({"Origin": "http://127.0.0.1:8080"}, 403, "Origin"),
         ({"Host": "evil.example"}, 403, "Host"),  # DNS rebinding
         ({"Host": "evil.example:8080"}, 403, "Host"),
+        ({"Host": "10.0.0.1:8080"}, 403, "Host"),
     ],
 )
 def test_a_request_a_browser_could_send_is_refused_before_running(
@@ -161,8 +162,9 @@ def test_a_request_a_browser_could_send_is_refused_before_running(
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "127.0.0.2"])
 def test_the_loopback_host_names_are_served(url: str, host: str) -> None:
+    # 127.0.0.2: the server may bind any of 127.0.0.0/8, and was then refusing every request
     port = url.rsplit(":", 1)[1].split("/")[0]
     reply = httpx.post(
         url,
@@ -245,3 +247,15 @@ def test_fetched_bytes_and_request_bodies_are_capped() -> None:
 def test_max_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
         run_code_app(max_concurrency=0)
+
+
+def test_a_negative_memory_limit_is_refused_not_read_as_no_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # any value <= 0 used to mean "no cap": a typo silently removed the limit
+    from shell import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["sandbox-serve", "--port", "0", "--memory-limit-mb", "-5"])
+    assert exited.value.code == 2
+    assert "--memory-limit-mb: expected an integer >= 0, got -5" in capsys.readouterr().err
