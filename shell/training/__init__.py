@@ -38,6 +38,7 @@ from shell.training._logs import (
     REWARD_CURVE_FILE,
     SAMPLES_FILE,
     eval_metric_before_after,
+    finite_json,
     headline_eval_metrics,
     read_jsonl,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "checked_last_checkpoint",
     "eval_metric_before_after",
     "evaluate",
+    "finite_json",
     "headline_eval_metrics",
     "hold_log_dir",
     "last_checkpoint",

@@ -73,6 +73,7 @@ __all__ = [
     "LogFileError",
     "RunProgress",
     "decode_rollout_samples",
+    "finite_json",
     "format_progress_line",
     "headline_eval_metrics",
     "is_step_row",
@@ -182,6 +183,25 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN/inf; keep the file parseable by every reader
     return value
+
+
+def finite_json(value: Any, *, indent: int | None = None) -> str:
+    """`value` as JSON text, non-finite floats (at any depth) written as null: JSON has no
+    NaN/inf, and a summary holding `NaN` breaks strict readers.
+
+    Examples:
+        >>> finite_json({"loss": float("nan"), "steps": [1, float("inf")]})
+        '{"loss": null, "steps": [1, null]}'
+    """
+
+    def finite(item: Any) -> Any:
+        if isinstance(item, Mapping):
+            return {key: finite(inner) for key, inner in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(inner) for inner in item]
+        return _finite_or_none(item)
+
+    return json.dumps(finite(value), indent=indent, allow_nan=False, default=_json_default)
 
 
 class JsonlWriter:

@@ -13,7 +13,6 @@ the log has no such record.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from shell.training import (
     TrainResult,
     checked_last_checkpoint,
     eval_metric_before_after,
+    finite_json,
     recipe_options,
     train,
 )
@@ -140,7 +140,7 @@ async def run_demo_async(
         before=before,
         after=after,
     )
-    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (log_dir / SUMMARY_FILE).write_text(finite_json(summary, indent=2) + "\n")
     return summary
 
 

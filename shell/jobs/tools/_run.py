@@ -48,6 +48,7 @@ from shell.training import (
     METRICS_FILE,
     TrainResult,
     eval_metric_before_after,
+    finite_json,
     recipe_options,
     train,
 )
@@ -315,7 +316,7 @@ async def _warm_up(
     entry.mkdir(parents=True, exist_ok=True)
     state_rel = str(Path(saved.path).resolve().relative_to(entry.resolve()))
     temp = record_path.with_suffix(".tmp")
-    temp.write_text(json.dumps({"state_path": state_rel, "final_loss_per_token": loss_per_token}))
+    temp.write_text(finite_json({"state_path": state_rel, "final_loss_per_token": loss_per_token}))
     temp.replace(record_path)
     return str(saved.path), False, loss_per_token
 
@@ -392,7 +393,7 @@ async def run_agent_async(
         num_train_problems=len(train_problems),
         num_test_problems=len(test_problems),
     )
-    (log_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (log_dir / SUMMARY_FILE).write_text(finite_json(summary, indent=2) + "\n")
     return summary
 
 
