@@ -145,7 +145,7 @@ def test_an_invalid_cookbook_action_names_transition_ac() -> None:
         Transition(ob=[1], ac=[3, 4], reward=0.0, episode_done=True)  # type: ignore[arg-type]
 
 
-def test_stop_conditions_accept_lists_and_refuse_a_bare_string() -> None:
+def test_stop_conditions_accept_lists_and_a_bare_string_as_one_stop() -> None:
     by_text = StepResult(
         reward=0.0, episode_done=False, next_observation=[1], next_stop_condition=["\n\nUser:"]
     )
@@ -154,8 +154,14 @@ def test_stop_conditions_accept_lists_and_refuse_a_bare_string() -> None:
     )
     assert by_text.next_stop_condition == ("\n\nUser:",)
     assert by_id.next_stop_condition == (2, 5)
-    with pytest.raises(TypeError, match=r"^StepResult\.next_stop_condition: expected a list"):
-        StepResult(reward=0.0, episode_done=False, next_observation=[1], next_stop_condition="ab")
+    # a bare string is one stop string, as `tinker.SamplingParams.stop` takes it (it was
+    # refused here, and split into characters elsewhere); bytes are not a stop condition
+    bare = StepResult(
+        reward=0.0, episode_done=False, next_observation=[1], next_stop_condition="ab"
+    )
+    assert bare.next_stop_condition == ("ab",)
+    with pytest.raises(TypeError, match=r"^StepResult\.next_stop_condition: expected a stop"):
+        StepResult(reward=0.0, episode_done=False, next_observation=[1], next_stop_condition=b"ab")  # type: ignore[arg-type]
 
 
 def test_bool_metrics_and_logs_are_stored_as_one_and_zero() -> None:
