@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -109,6 +110,29 @@ def training_rows(log_dir: str | Path) -> list[dict[str, Any]]:
     if not by_step:
         raise ConfigError(f"{root / METRICS_FILE}: no training steps logged yet")
     return [by_step[step] for step in sorted(by_step)]
+
+
+def _last_training_row_per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` without the training rows a later row of the same step replaces (a step logged
+    twice counts once, its last row, as `training_rows` reads it), in step order (stable; a
+    row without an integer step last), so that a curve never runs back.
+
+    Examples:
+        >>> rows = [{"step": 1, "r": 0.2}, {"step": 2, "r": 0.3}, {"step": 1, "r": 0.9}]
+        >>> [row["r"] for row in _last_training_row_per_step(rows)]
+        [0.9, 0.3]
+    """
+
+    def training(row: dict[str, Any]) -> bool:
+        return (
+            "final_eval" not in row and not is_totals_row(row) and isinstance(row.get("step"), int)
+        )
+
+    last = {row["step"]: i for i, row in enumerate(rows) if training(row)}
+    kept = [row for i, row in enumerate(rows) if not training(row) or last[row["step"]] == i]
+    return sorted(
+        kept, key=lambda row: row["step"] if isinstance(row.get("step"), int) else math.inf
+    )
 
 
 def _recorded_config(log_dir: Path) -> dict[str, Any]:
@@ -348,10 +372,18 @@ def read_step_spans(
             "recorded)"
         )
     spans = by_step[chosen]
+    if not spans:
+        raise ConfigError(f"{path}: step {chosen} has no spans")
     for i, span in enumerate(spans):
         missing = [k for k in ("name", "wall_start", "wall_end") if k not in span]
         if missing:
             raise ConfigError(f"{path}: step {chosen} span {i}: missing {missing}")
+        for key in ("wall_start", "wall_end"):
+            value = span[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(
+                    f"{path}: step {chosen} span {i}: {key} is not a number ({value!r})"
+                )
     return chosen, spans
 
 
@@ -389,7 +421,7 @@ def report_main(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     timing = None  # read first: a bad --step is refused before any file is written
     if args.step is not None or (log_dir / TIMING_SPANS_FILE).is_file():
         timing = read_step_spans(log_dir, args.step, trained_steps=trained_steps)
-    panels = curve_panels(read_jsonl(log_dir / METRICS_FILE))
+    panels = curve_panels(_last_training_row_per_step(read_jsonl(log_dir / METRICS_FILE)))
     written = [plot_step_curves(panels, target / CURVES_FILE)]
     if timing is not None:
         step, spans = timing

@@ -267,6 +267,45 @@ def test_report_without_timing_spans_draws_the_curves_and_says_so(tmp_path: Path
     assert "no timing_spans.jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("spans", "named"),
+    [([], "step 1 has no spans"), ([{"name": "a", "wall_start": "x", "wall_end": 1}], "wall_start is not a number")],
+)  # fmt: skip
+def test_report_refuses_malformed_timing_spans_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spans: list[Any], named: str
+) -> None:
+    # an empty span list or a non-numeric time crashed the Gantt with a traceback
+    log_dir = _log_dir(tmp_path / "run", timing=False)
+    (log_dir / "timing_spans.jsonl").write_text(json.dumps({"step": 1, "spans": spans}) + "\n")
+    assert main(["report", str(log_dir), "--step", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "timing_spans.jsonl: " in err and named in err and len(err.splitlines()) == 1
+
+
+def test_report_curves_take_a_steps_last_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a step logged twice was drawn twice (a jump at that step), though the summary reads its
+    # last row only
+    import shell.report
+
+    log_dir = _log_dir(tmp_path / "run", timing=False)
+    with (log_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 1, "env/all/reward/total": 0.9}) + "\n")
+    seen: list[list[dict[str, Any]]] = []
+    original = shell.report.curve_panels
+
+    def recording(rows: list[dict[str, Any]]) -> Any:
+        seen.append(rows)
+        return original(rows)
+
+    monkeypatch.setattr(shell.report, "curve_panels", recording)
+    assert main(["report", str(log_dir)]) == 0
+    [rows] = seen
+    rewards = [(r["step"], r["env/all/reward/total"]) for r in rows if "env/all/reward/total" in r]
+    assert rewards == [(0, 0.0), (1, 0.9), (2, 0.2)]
+
+
 def test_report_refuses_a_missing_or_empty_log_dir(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "nope: no such directory" in capsys.readouterr().err
