@@ -1035,19 +1035,14 @@ def test_a_chunk_without_action_tokens_leaves_the_ratio_extremes_alone() -> None
     # one datum with advantages, one without (a constant-reward group's), in one call and in
     # one chunk each: the metrics agree (the idle chunk's placeholder ratio 1.0 used to become
     # the call's ratio:max)
-    def datum(text: bytes, advantage: float) -> types.Datum:
-        tokens = list(text)
-        n = len(tokens) - 1
-        return types.Datum(
-            model_input=types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": types.TensorData.from_numpy(np.asarray(tokens[1:], np.int64)),
-                "logprobs": types.TensorData.from_numpy(np.zeros(n, np.float32)),
-                "advantages": types.TensorData.from_numpy(np.full(n, advantage, np.float32)),
-            },
+    prompt = TOK.encode("p=")
+    data = [
+        _rl_datum(prompt, tokens, [0.0] * len(tokens), advantage)
+        for tokens, advantage in (
+            (TOK.encode("hello world, abcdefgh"), 1.0),
+            (TOK.encode("zzzz qqqq"), 0.0),
         )
-
-    data = [datum(b"hello world, abcdefgh", 1.0), datum(b"zzzz qqqq", 0.0)]
+    ]
     metrics = {}
     for tokens in (16384, 16):
         service = LocalServiceClient(seed=0, temporary_checkpoints=True, max_train_tokens=tokens)

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from rlpure.records import InitialObservationOverflow
+from rlpure.records import InitialObservationOverflow, StepResult
 from shell.agents._message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult
 from shell.chat._base import Message
 from shell.cookbook import renderers, tokenizer_utils
@@ -106,14 +106,19 @@ def test_an_initial_prompt_too_long_for_the_context_is_an_overflow_not_a_crash()
     )
 
 
-def test_a_next_prompt_that_would_overflow_ends_with_context_overflow() -> None:
-    inner = EchoEnv(turns=5)
+def _overflowing_step(inner: EchoEnv) -> StepResult:
+    """The step of `inner` (5 turns) whose next prompt would not fit 30 tokens past the first."""
     start = RENDERER.build_generation_prompt(inner.history).length
     env = EnvFromMessageEnv(
         RENDERER, inner, max_trajectory_tokens=start + 30, max_generation_tokens=10
     )
     _run(env.initial_observation())
-    result = _run(env.step(_action("a longer reply than fits\n\nUser:")))
+    result: StepResult = _run(env.step(_action("a longer reply than fits\n\nUser:")))
+    return result
+
+
+def test_a_next_prompt_that_would_overflow_ends_with_context_overflow() -> None:
+    result = _overflowing_step(EchoEnv(turns=5))
     assert (result.reward, result.episode_done, result.next_observation.length) == (-0.1, True, 0)
     assert result.metrics == {"turn": 1.0, "context_overflow": 1.0, "stop/context_overflow": 1.0}
     assert result.logs["said"] == "a longer reply than fits"
@@ -127,13 +132,7 @@ def test_an_overflow_keeps_inner_metrics_whatever_their_names() -> None:
             result = await super().step(message)
             return msgspec.structs.replace(result, metrics={"reason": 1.0})
 
-    inner = Reasoned(turns=5)
-    start = RENDERER.build_generation_prompt(inner.history).length
-    env = EnvFromMessageEnv(
-        RENDERER, inner, max_trajectory_tokens=start + 30, max_generation_tokens=10
-    )
-    _run(env.initial_observation())
-    result = _run(env.step(_action("a longer reply than fits\n\nUser:")))
+    result = _overflowing_step(Reasoned(turns=5))
     assert result.metrics == {"reason": 1.0, "context_overflow": 1.0, "stop/context_overflow": 1.0}
 
 
