@@ -29,7 +29,7 @@ on a folder of its path; only regular files), at most `max_fetch_bytes` in all (
 Any web page can make a browser post to a loopback port, and DNS rebinding can make a page's
 own name resolve to 127.0.0.1, so a request is refused before anything runs when it carries an
 `Origin` header (HTTP 403: browsers send one on cross-origin posts; SandboxFusion clients do
-not), when its `Host` is not a loopback name (`127.0.0.1`, `localhost`, `[::1]`; 403), when its
+not), when its `Host` is not a loopback name (`localhost`, 127.0.0.0/8, `[::1]`; 403), when its
 `Content-Type` is not `application/json` (415: a page can post only form and text types without
 a CORS preflight), or when its body is over `max_body_bytes` (413, by `Content-Length` or while
 streaming).
@@ -46,7 +46,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import ipaddress
 import logging
 import math
 import os
@@ -70,6 +69,7 @@ from starlette.routing import Route
 
 from shell.commands import Command
 from shell.errors import ConfigError
+from shell.loopback import is_loopback_host
 from shell.sandboxes._local import LocalSandbox
 
 __all__ = [
@@ -103,9 +103,6 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 
 DEFAULT_MAX_FETCH_BYTES = 64 << 20
 """Most bytes of `fetch_files` one reply carries by default (before base64)."""
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-"""The `Host` names a request may carry (with any port; `::1` as `[::1]`)."""
 
 _CODE_FILE = {"python": "__run_code__.py", "bash": "__run_code__.sh"}
 _STDIN_FILE = "__run_code__.stdin"
@@ -353,11 +350,11 @@ def _refusal(request: Request, *, max_body_bytes: int) -> Response | None:
             f"a request with an Origin header ({request.headers['origin']!r}) is "
             "refused: web pages may not run code here",
         )
-    elif not _is_loopback_name(_host_name(request.headers.get("host", ""))):
+    elif not is_loopback_host(_host_name(request.headers.get("host", "")).lower()):
         reason = (
             403,
-            f"Host {request.headers.get('host')!r} is not a loopback name "
-            f"({sorted(LOOPBACK_HOSTS)}, or another loopback address)",
+            f"Host {request.headers.get('host')!r} is not a loopback name (localhost or a "
+            "loopback address)",
         )
     elif request.headers.get("content-type", "").split(";")[0].strip().lower() != (
         "application/json"
@@ -435,24 +432,9 @@ def run_code_app(
     return Starlette(routes=[Route("/run_code", handle, methods=["POST"])])
 
 
-def _is_loopback_name(name: str) -> bool:
-    """Whether a `Host` name is a loopback one: `localhost`, or a loopback address literal
-    (all of 127.0.0.0/8, which the server may be bound to, and `::1`)."""
-    if name.lower() in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 def _loopback_socket(host: str, port: int) -> socket.socket:
     """A bound TCP socket on the loopback address `host`; `ConfigError` for any other host."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
+    if not is_loopback_host(host):
         raise ConfigError(
             f"host {host!r}: the run_code server binds loopback only (LocalSandbox does not "
             "isolate the filesystem)"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import logging
 import signal
 import socket
@@ -43,6 +42,7 @@ from shell.config import MAX_SEED
 from shell.data_dir import rlpure_data_dir
 from shell.errors import ConfigError
 from shell.local._models import PACKAGED_MODELS, cached_hf_models
+from shell.loopback import is_loopback_host
 from shell.serve._app import CLIENT_CONFIG, build_app
 from shell.serve._engine import Engine
 
@@ -54,15 +54,6 @@ _JANITOR_S = 30.0
 _SWITCH_INTERVAL_S = 0.001
 """The GIL switch interval while serving (Python's default is 5 ms): a request waits up to this
 long for the GIL whenever the worker thread runs Python (a model's host-side code)."""
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def served_models(engine: Engine) -> types.GetServerCapabilitiesResponse:
@@ -130,7 +121,7 @@ def serve(
             raise ConfigError(f"{flag} {value}: expected an integer >= {least}")
     if seed > MAX_SEED:  # `jax.random.key` takes an int64: every model would fail to start
         raise ConfigError(f"--seed {seed}: expected an integer in [0, {MAX_SEED}]")
-    if not _is_loopback(host) and not api_key:
+    if not is_loopback_host(host) and not api_key:
         raise ConfigError(
             f"--host {host}: serving beyond this machine needs --api-key (anyone who can reach "
             "the port could train and read checkpoints)"

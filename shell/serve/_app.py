@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinker import types
 
 from shell.local import LocalLookupError
+from shell.loopback import is_loopback_host
 from shell.serve import _ops
 from shell.serve._engine import Engine, EngineClosed, SamplerSpec, SessionEnded
 from shell.serve._paths import PathError, check_folder_name, parse_checkpoint_id
@@ -486,9 +487,6 @@ def _zstd_decompressed(raw: bytes, *, limit: int) -> bytes:
     return bytes(out)
 
 
-LOOPBACK_HOSTS = frozenset({b"127.0.0.1", b"localhost", b"[::1]"})
-"""`Host` header names (less the port) a loopback server answers when it has no API key."""
-
 BROWSER_SIMPLE_TYPES = frozenset(
     {b"", b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"}
 )
@@ -518,8 +516,9 @@ def browser_refusal(headers: dict[bytes, bytes], *, check_host: bool) -> str | N
     """
     if b"origin" in headers:
         return "Origin: cross-site requests are refused (a web page cannot drive this server)"
-    if check_host and _host_name(headers.get(b"host", b"")) not in LOOPBACK_HOSTS:
-        return "Host: a loopback server answers only 127.0.0.1, localhost or [::1]"
+    host = _host_name(headers.get(b"host", b"")).decode("latin-1")
+    if check_host and not is_loopback_host(host):
+        return "Host: a loopback server answers only localhost or a loopback address"
     return None
 
 

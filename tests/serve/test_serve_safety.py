@@ -545,6 +545,7 @@ def test_zstd_bodies_are_held_to_the_body_limit_and_a_lying_header_allocates_not
         # DNS rebinding: the page's own name in Host
         ({"Content-Type": "application/json", "Host": "evil.example"}, 403, "Host"),
         ({"Content-Type": "application/json", "Host": "evil.example:8000"}, 403, "Host"),
+        ({"Content-Type": "application/json", "Host": "10.0.0.1:8000"}, 403, "Host"),
     ],
 )
 def test_requests_a_web_page_could_send_are_refused_before_anything_runs(
@@ -560,8 +561,10 @@ def test_requests_a_web_page_could_send_are_refused_before_anything_runs(
     assert len(_raw_json(server, "GET", "/api/v1/training_runs")["training_runs"]) == before
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "LOCALHOST"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "LOCALHOST", "127.0.0.2"])
 def test_loopback_host_names_are_answered(server: Server, host: str):
+    # 127.0.0.2: `--host 127.0.0.2` binds (any of 127.0.0.0/8 is loopback), and its requests
+    # were refused as not loopback (`shell.loopback`, shared with sandbox-serve)
     headers = {"Content-Type": "application/json", "Host": f"{host}:{server.port}"}
     status, _reply = _raw(server, "POST", "/api/v1/create_session", b"{}", headers)
     assert status != 403
